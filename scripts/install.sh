@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Install llamafleet into ./.venv, idempotently.
+#
+# llama-cpp-python ships as an sdist, so pip compiles llama.cpp. pip's own wheel cache does not key on CMAKE_ARGS,
+# and its default build uses -march=native (a wheel built on one CPU can die with SIGILL on another, e.g. AMX
+# advertised by the CPU but not granted by the hypervisor). So this script builds the wheel itself into a cache
+# folder keyed by version + build flags, and reuses it whenever nothing changed.
+#
+# Environment:
+#   LLAMAFLEET_BACKEND   cpu (default: portable x86-64 AVX2 build) | native (this host's best CPU features)
+#                        | cuda (GPU offload; CUDA_ARCHITECTURES picks the SM list, default "native")
+#   LLAMA_CPP_SOURCE     a llama-cpp-python source tree or sdist to build from (for machines without PyPI)
+#   LLAMAFLEET_EXTRAS    pip extras for llamafleet itself (default "dev": test and lint tools)
+#   PYTHON               the interpreter for the venv (>= 3.11; default python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_CPP_VERSION=0.3.36
+BACKEND=${LLAMAFLEET_BACKEND:-cpu}
+PORTABLE="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+case "$BACKEND" in
+  cpu)    FLAGS="$PORTABLE" ;;
+  native) FLAGS="-DGGML_NATIVE=ON" ;;
+  cuda)   FLAGS="$PORTABLE -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-native}" ;;
+  *) echo "install.sh: LLAMAFLEET_BACKEND must be cpu, native or cuda (got '$BACKEND')" >&2; exit 2 ;;
+esac
+# The multimodal (llava/mtmd) library is not used by llamafleet; skipping it saves minutes of compile time.
+FLAGS="$FLAGS -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+VPY=.venv/bin/python
+
+key=$(printf '%s|%s|%s' "$LLAMA_CPP_VERSION" "$FLAGS" "${LLAMA_CPP_SOURCE:-pypi}" | sha256sum | cut -c1-16)
+stamp=.venv/.llama-cpp-build-$key
+if [ -f "$stamp" ]; then
+  echo "==> llama-cpp-python $LLAMA_CPP_VERSION ($BACKEND) already installed"
+else
+  cache=${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet/wheels/$key
+  wheel=$(ls "$cache"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
+  if [ -z "$wheel" ]; then
+    echo "==> compiling llama-cpp-python $LLAMA_CPP_VERSION ($BACKEND build; several minutes on 2 cores)"
+    echo "    flags: $FLAGS"
+    mkdir -p "$cache"
+    src=${LLAMA_CPP_SOURCE:-llama-cpp-python==$LLAMA_CPP_VERSION}
+    CMAKE_ARGS="$FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+      $VPY -m pip wheel --no-deps --no-binary llama-cpp-python --no-cache-dir -w "$cache" "$src"
+    wheel=$(ls "$cache"/llama_cpp_python-*.whl | head -n1)
+  else
+    echo "==> reusing cached build $wheel"
+  fi
+  $VPY -m pip install -q --force-reinstall --no-deps "$wheel"
+  rm -f .venv/.llama-cpp-build-*
+  touch "$stamp"
+fi
+
+echo "==> installing llamafleet"
+$VPY -m pip install -q -e ".[${LLAMAFLEET_EXTRAS:-dev}]"
+echo "==> done: .venv/bin/llamafleet"

@@ -1,0 +1,54 @@
+"""``llamafleet`` command line: one sub-command per module in :mod:`llamafleet.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from llamafleet import __version__
+
+# Each module defines ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
+COMMANDS = ("serve", "plan", "synth", "bench", "consistency", "check_env", "model")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llamafleet",
+        description="Serve LLaMA-family GGUF models across every GPU of a machine.",
+    )
+    parser.add_argument("--version", action="version", version=f"llamafleet {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"llamafleet.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"llamafleet.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=getattr(args, "log_level", "info").upper() if isinstance(getattr(args, "log_level", None), str)
+        else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        rc: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``llamafleet`` sub-command; each exposes ``register(subparsers)``."""

@@ -1,0 +1,120 @@
+"""The fleet's YAML configuration, validated with pydantic.
+
+One file describes what to serve and how: the seed's keys (``model_path``, ``main_gpu``, ``split_ratio``,
+``context_length``, ``batch_size``, ``threads``) load unchanged and mean what they say there; everything else has a
+sensible default. Unknown keys and wrong types are refused before anything loads, with the key named and the fix.
+Command-line flags override the file (see :func:`load_config`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SplitMode = Literal["auto", "none", "layer", "tensor"]
+KvCacheType = Literal["f16", "q8_0", "q4_0"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the person who wrote the file."""
+
+
+class FleetConfig(BaseModel):
+    """Everything ``llamafleet serve`` and ``llamafleet plan`` need to know. All fields are optional."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # What to serve.
+    model_path: str | None = Field(None, description="GGUF file to serve; unset = the built-in demo model")
+    model_name: str | None = Field(None, description="name clients use in 'model'; default: the file's stem")
+
+    # Where to listen.
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+
+    # Capacity of each replica.
+    context_length: int = Field(4096, ge=64, description="tokens of context per sequence (prompt + answer)")
+    parallel: int = Field(8, ge=1, le=256, description="sequence slots per replica (continuous batching width)")
+    batch_size: int = Field(512, ge=1, description="n_batch: tokens decoded per llama_decode step")
+    ubatch_size: int | None = Field(None, ge=1, description="n_ubatch: physical micro-batch; default = batch_size")
+    threads: int | None = Field(None, ge=1, description="CPU threads per replica; default = physical cores")
+    kv_cache_type: KvCacheType = "f16"
+    flash_attn: bool | None = Field(None, description="None = let llama.cpp decide")
+
+    # GPU placement (see planner.py).
+    gpus: list[int] | None = Field(None, description="GPU indices to use; default = all")
+    replicas: int | None = Field(None, ge=1, description="replica count; default = what the plan chooses")
+    split_mode: SplitMode = "auto"
+    split_ratio: list[float] | None = Field(None, description="share of the model per GPU of a split replica")
+    main_gpu: int | None = Field(None, ge=0)
+    n_gpu_layers: int = Field(-1, ge=-1, description="-1 = offload every layer")
+    vram_margin_mib: int = Field(1024, ge=0, description="memory kept free on every GPU")
+    prefer: Literal["throughput", "latency"] = "throughput"
+
+    # Logging.
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    llama_log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "warning", description="level at which llama.cpp's own log lines reach Python logging"
+    )
+
+    @field_validator("split_ratio")
+    @classmethod
+    def _ratio_positive(cls, v: list[float] | None) -> list[float] | None:
+        if v is None:
+            return v
+        if not v or any(x < 0 for x in v) or sum(v) <= 0:
+            raise ValueError("split_ratio needs one non-negative share per GPU, e.g. [0.5, 0.5]")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FleetConfig:
+        if self.ubatch_size is not None and self.ubatch_size > self.batch_size:
+            raise ValueError(f"ubatch_size ({self.ubatch_size}) cannot exceed batch_size ({self.batch_size})")
+        return self
+
+    @property
+    def n_ubatch(self) -> int:
+        return self.ubatch_size or self.batch_size
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            known = ", ".join(sorted(FleetConfig.model_fields))
+            lines.append(f"  - unknown key '{key}': remove it or use one of: {known}")
+        else:
+            got = e.get("input")
+            lines.append(f"  - '{key}': {e['msg']} (got {got!r})")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> FleetConfig:
+    """Read ``path`` (YAML) if given, apply ``overrides`` (flags; ``None`` values are ignored), validate."""
+    data: dict[str, Any] = {}
+    source = "command-line flags"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        try:
+            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p} must hold a mapping of keys to values, not {type(raw).__name__}")
+        data.update(raw)
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            data[k] = v
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, source)) from None

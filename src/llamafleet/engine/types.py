@@ -1,0 +1,111 @@
+"""Plain data the engine takes and gives: frozen requests and params in, per-step outputs out.
+
+These are the engine's whole public vocabulary; the worker, consistency checker and bench use them unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+SplitModeName = Literal["none", "layer", "tensor"]
+KvType = Literal["f16", "q8_0", "q4_0"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling, with OpenAI's meanings. ``temperature == 0`` means greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (0.0 <= self.temperature <= 100.0, "temperature must be between 0 and 100"),
+            (self.top_k >= 0, "top_k must be >= 0 (0 = off)"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.repeat_penalty > 0.0, "repeat_penalty must be > 0 (1 = off)"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be between -2 and 2"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be between -2 and 2"),
+            (self.penalty_last_n >= -1, "penalty_last_n must be >= -1"),
+            (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2**32)"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sequence to generate. Give ``prompt_tokens`` (already tokenized, e.g. a chat template's output)."""
+
+    request_id: str
+    prompt_tokens: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: new text and tokens, and, on the last one, why it ended."""
+
+    request_id: str
+    text: str  # new text since the previous output (never half a UTF-8 character, never part of a stop string)
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load the model and size the context. ``n_ctx_per_seq * n_seq`` is the context's total size."""
+
+    model_path: str
+    n_seq: int = 8
+    n_ctx_per_seq: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = -1
+    split_mode: SplitModeName = "none"
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+    kv_type: KvType = "f16"
+    flash_attn: bool | None = None
+    llama_log_level: str = "warning"
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for metrics and routing."""
+
+    slots_total: int
+    slots_busy: int
+    waiting: int
+    kv_tokens_used: int
+    kv_tokens_total: int
+    steps: int
+    prompt_tokens_total: int
+    generated_tokens_total: int
