@@ -40,20 +40,31 @@ stamp=.venv/.llama-cpp-build-$key
 if [ -f "$stamp" ]; then
   echo "==> llama-cpp-python $LLAMA_CPP_VERSION ($BACKEND) already installed"
 else
-  cache=${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet/wheels/$key
+  cache=${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/wheels/$key
   wheel=$(ls "$cache"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
   if [ -z "$wheel" ]; then
     echo "==> compiling llama-cpp-python $LLAMA_CPP_VERSION ($BACKEND build; several minutes on 2 cores)"
     echo "    flags: $FLAGS"
     mkdir -p "$cache"
-    src=${LLAMA_CPP_SOURCE:-llama-cpp-python==$LLAMA_CPP_VERSION}
+    src=${LLAMA_CPP_SOURCE:-}
+    if [ -z "$src" ]; then
+      # Keep the sdist: it is also where `llamafleet synth` finds the real LLaMA-2 tokenizer (vocab GGUF).
+      sdist_dir=${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/sdist
+      src=$sdist_dir/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz
+      if [ ! -f "$src" ]; then
+        mkdir -p "$sdist_dir"
+        $VPY -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$sdist_dir" \
+          "llama-cpp-python==$LLAMA_CPP_VERSION" || \
+          $VPY -m pip download -q --no-deps --no-binary :all: -d "$sdist_dir" "llama-cpp-python==$LLAMA_CPP_VERSION"
+      fi
+    fi
     CMAKE_ARGS="$FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
       $VPY -m pip wheel --no-deps --no-binary llama-cpp-python --no-cache-dir -w "$cache" "$src"
     wheel=$(ls "$cache"/llama_cpp_python-*.whl | head -n1)
   else
     echo "==> reusing cached build $wheel"
   fi
-  $VPY -m pip install -q --force-reinstall --no-deps "$wheel"
+  $VPY -m pip install -q --force-reinstall "$wheel"
   rm -f .venv/.llama-cpp-build-*
   touch "$stamp"
 fi

@@ -94,6 +94,7 @@ class EngineConfig:
     tensor_split: tuple[float, ...] = ()
     kv_type: KvType = "f16"
     flash_attn: bool | None = None
+    kv_unified: bool = False
     llama_log_level: str = "warning"
 
 
@@ -109,3 +110,30 @@ class EngineStats:
     steps: int
     prompt_tokens_total: int
     generated_tokens_total: int
+    decode_seconds_total: float  # time inside llama_decode
+    step_seconds_total: float  # whole steps: decode + batch build + sampling + detokenizing
+
+
+@dataclass
+class Completion:
+    """A whole request's result, gathered from its outputs (see :func:`Completion.add`)."""
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.text
+        self.token_ids.extend(out.token_ids)
+        if out.logprobs:
+            self.logprobs.extend(out.logprobs)
+        self.prompt_tokens = out.prompt_tokens
+        self.completion_tokens = out.completion_tokens
+        if out.finished:
+            self.finish_reason = out.finish_reason
+            self.error = out.error

@@ -1,0 +1,269 @@
+"""The engine: continuous batching of many requests over one llama.cpp context.
+
+``step()`` is the whole loop body: admit waiting requests into free slots, schedule tokens under the ``n_batch``
+budget (running answers first, prompt chunks after), one ``llama_decode``, sample every sequence that produced
+logits, detokenize, check stop conditions, free finished slots (their KV is cleared at once). No asyncio, threads
+or I/O: callers drive it (the worker process, tests, the consistency checker, benchmarks).
+
+``add_request`` and ``abort`` may be called from another thread; they only append to queues that ``step`` drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
+from types import TracebackType
+from typing import Self
+
+import numpy as np
+
+from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
+from llamafleet.engine.sampling import sample
+from llamafleet.engine.scheduler import schedule
+from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.types import (
+    Completion,
+    EngineConfig,
+    EngineStats,
+    FinishReason,
+    Request,
+    RequestOutput,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Loads a model and a context for ``cfg.n_seq`` parallel sequences; ``close()`` (or ``with``) frees both."""
+
+    def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
+        self.cfg = cfg
+        threads = cfg.n_threads or max(1, os.cpu_count() or 1)
+        self.model = Model(cfg, progress)
+        try:
+            self.ctx = Context(self.model, EngineConfig(**{**cfg.__dict__, "n_threads": threads}))
+        except BaseException:
+            self.model.close()
+            raise
+        self.batch = Batch(cfg.n_batch)
+        self.model_name = os.path.splitext(os.path.basename(cfg.model_path))[0]
+        self._incoming: deque[Request] = deque()
+        self._aborts: deque[str] = deque()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Sequence] = []
+        self._free_slots = list(range(cfg.n_seq - 1, -1, -1))
+        self._steps = 0
+        self._prompt_total = 0
+        self._gen_total = 0
+        self._decode_s = 0.0
+        self._step_s = 0.0
+
+    # -- lifetime ---------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        for s in self._running:
+            if s.chain is not None:
+                s.chain.close()
+        self._running.clear()
+        if getattr(self, "ctx", None) is not None:
+            self.ctx.close()
+        self.model.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- text helpers -----------------------------------------------------------------------------------------
+    @property
+    def n_ctx_per_seq(self) -> int:
+        return self.cfg.n_ctx_per_seq
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.model.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: Iterable[int]) -> str:
+        return b"".join(self.model.pieces[t] for t in tokens).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.model.apply_chat_template(messages, add_generation_prompt)
+
+    def tokenize_chat(self, messages: Seq[dict[str, str]]) -> list[int]:
+        """Chat messages -> prompt tokens (template applied; its special tokens parsed as such)."""
+        return self.tokenize(self.apply_chat_template(messages), add_special=True, parse_special=True)
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def check_request(self, req: Request) -> None:
+        """Raise ``ValueError`` (with the numbers) if ``req`` can never run in this engine."""
+        n = len(req.prompt_tokens)
+        limit = self.cfg.n_ctx_per_seq
+        if n == 0:
+            raise ValueError("the prompt is empty: it must contain at least one token")
+        if n + req.params.max_tokens > limit:
+            raise ValueError(
+                f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) = {n + req.params.max_tokens} tokens "
+                f"exceeds the context per sequence ({limit}); shorten the prompt or lower max_tokens"
+            )
+        bad = [t for t in req.prompt_tokens if not 0 <= t < self.model.n_vocab]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): {bad[:5]}")
+
+    def add_request(self, req: Request) -> None:
+        self.check_request(req)
+        self._incoming.append(req)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; the next ``step()`` reports it finished with ``finish_reason="cancelled"``."""
+        self._aborts.append(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self._incoming or self._aborts or self._waiting or self._running)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            slots_total=self.cfg.n_seq,
+            slots_busy=len(self._running),
+            waiting=len(self._waiting) + len(self._incoming),
+            kv_tokens_used=sum(s.n_cached for s in self._running),
+            kv_tokens_total=self.ctx.n_ctx,
+            steps=self._steps,
+            prompt_tokens_total=self._prompt_total,
+            generated_tokens_total=self._gen_total,
+            decode_seconds_total=self._decode_s,
+            step_seconds_total=self._step_s,
+        )
+
+    # -- the loop body ----------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        outs: list[RequestOutput] = []
+        while self._incoming:
+            self._waiting.append(self._incoming.popleft())
+        self._apply_aborts(outs)
+        self._admit()
+        plan = schedule(self._running, self.cfg.n_batch, self._steps)
+        if plan:
+            self._run(plan, outs)
+            self._steps += 1
+        self._step_s += time.perf_counter() - t0
+        return outs
+
+    def _apply_aborts(self, outs: list[RequestOutput]) -> None:
+        while self._aborts:
+            rid = self._aborts.popleft()
+            for req in self._waiting:
+                if req.request_id == rid:
+                    self._waiting.remove(req)
+                    outs.append(RequestOutput(rid, "", [], None, True, "cancelled", len(req.prompt_tokens), 0))
+                    break
+            for s in self._running:
+                if s.request_id == rid:
+                    outs.append(self._finish(s, "cancelled", flush=False))
+                    break
+
+    def _admit(self) -> None:
+        while self._waiting and self._free_slots:
+            req = self._waiting.popleft()
+            p = req.params
+            chain = None
+            if not p.greedy or p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                seed = p.seed if p.seed is not None else random.getrandbits(32)
+                chain = SamplerChain(p, self.model.n_vocab, seed)
+                if p.penalty_last_n:
+                    chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
+            self._running.append(Sequence(req, self._free_slots.pop(), chain))
+
+    def _run(self, plan: list[tuple[Sequence, int]], outs: list[RequestOutput]) -> None:
+        b = self.batch
+        # Generating sequences (one token each, listed first by the scheduler) are filled with one array copy each.
+        singles = [s for s, k in plan if k == 1 and s.pending == 1]
+        n = len(singles)
+        if n:
+            b.token[:n] = [s.tokens[-1] for s in singles]
+            b.pos[:n] = [s.n_cached for s in singles]
+            b.seq[:n] = [s.slot for s in singles]
+            b.logits[:n] = 1
+        sampled: list[tuple[Sequence, int]] = list(zip(singles, range(n), strict=True))
+        for s, k in plan[n:]:
+            end = n + k
+            b.token[n:end] = s.tokens[s.n_cached:s.n_cached + k]
+            b.pos[n:end] = np.arange(s.n_cached, s.n_cached + k, dtype=np.int32)
+            b.seq[n:end] = s.slot
+            b.logits[n:end] = 0
+            if s.n_cached + k == len(s.tokens):
+                b.logits[end - 1] = 1
+                sampled.append((s, end - 1))
+            n = end
+        b.n_tokens = n
+        t0 = time.perf_counter()
+        rc = self.ctx.decode(b)
+        self._decode_s += time.perf_counter() - t0
+        if rc != 0:
+            msg = f"llama_decode failed with status {rc} on a batch of {n} tokens"
+            log.error(msg)
+            for s, _ in plan:
+                out = self._finish(s, "error", flush=False)
+                out.error = msg
+                outs.append(out)
+            return
+        for s, k in plan:
+            if s.n_cached < s.n_prompt:
+                self._prompt_total += min(k, s.n_prompt - s.n_cached)
+            s.n_cached += k
+        if sampled:
+            tokens, logprobs = sample(self.ctx, sampled)
+            for i, (s, _) in enumerate(sampled):
+                outs.append(self._advance(s, int(tokens[i]), None if logprobs is None else float(logprobs[i])))
+
+    def _advance(self, s: Sequence, tok: int, logprob: float | None) -> RequestOutput:
+        """Append the sampled token to ``s`` and produce its output for this step."""
+        p = s.req.params
+        self._gen_total += 1
+        s.n_generated += 1
+        lps = None if logprob is None else [logprob]
+        if self.model.eog[tok] and not p.ignore_eos:
+            out = self._finish(s, "stop", flush=True)
+            out.token_ids, out.logprobs = [tok], lps
+            return out
+        s.tokens.append(tok)
+        text, hit = s.stops.feed(s.detok.feed(self.model.pieces[tok]))
+        if hit:
+            out = self._finish(s, "stop", flush=False)
+        elif s.n_generated >= p.max_tokens or len(s.tokens) >= self.cfg.n_ctx_per_seq:
+            out = self._finish(s, "length", flush=True)
+        else:
+            return RequestOutput(s.request_id, text, [tok], lps, False, None, s.n_prompt, s.n_generated)
+        out.text = text + out.text
+        out.token_ids, out.logprobs = [tok], lps
+        return out
+
+    def _finish(self, s: Sequence, reason: FinishReason, flush: bool) -> RequestOutput:
+        """Free ``s``'s slot and KV at once; the returned output carries any held-back text if ``flush``."""
+        tail = ""
+        if flush:
+            tail, _ = s.stops.feed(s.detok.flush())
+            tail += s.stops.flush()
+        self._running.remove(s)
+        self.ctx.clear_sequence(s.slot)
+        self._free_slots.append(s.slot)
+        if s.chain is not None:
+            s.chain.close()
+            s.chain = None
+        return RequestOutput(s.request_id, tail, [], None, True, reason, s.n_prompt, s.n_generated)
+
+    # -- convenience for in-process use -----------------------------------------------------------------------
+    def generate(self, requests: Iterable[Request]) -> dict[str, Completion]:
+        """Run ``requests`` together (continuous batching) to completion; results keyed by request id."""
+        results: dict[str, Completion] = {}
+        for r in requests:
+            self.add_request(r)
+            results[r.request_id] = Completion(r.request_id)
+        while self.has_work():
+            for out in self.step():
+                results[out.request_id].add(out)
+        return results

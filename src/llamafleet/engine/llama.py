@@ -1,0 +1,319 @@
+"""Every ctypes call into llama.cpp lives here (binding names drift between versions: one place to fix).
+
+Lifetimes are explicit: :class:`Model`, :class:`Context`, :class:`Batch` and :class:`SamplerChain` free their native
+memory in ``close()`` (also via ``with``), never through the garbage collector. llama.cpp's own log lines are routed
+into Python ``logging`` under the logger ``llamafleet.llama_cpp``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import llama_cpp as lc
+import numpy as np
+import numpy.typing as npt
+
+from llamafleet.engine.types import EngineConfig, SamplingParams
+
+log = logging.getLogger("llamafleet.llama_cpp")
+
+_SPLIT = {"none": lc.LLAMA_SPLIT_MODE_NONE, "layer": lc.LLAMA_SPLIT_MODE_LAYER, "tensor": lc.LLAMA_SPLIT_MODE_TENSOR}
+_KV_TYPE = {"f16": lc.GGML_TYPE_F16, "q8_0": lc.GGML_TYPE_Q8_0, "q4_0": lc.GGML_TYPE_Q4_0}
+_FLASH = {None: lc.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+          False: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+# ---------------------------------------------------------------------------------------------------------------
+# Logging and process-wide facts
+# ---------------------------------------------------------------------------------------------------------------
+# ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 "continue the previous line".
+_GGML_TO_PY = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_PY_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_log_state: dict[str, Any] = {"min": logging.WARNING, "level": logging.INFO, "buf": ""}
+_log_lock = threading.Lock()
+
+
+def _on_llama_log(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None:
+    with _log_lock:
+        if level != 5:
+            _log_state["level"] = _GGML_TO_PY.get(level, logging.INFO)
+        py_level = _log_state["level"]
+        if py_level < _log_state["min"] or not text:
+            return
+        buf = _log_state["buf"] + text.decode("utf-8", errors="replace")
+        *lines, rest = buf.split("\n")
+        _log_state["buf"] = rest
+    for line in lines:
+        if line.strip():
+            log.log(py_level, "%s", line.rstrip())
+
+
+_LOG_CALLBACK = lc.llama_log_callback(_on_llama_log)  # kept alive for the life of the process
+_backend_ready = False
+
+
+def init_backend(llama_log_level: str = "warning") -> None:
+    """Route llama.cpp's logs into Python logging at ``llama_log_level`` and initialise the backend (once)."""
+    global _backend_ready
+    _log_state["min"] = _PY_LEVELS.get(llama_log_level, logging.WARNING)
+    lc.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    if not _backend_ready:
+        lc.llama_backend_init()
+        _backend_ready = True
+
+
+def supports_gpu_offload() -> bool:
+    """Whether the installed llama.cpp was compiled with a GPU backend."""
+    return bool(lc.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    """llama.cpp's description of compiled CPU features and backends."""
+    return bytes(lc.llama_print_system_info()).decode("utf-8", errors="replace")
+
+
+def max_parallel_sequences() -> int:
+    return int(lc.llama_max_parallel_sequences())
+
+
+class _Native:
+    """Base for objects that own native memory: ``close()`` is idempotent and ``with`` calls it."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model: weights, vocabulary, chat template
+# ---------------------------------------------------------------------------------------------------------------
+class Model(_Native):
+    """A loaded GGUF model. ``progress(fraction)`` is called while loading."""
+
+    def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
+        init_backend(cfg.llama_log_level)
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = cfg.n_gpu_layers if cfg.n_gpu_layers >= 0 else 10_000
+        params.split_mode = _SPLIT[cfg.split_mode]
+        params.main_gpu = cfg.main_gpu
+        self._split = None
+        if cfg.tensor_split:
+            n = lc.llama_max_devices()
+            arr = (ctypes.c_float * n)(*list(cfg.tensor_split)[:n])
+            self._split = arr
+            params.tensor_split = ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
+        self._progress_cb = None
+        if progress is not None:
+            def _cb(frac: float, _u: ctypes.c_void_p) -> bool:
+                progress(float(frac))
+                return True
+            self._progress_cb = lc.llama_progress_callback(_cb)
+            params.progress_callback = self._progress_cb
+        ptr = lc.llama_model_load_from_file(cfg.model_path.encode(), params)
+        if not ptr:
+            raise RuntimeError(f"llama.cpp could not load the model {cfg.model_path} (see the llama_cpp log above)")
+        self.ptr = ptr
+        self.vocab = lc.llama_model_get_vocab(ptr)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(lc.llama_model_n_ctx_train(ptr))
+        self.size_bytes = int(lc.llama_model_size(ptr))
+        self.add_bos = bool(lc.llama_vocab_get_add_bos(self.vocab))
+        self.pieces = self._piece_table()
+        self.eog = np.array([bool(lc.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)], dtype=bool)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            lc.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def _piece_table(self) -> list[bytes]:
+        """Bytes of every token as text (control tokens render empty), so detokenizing is a list lookup."""
+        buf = ctypes.create_string_buffer(256)
+        out: list[bytes] = []
+        for t in range(self.n_vocab):
+            n = lc.llama_token_to_piece(self.vocab, t, buf, 256, 0, False)
+            out.append(buf.raw[:n] if n > 0 else b"")
+        return out
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = lc.llama_model_meta_val_str(self.ptr, key.encode(), buf, 4096)
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        arr = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self.vocab, raw, len(raw), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self.vocab, raw, len(raw), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def chat_template(self) -> str | None:
+        tmpl = lc.llama_model_chat_template(self.ptr, None)
+        return tmpl.decode("utf-8", errors="replace") if tmpl else None
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Format ``messages`` with the GGUF's own template (llama.cpp recognises the common families)."""
+        tmpl = self.chat_template()
+        if tmpl is None:
+            tmpl = "llama2" if self.meta("general.architecture") == "llama" and self.n_vocab == 32000 else "chatml"
+            log.info("model has no chat template; using llama.cpp's built-in '%s' template", tmpl)
+        keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
+        arr = (lc.llama_chat_message * len(keep))(*[lc.llama_chat_message(r, c) for r, c in keep])
+        cap = max(256, 2 * sum(len(r) + len(c) for r, c in keep) + 256)
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = lc.llama_chat_apply_template(tmpl.encode(), arr, len(keep), add_generation_prompt, buf, cap)
+            if n < 0:
+                raise ValueError("the model's chat template is not supported by llama.cpp; use /v1/completions")
+            if n <= cap:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            cap = n + 1
+        raise RuntimeError("chat template output kept growing")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batch: numpy-backed so a step fills it with a few array copies, not per-token Python work
+# ---------------------------------------------------------------------------------------------------------------
+class Batch(_Native):
+    """A ``llama_batch`` whose arrays are numpy buffers we own (one sequence id per token)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        base = self.seq.ctypes.data
+        self._seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
+            *[ctypes.cast(base + 4 * i, ctypes.POINTER(ctypes.c_int32)) for i in range(capacity)]
+        )
+        struct: Any = lc.llama_batch()  # its fields are pointed at the numpy buffers below
+        self.struct = struct
+        struct.token = self.token.ctypes.data_as(ctypes.POINTER(lc.llama_token))
+        struct.embd = None
+        struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(lc.llama_pos))
+        struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        struct.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(lc.llama_seq_id)))
+        struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.n_tokens = 0
+
+    def close(self) -> None:  # numpy owns the memory; nothing native to free
+        self.n_tokens = 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Context: KV cache + compute buffers for n_seq parallel sequences
+# ---------------------------------------------------------------------------------------------------------------
+class Context(_Native):
+    """A llama.cpp context over ``model`` with ``n_seq`` sequences of ``n_ctx_per_seq`` tokens each."""
+
+    def __init__(self, model: Model, cfg: EngineConfig) -> None:
+        if cfg.n_seq > max_parallel_sequences():
+            raise ValueError(f"n_seq={cfg.n_seq} exceeds llama.cpp's limit of {max_parallel_sequences()} sequences")
+        p = lc.llama_context_default_params()
+        p.n_ctx = cfg.n_ctx_per_seq * cfg.n_seq
+        p.n_batch = cfg.n_batch
+        p.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
+        p.n_seq_max = cfg.n_seq
+        threads = cfg.n_threads or 0
+        if threads > 0:
+            p.n_threads = threads
+            p.n_threads_batch = threads
+        p.type_k = _KV_TYPE[cfg.kv_type]
+        p.type_v = _KV_TYPE[cfg.kv_type]
+        p.flash_attn_type = _FLASH[cfg.flash_attn]
+        # False: one KV stream per sequence, so every slot is guaranteed its n_ctx_per_seq and attends only to
+        # its own cells; True: one shared cache (what llama-server uses by default).
+        p.kv_unified = cfg.kv_unified
+        p.no_perf = False
+        ptr = lc.llama_init_from_model(model.ptr, p)
+        if not ptr:
+            raise RuntimeError(
+                f"llama.cpp could not create a context of {p.n_ctx} tokens ({cfg.n_seq} x {cfg.n_ctx_per_seq}); "
+                "lower --ctx or --parallel (see the llama_cpp log above)"
+            )
+        self.ptr = ptr
+        self.n_vocab = model.n_vocab
+        self.n_ctx = int(lc.llama_n_ctx(ptr))
+        self.memory = lc.llama_get_memory(ptr)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            lc.llama_free(self.ptr)
+            self.ptr = None
+
+    def decode(self, batch: Batch) -> int:
+        """Run one forward pass over ``batch``; returns llama.cpp's status (0 = ok)."""
+        batch.struct.n_tokens = batch.n_tokens
+        return int(lc.llama_decode(self.ptr, batch.struct))
+
+    def logits(self, n_outputs: int) -> npt.NDArray[np.float32]:
+        """The output rows of the last decode, in batch order, as a zero-copy ``(n_outputs, n_vocab)`` view."""
+        ptr = lc.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+
+    def clear_sequence(self, seq: int) -> None:
+        """Drop every cached token of sequence ``seq`` (its slot can be reused at once)."""
+        lc.llama_memory_seq_rm(self.memory, seq, -1, -1)
+
+    def clear_all(self) -> None:
+        lc.llama_memory_clear(self.memory, True)
+
+    def perf(self) -> dict[str, float]:
+        d = lc.llama_perf_context(self.ptr)
+        return {"t_eval_ms": float(d.t_eval_ms), "n_eval": float(d.n_eval), "t_p_eval_ms": float(d.t_p_eval_ms)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sampler chains (CPU): penalties -> top_k -> top_p -> min_p -> temperature -> seeded draw
+# ---------------------------------------------------------------------------------------------------------------
+class SamplerChain(_Native):
+    """A per-sequence llama.cpp sampler chain built from :class:`SamplingParams`."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, seed: int) -> None:
+        sp = lc.llama_sampler_chain_default_params()
+        sp.no_perf = True
+        self.ptr = lc.llama_sampler_chain_init(sp)
+        add = lc.llama_sampler_chain_add
+        if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+            add(self.ptr, lc.llama_sampler_init_penalties(
+                n_vocab, params.penalty_last_n, params.repeat_penalty, params.frequency_penalty,
+                params.presence_penalty))
+        if params.greedy:
+            add(self.ptr, lc.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            add(self.ptr, lc.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            add(self.ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            add(self.ptr, lc.llama_sampler_init_min_p(params.min_p, 1))
+        add(self.ptr, lc.llama_sampler_init_temp(params.temperature))
+        add(self.ptr, lc.llama_sampler_init_dist(seed))
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            lc.llama_sampler_accept(self.ptr, t)
+
+    def sample(self, ctx: Context, batch_index: int) -> int:
+        """Sample from the logits of batch position ``batch_index`` (the chain accepts the token itself)."""
+        return int(lc.llama_sampler_sample(self.ptr, ctx.ptr, batch_index))
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            lc.llama_sampler_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,39 @@
+"""One running request: its slot, its tokens (prompt then answer), how much of it is in the KV cache, and how its
+text is produced (detokenizer, stop strings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llamafleet.engine.llama import SamplerChain
+from llamafleet.engine.text import Detokenizer, StopMatcher
+from llamafleet.engine.types import Request
+
+
+@dataclass(eq=False)
+class Sequence:
+    req: Request
+    slot: int
+    chain: SamplerChain | None  # None: plain greedy, sampled for the whole batch at once
+    tokens: list[int] = field(default_factory=list)  # prompt + generated
+    n_cached: int = 0  # tokens already decoded into the KV cache
+    n_generated: int = 0
+    detok: Detokenizer = field(default_factory=Detokenizer)
+    stops: StopMatcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.req.prompt_tokens)
+        self.stops = StopMatcher(self.req.params.stop)
+
+    @property
+    def request_id(self) -> str:
+        return self.req.request_id
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.req.prompt_tokens)
+
+    @property
+    def pending(self) -> int:
+        """Tokens still to feed to llama_decode (1 while generating; more while the prompt is prefilled)."""
+        return len(self.tokens) - self.n_cached

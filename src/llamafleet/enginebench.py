@@ -1,0 +1,100 @@
+"""In-process engine benchmark: N requests one after another vs the same N at once, side by side in one run.
+
+It answers two questions about the engine itself, without HTTP: how much of llama.cpp's batching gain the engine
+keeps (aggregate generated tokens/s, concurrent / sequential), and what the Python loop costs per step next to
+``llama_decode`` (overhead share = 1 - decode time / step time). Run it with ``llamafleet bench engine``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+
+from llamafleet.engine.engine import Engine
+from llamafleet.engine.types import EngineConfig, Request, SamplingParams
+
+PROMPTS = (
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a refrigerator works.",
+    "List some tips for learning a new language.",
+    "Describe the water cycle to a child.",
+    "What are the benefits of regular exercise?",
+    "请介绍一下长城的历史。",
+    "Summarize the plot of a detective novel.",
+    "How do airplanes stay in the air?",
+)
+
+
+@dataclass
+class Phase:
+    name: str
+    requests: int
+    generated_tokens: int
+    seconds: float
+    steps: int
+    decode_seconds: float
+    step_seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of step time spent outside llama_decode (batch build, sampling, detokenizing, bookkeeping)."""
+        return 1.0 - self.decode_seconds / self.step_seconds if self.step_seconds else 0.0
+
+    @property
+    def overhead_ms_per_step(self) -> float:
+        return 1000.0 * (self.step_seconds - self.decode_seconds) / self.steps if self.steps else 0.0
+
+
+def _phase(eng: Engine, name: str, batches: list[list[Request]]) -> Phase:
+    before = eng.stats()
+    t0 = time.perf_counter()
+    gen = 0
+    for group in batches:
+        gen += sum(c.completion_tokens for c in eng.generate(group).values())
+    secs = time.perf_counter() - t0
+    after = eng.stats()
+    return Phase(name, sum(len(b) for b in batches), gen, secs, after.steps - before.steps,
+                 after.decode_seconds_total - before.decode_seconds_total,
+                 after.step_seconds_total - before.step_seconds_total)
+
+
+def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64) -> dict[str, object]:
+    """Measure sequential vs concurrent generation of ``n_requests`` greedy answers of ``max_tokens`` tokens."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    with Engine(cfg) as eng:
+        def reqs(tag: str) -> list[Request]:
+            return [Request(f"{tag}{i}", tuple(eng.tokenize(PROMPTS[i % len(PROMPTS)])), params)
+                    for i in range(n_requests)]
+        eng.generate(reqs("warm")[:1])  # warm-up: first-touch of weights and buffers
+        seq = _phase(eng, "sequential", [[r] for r in reqs("s")])
+        conc = _phase(eng, "concurrent", [reqs("c")])
+    return {
+        "model": cfg.model_path.rsplit("/", 1)[-1],
+        "threads": cfg.n_threads,
+        "gpu_layers": cfg.n_gpu_layers,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "phases": [asdict(p) | {"tokens_per_s": p.tokens_per_s, "overhead_share": p.overhead_share,
+                                "overhead_ms_per_step": p.overhead_ms_per_step} for p in (seq, conc)],
+        "speedup": conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0,
+    }
+
+
+def markdown(result: dict[str, object]) -> str:
+    rows = ["| phase | requests | generated tok | seconds | tok/s | steps | Python overhead / step | share |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in result["phases"]:  # type: ignore[attr-defined]
+        rows.append(f"| {p['name']} | {p['requests']} | {p['generated_tokens']} | {p['seconds']:.2f} | "
+                    f"{p['tokens_per_s']:.1f} | {p['steps']} | {p['overhead_ms_per_step']:.3f} ms | "
+                    f"{100 * p['overhead_share']:.1f}% |")
+    rows.append(f"\nconcurrent / sequential aggregate tokens/s: **{result['speedup']:.2f}x**")
+    return "\n".join(rows)
+
+
+def to_json(result: dict[str, object]) -> str:
+    return json.dumps(result, indent=2)

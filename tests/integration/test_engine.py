@@ -1,0 +1,156 @@
+"""The engine on the real model (SmolLM2-135M-Instruct), on CPU: batching, sampling, stops, cancellation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from llamafleet.engine.engine import Engine
+from llamafleet.engine.types import EngineConfig, Request, SamplingParams
+from llamafleet.models import default_model_path
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+    "中国的首都是",
+    "Water boils at a temperature of",
+    "The largest planet in the solar system is",
+]
+GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    cfg = EngineConfig(model_path=str(default_model_path(progress=False)), n_seq=8, n_ctx_per_seq=256, n_batch=256)
+    with Engine(cfg) as eng:
+        yield eng
+
+
+def req(eng: Engine, rid: str, prompt: str, params: SamplingParams = GREEDY) -> Request:
+    return Request(rid, tuple(eng.tokenize(prompt)), params)
+
+
+def test_greedy_tokens_identical_alone_and_batched(engine: Engine) -> None:
+    alone = {f"a{i}": engine.generate([req(engine, f"a{i}", p)])[f"a{i}"] for i, p in enumerate(PROMPTS)}
+    batched = engine.generate([req(engine, f"b{i}", p) for i, p in enumerate(PROMPTS)])
+    for i in range(len(PROMPTS)):
+        a, b = alone[f"a{i}"], batched[f"b{i}"]
+        assert len(a.token_ids) == 48 and a.finish_reason == "length"
+        assert a.token_ids == b.token_ids, f"prompt {i} diverged"
+        assert a.text == b.text
+
+
+def test_seeded_sampling_is_reproducible_and_seed_matters(engine: Engine) -> None:
+    p = SamplingParams(max_tokens=32, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1234, ignore_eos=True)
+    first = engine.generate([req(engine, "s1", PROMPTS[2], p)])["s1"]
+    # same seed, now running next to other sequences: same text
+    others = [req(engine, f"o{i}", q, p.__class__(max_tokens=32, temperature=0.9, seed=i)) for i, q in
+              enumerate(PROMPTS[:3])]
+    again = engine.generate([*others, req(engine, "s2", PROMPTS[2], p)])["s2"]
+    assert first.text == again.text and first.token_ids == again.token_ids
+    seeds = {engine.generate([req(engine, f"d{k}", PROMPTS[2], SamplingParams(
+        max_tokens=32, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=k, ignore_eos=True))])[f"d{k}"].text
+        for k in range(4)}
+    assert len(seeds) > 1
+
+
+def test_stop_string_ends_generation_and_is_not_in_the_text(engine: Engine) -> None:
+    free = engine.generate([req(engine, "f", PROMPTS[2])])["f"].text
+    stop = free.strip().split()[3]  # a word the model will produce
+    out = engine.generate([req(engine, "s", PROMPTS[2], SamplingParams(
+        max_tokens=48, temperature=0.0, stop=(stop,)))])["s"]
+    assert out.finish_reason == "stop"
+    assert stop not in out.text
+    assert free.startswith(out.text)
+
+
+def test_max_tokens_gives_length_and_usage(engine: Engine) -> None:
+    r = req(engine, "m", PROMPTS[0], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    out = engine.generate([r])["m"]
+    assert out.finish_reason == "length"
+    assert out.completion_tokens == 5 == len(out.token_ids)
+    assert out.prompt_tokens == len(r.prompt_tokens)
+
+
+def test_eos_ends_with_stop(engine: Engine) -> None:
+    prompt = engine.tokenize_chat([{"role": "user", "content": "Say only the word: yes"}])
+    out = engine.generate([Request("e", tuple(prompt), SamplingParams(max_tokens=200, temperature=0.0))])["e"]
+    assert out.finish_reason == "stop"
+    assert out.completion_tokens < 200
+    assert "<|im_end|>" not in out.text
+
+
+def test_cancel_frees_the_slot_and_kv_at_once(engine: Engine) -> None:
+    engine.add_request(req(engine, "c", PROMPTS[1], SamplingParams(max_tokens=200, temperature=0.0)))
+    for _ in range(3):
+        engine.step()
+    assert engine.stats().slots_busy == 1
+    engine.abort("c")
+    outs = engine.step()
+    assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [("c", True, "cancelled")]
+    st = engine.stats()
+    assert st.slots_busy == 0 and st.kv_tokens_used == 0
+    assert not engine.has_work()
+
+
+def test_cancel_of_a_waiting_request(engine: Engine) -> None:
+    engine.add_request(req(engine, "w", PROMPTS[0]))
+    engine.abort("w")
+    outs = engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [("w", "cancelled")]
+
+
+def test_late_request_joins_the_running_batch(engine: Engine) -> None:
+    long = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(req(engine, f"r{i}", PROMPTS[i], long))
+    for _ in range(5):
+        engine.step()
+    engine.add_request(req(engine, "late", PROMPTS[4], SamplingParams(max_tokens=5, temperature=0.0)))
+    first_late = finished_running = None
+    step = 0
+    while engine.has_work():
+        step += 1
+        for o in engine.step():
+            if o.request_id == "late" and first_late is None:
+                first_late = step
+            if o.request_id.startswith("r") and o.finished and finished_running is None:
+                finished_running = step
+    assert first_late is not None and finished_running is not None
+    assert first_late < finished_running  # it ran alongside them instead of waiting for the batch to drain
+
+
+def test_chinese_round_trip(engine: Engine) -> None:
+    text = "人工智能正在改变世界。我们的客户服务需要更快的响应。"
+    ids = engine.tokenize(text, add_special=False)
+    assert engine.detokenize(ids) == text
+    out = engine.generate([req(engine, "zh", "请用中文回答：中国的首都是哪里？", SamplingParams(
+        max_tokens=24, temperature=0.0, ignore_eos=True))])["zh"]
+    assert "\ufffd" not in out.text
+    assert engine.detokenize(out.token_ids) == out.text
+
+
+def test_chat_template_comes_from_the_gguf(engine: Engine) -> None:
+    text = engine.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
+    assert "<|im_start|>system\nS<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_logprobs_are_reported_for_each_token(engine: Engine) -> None:
+    out = engine.generate([req(engine, "lp", PROMPTS[0], SamplingParams(
+        max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True))])["lp"]
+    assert len(out.logprobs) == 6
+    assert all(-30.0 < lp <= 0.0 for lp in out.logprobs)
+
+
+def test_requests_that_cannot_fit_are_refused_with_numbers(engine: Engine) -> None:
+    with pytest.raises(ValueError, match=r"exceeds the context per sequence \(256\)"):
+        engine.add_request(Request("big", tuple([1] * 250), SamplingParams(max_tokens=10)))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request(Request("empty", (), SamplingParams()))
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)

@@ -1,0 +1,38 @@
+"""Continuous-batching schedule under a token budget (pure logic)."""
+
+from llamafleet.engine.scheduler import schedule
+from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.types import Request
+
+
+def seq(rid: str, prompt_len: int, cached: int = 0, generated: int = 0) -> Sequence:
+    s = Sequence(Request(rid, tuple(range(1, prompt_len + 1))), slot=0, chain=None)
+    s.tokens += [7] * generated
+    s.n_cached = cached
+    return s
+
+
+def test_decodes_go_first_then_prompt_chunks_fill_the_budget() -> None:
+    a = seq("a", 10, cached=12, generated=3)  # generating: 1 pending token
+    b = seq("b", 100)  # new prompt
+    c = seq("c", 50)
+    plan = schedule([b, a, c], budget=64)
+    assert [(s.request_id, n) for s, n in plan] == [("a", 1), ("b", 63)]
+
+
+def test_long_prompt_is_prefilled_over_several_steps() -> None:
+    b = seq("b", 300)
+    steps = []
+    while b.pending > 0:
+        (s, n), = schedule([b], budget=128)
+        steps.append(n)
+        b.n_cached += n
+    assert steps == [128, 128, 44]  # the last chunk ends with the token whose logits give the first answer token
+
+
+def test_rotation_prevents_starvation_when_budget_is_smaller_than_decodes() -> None:
+    seqs = [seq(str(i), 4, cached=4, generated=1) for i in range(5)]
+    seen = set()
+    for step in range(5):
+        seen |= {s.request_id for s, _ in schedule(seqs, budget=2, rotate=step)}
+    assert seen == {"0", "1", "2", "3", "4"}
