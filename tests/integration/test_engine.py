@@ -154,3 +154,22 @@ def test_requests_that_cannot_fit_are_refused_with_numbers(engine: Engine) -> No
         engine.add_request(Request("empty", (), SamplingParams()))
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+def test_backend_sampling_gives_the_same_answers(engine: Engine) -> None:
+    """In-graph greedy sampling, mixed with CPU-sampled and logprob requests that detach and re-attach slots."""
+    mixed = [
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.7, seed=3, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.0, logprobs=True, ignore_eos=True),
+    ]
+
+    def run(eng: Engine) -> list[list[int]]:
+        first = eng.generate([req(eng, f"m{i}", PROMPTS[i], p) for i, p in enumerate(mixed)])
+        again = eng.generate([req(eng, f"g{i}", PROMPTS[i], mixed[0]) for i in range(8)])  # every slot, re-attached
+        return [c.token_ids for c in (first | again).values()]
+
+    cfg = EngineConfig(model_path=engine.cfg.model_path, n_seq=8, n_ctx_per_seq=256, n_batch=256,
+                       backend_sampling=True)
+    with Engine(cfg) as in_graph:
+        assert run(in_graph) == run(engine)

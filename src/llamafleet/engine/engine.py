@@ -176,7 +176,11 @@ class Engine:
                 chain = SamplerChain(p, self.model.n_vocab, seed)
                 if p.penalty_last_n:
                     chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
-            self._running.append(Sequence(req, self._free_slots.pop(), chain))
+            slot = self._free_slots.pop()
+            in_graph = self.ctx.backend_sampling and chain is None and not p.logprobs
+            if self.ctx.backend_sampling and not in_graph:
+                self.ctx.use_backend_greedy(slot, False)
+            self._running.append(Sequence(req, slot, chain, in_graph))
 
     def _run(self, plan: list[tuple[Sequence, int]], outs: list[RequestOutput]) -> None:
         b = self.batch
@@ -250,6 +254,8 @@ class Engine:
             tail += s.stops.flush()
         self._running.remove(s)
         self.ctx.clear_sequence(s.slot)
+        if self.ctx.backend_sampling and not s.in_graph:
+            self.ctx.use_backend_greedy(s.slot, True)
         self._free_slots.append(s.slot)
         if s.chain is not None:
             s.chain.close()

@@ -240,8 +240,22 @@ class Context(_Native):
         # its own cells; True: one shared cache (what llama-server uses by default).
         p.kv_unified = cfg.kv_unified
         p.no_perf = False
+        # Backend sampling: every slot carries a greedy chain that runs inside the graph, so plain greedy requests
+        # need no logits copied to the host. A request that needs CPU sampling detaches its slot's chain.
+        self._greedy: list[Any] = []
+        if cfg.backend_sampling:
+            self._greedy = [_greedy_chain() for _ in range(cfg.n_seq)]
+            confs = (lc.llama_sampler_seq_config * cfg.n_seq)()
+            for i, ch in enumerate(self._greedy):
+                confs[i].seq_id = i
+                confs[i].sampler = ctypes.cast(ch, ctypes.c_void_p)
+            self._confs = confs
+            p.samplers = confs
+            p.n_samplers = cfg.n_seq
         ptr = lc.llama_init_from_model(model.ptr, p)
         if not ptr:
+            self.ptr = None
+            self.close()
             raise RuntimeError(
                 f"llama.cpp could not create a context of {p.n_ctx} tokens ({cfg.n_seq} x {cfg.n_ctx_per_seq}); "
                 "lower --ctx or --parallel (see the llama_cpp log above)"
@@ -255,6 +269,28 @@ class Context(_Native):
         if getattr(self, "ptr", None):
             lc.llama_free(self.ptr)
             self.ptr = None
+        for ch in self._greedy:
+            lc.llama_sampler_free(ch)
+        self._greedy = []
+
+    @property
+    def backend_sampling(self) -> bool:
+        return bool(self._greedy)
+
+    def use_backend_greedy(self, seq: int, on: bool) -> bool:
+        """Attach (or detach) slot ``seq``'s in-graph greedy sampler; False if llama.cpp declined to offload it.
+
+        A chain is initialised for the backend once, so re-attaching swaps in a fresh one (the old one is detached).
+        """
+        if not on:
+            return bool(lc.llama_set_sampler(self.ptr, seq, None))
+        lc.llama_sampler_free(self._greedy[seq])
+        self._greedy[seq] = _greedy_chain()
+        return bool(lc.llama_set_sampler(self.ptr, seq, self._greedy[seq]))
+
+    def sampled_token(self, batch_index: int) -> int:
+        """The token the in-graph sampler chose for batch position ``batch_index`` in the last decode."""
+        return int(lc.llama_get_sampled_token_ith(self.ptr, batch_index))
 
     def decode(self, batch: Batch) -> int:
         """Run one forward pass over ``batch``; returns llama.cpp's status (0 = ok)."""
@@ -276,6 +312,14 @@ class Context(_Native):
     def perf(self) -> dict[str, float]:
         d = lc.llama_perf_context(self.ptr)
         return {"t_eval_ms": float(d.t_eval_ms), "n_eval": float(d.n_eval), "t_p_eval_ms": float(d.t_p_eval_ms)}
+
+
+def _greedy_chain() -> Any:
+    sp = lc.llama_sampler_chain_default_params()
+    sp.no_perf = True
+    chain = lc.llama_sampler_chain_init(sp)
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
+    return chain
 
 
 # ---------------------------------------------------------------------------------------------------------------

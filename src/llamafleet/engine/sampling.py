@@ -1,6 +1,7 @@
 """Choosing the next token for every sequence that produced logits this step.
 
-Plain greedy requests (no penalties) are sampled for the whole batch with one vectorised ``argmax``; the rest use
+Plain greedy requests (no penalties) are sampled for the whole batch with one vectorised ``argmax`` (or, with
+backend sampling on, inside llama.cpp's graph, so no logits reach the host); the rest use
 their own llama.cpp sampler chain (penalties, top-k/top-p/min-p, temperature, seeded draw). Log-probabilities of the
 chosen tokens come from the raw logits with one vectorised log-softmax, only for requests that asked for them.
 """
@@ -19,9 +20,15 @@ def sample(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32] | None]:
     """``outputs`` lists (sequence, batch index) in the order of the logits rows. Returns tokens and logprobs."""
     n = len(outputs)
-    logits = ctx.logits(n)
     tokens = np.empty(n, dtype=np.int64)
-    greedy = [i for i, (s, _) in enumerate(outputs) if s.chain is None]
+    if ctx.backend_sampling:
+        for i, (s, bidx) in enumerate(outputs):
+            if s.in_graph:
+                tokens[i] = ctx.sampled_token(bidx)
+        if all(s.in_graph for s, _ in outputs):
+            return tokens, None
+    logits = ctx.logits(n)
+    greedy = [i for i, (s, _) in enumerate(outputs) if s.chain is None and not s.in_graph]
     if len(greedy) == n:
         tokens[:] = np.argmax(logits, axis=1)
     elif greedy:

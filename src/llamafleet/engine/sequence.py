@@ -15,6 +15,7 @@ class Sequence:
     req: Request
     slot: int
     chain: SamplerChain | None  # None: plain greedy, sampled for the whole batch at once
+    in_graph: bool = False  # plain greedy sampled inside llama.cpp's graph (backend sampling)
     tokens: list[int] = field(default_factory=list)  # prompt + generated
     n_cached: int = 0  # tokens already decoded into the KV cache
     n_generated: int = 0

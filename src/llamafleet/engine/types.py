@@ -95,6 +95,7 @@ class EngineConfig:
     kv_type: KvType = "f16"
     flash_attn: bool | None = None
     kv_unified: bool = False
+    backend_sampling: bool = False  # greedy requests sampled inside llama.cpp's graph (on the GPU); experimental
     llama_log_level: str = "warning"
 
 
