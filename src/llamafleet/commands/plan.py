@@ -1,0 +1,103 @@
+"""``llamafleet plan``: show how a model would be placed on this machine's GPUs (or a described one); exit 0 if it
+fits, 1 if not, 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from llamafleet.config import ConfigError, FleetConfig, load_config
+from llamafleet.gguf_info import GgufError, ModelInfo, read_model_info
+from llamafleet.gpus import Inventory, InventoryError, describe_inventory, detect_inventory, load_inventory
+from llamafleet.models import ModelFetchError, default_model_path
+from llamafleet.planner import Plan, make_plan
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
+    """The plan as a few readable sections: verdict, replicas, context, memory per device, reasons, warnings."""
+    lines = [
+        f"model: {model.path}",
+        f"  {model.name}: {model.architecture}, {model.file_type}, {model.n_layer} layers, {model.n_embd} embd, "
+        f"{model.n_head}/{model.n_head_kv} heads/KV heads, trained context {model.n_ctx_train}",
+        describe_inventory(inventory),
+        "",
+        f"plan: {'FITS' if plan.fits else 'DOES NOT FIT'} ({len(plan.replicas)} replica(s) on the {plan.device})",
+    ]
+    if plan.replicas:
+        rows = [["replica", "gpus", "split", "tensor_split", "main_gpu"]]
+        for i, r in enumerate(plan.replicas):
+            rows.append([str(i), ",".join(map(str, r.gpus)) or "cpu", r.split_mode,
+                         ",".join(f"{x:.4g}" for x in r.tensor_split) or "-", str(r.main_gpu) if r.gpus else "-"])
+        lines += _table(rows)
+    fa = {None: "auto", True: "on", False: "off"}[plan.flash_attn]
+    lines.append(f"context: {plan.n_seq} slots x {plan.n_ctx_per_seq} tokens per replica; n_batch {plan.n_batch}, "
+                 f"n_ubatch {plan.n_ubatch}; KV cache {plan.kv_type}; flash attention {fa}")
+    if plan.budgets:
+        lines.append("memory (MiB):")
+        rows = [["device", "replica", "weights", "kv", "compute", "margin", "total", "free", "left"]]
+        for b in plan.budgets:
+            left = "?" if b.capacity_mib is None else str(b.capacity_mib - b.used_mib)
+            rows.append([b.device, "-" if b.replica is None else str(b.replica), str(b.weights_mib), str(b.kv_mib),
+                         str(b.compute_mib), str(b.margin_mib), str(b.used_mib),
+                         "?" if b.capacity_mib is None else str(b.capacity_mib), left])
+        lines += _table(rows)
+    if plan.host_mib:
+        lines.append(f"host memory per replica: {plan.host_mib} MiB (token embedding, logits)")
+    lines.append("why:")
+    lines += [f"  - {r}" for r in plan.reasons]
+    if plan.warnings:
+        lines.append("warnings:")
+        lines += [f"  - {w}" for w in plan.warnings]
+    return "\n".join(lines)
+
+
+def _model_path(args: argparse.Namespace, cfg: FleetConfig) -> Path:
+    if args.model:
+        return Path(args.model)
+    if cfg.model_path:
+        return Path(cfg.model_path)
+    return default_model_path()
+
+
+def _run(args: argparse.Namespace) -> int:
+    overrides = {"context_length": args.ctx, "parallel": args.parallel, "replicas": args.replicas,
+                 "split_mode": args.split_mode, "prefer": args.prefer}
+    try:
+        cfg = load_config(args.config, overrides)
+        model = read_model_info(_model_path(args, cfg))
+        inventory = load_inventory(args.inventory) if args.inventory else detect_inventory()
+    except (ConfigError, GgufError, InventoryError, ModelFetchError) as e:
+        print(f"error: {e}")
+        return 2
+    plan = make_plan(model, inventory, cfg)
+    if args.json:
+        print(json.dumps({**plan.to_json(), "model_path": model.path, "inventory": inventory.source}, indent=2))
+    else:
+        print(format_plan(plan, model, inventory))
+    return 0 if plan.fits else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "plan",
+        help="show how a model would be placed on the GPUs (replicas, split, memory per GPU); exit 1 if it won't fit",
+        description="Plan a model's placement from its GGUF header and the GPU inventory; nothing is loaded.",
+        epilog="exit codes: 0 the plan fits, 1 it does not (the reasons say what would), 2 bad input.",
+    )
+    p.add_argument("--model", metavar="FILE", help="GGUF file (default: the config's model_path, else the demo model)")
+    p.add_argument("--inventory", metavar="FILE", help="plan for the GPUs described in this YAML instead of this "
+                   "machine's (see examples/inventories/)")
+    p.add_argument("--config", metavar="FLEET_YAML", help="fleet configuration (flags below override it)")
+    p.add_argument("--ctx", type=int, metavar="N", help="context length per sequence (context_length)")
+    p.add_argument("--parallel", type=int, metavar="N", help="sequence slots per replica")
+    p.add_argument("--replicas", type=int, metavar="N", help="replica count")
+    p.add_argument("--split-mode", choices=["auto", "none", "layer", "tensor"], help="how to split a replica")
+    p.add_argument("--prefer", choices=["throughput", "latency"], help="what auto placement optimises")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_run)

@@ -1,0 +1,73 @@
+"""The planner's answer: replicas, context sizes and the memory budget per device, with reasons in plain words."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from llamafleet.engine.types import SplitModeName
+
+Device = Literal["gpu", "cpu"]
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """One replica: its GPUs (NVML indices; empty on CPU), how the model is split over them, and the main GPU."""
+
+    gpus: tuple[int, ...]
+    split_mode: SplitModeName
+    tensor_split: tuple[float, ...]  # one fraction per GPU (sum 1) when split; () otherwise
+    main_gpu: int  # NVML index; -1 on CPU
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Memory of one device under the plan, in MiB. ``capacity_mib`` is free memory (None: unknown, unchecked)."""
+
+    device: str  # "GPU 0", ... or "CPU"
+    name: str
+    replica: int | None  # which replica uses it; None = unused
+    weights_mib: int
+    kv_mib: int
+    compute_mib: int
+    margin_mib: int
+    capacity_mib: int | None
+
+    @property
+    def used_mib(self) -> int:
+        return self.weights_mib + self.kv_mib + self.compute_mib + self.margin_mib
+
+    @property
+    def overflow_mib(self) -> int:
+        return 0 if self.capacity_mib is None else max(0, self.used_mib - self.capacity_mib)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where and how to run: replicas, context sizes, memory per device, and why, in plain words."""
+
+    fits: bool
+    device: Device
+    replicas: tuple[ReplicaPlan, ...]
+    n_ctx_per_seq: int
+    n_seq: int
+    n_batch: int
+    n_ubatch: int
+    kv_type: str
+    flash_attn: bool | None
+    budgets: tuple[Budget, ...]
+    host_mib: int  # host memory per GPU replica (token embedding, logits); for CPU plans see budgets
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    model: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["replicas"] = [
+            {"gpus": list(r.gpus), "split_mode": r.split_mode, "tensor_split": list(r.tensor_split),
+             "main_gpu": r.main_gpu}
+            for r in self.replicas
+        ]
+        d["budgets"] = [{**asdict(b), "used_mib": b.used_mib, "overflow_mib": b.overflow_mib} for b in self.budgets]
+        d["reasons"], d["warnings"] = list(self.reasons), list(self.warnings)
+        return d

@@ -1,0 +1,372 @@
+"""Decide where a model runs: replica groups, split mode, ``tensor_split``, context sizes, and the memory budget.
+
+:func:`make_plan` is a pure function of the model's header (:mod:`llamafleet.gguf_info`), the machine's GPUs
+(:mod:`llamafleet.gpus`) and the configuration; it loads nothing and refuses a plan that cannot fit *before*
+anything loads, with the numbers and what would make it fit. Policy (measured facts in docs/PLANNER.md):
+
+* A model that fits one GPU with its KV cache and buffers runs as **one replica per GPU** (data parallel: two
+  replicas on two GPUs serve about twice one).
+* One that does not is **split over the fewest GPUs that hold it**, replicated over the rest: tensor split where
+  every pair in the group is NVLinked, layer split otherwise; ratios proportional to what each GPU can hold.
+* ``prefer: latency`` on NVLinked GPUs puts one replica tensor-split over all of them (lowest single-stream delay).
+* Explicit choices (``split_mode``, ``split_ratio``, ``replicas``, ``main_gpu``, ``gpus``) are honoured but checked:
+  a GPU that overflows is named with the amount; a lopsided ``split_ratio`` is flagged.
+* Without GPUs the plan is a CPU plan: ``replicas`` (default 1) processes sharing the mapped weights, checked
+  against available RAM.
+
+:func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from llamafleet.config import FleetConfig
+from llamafleet.engine.types import EngineConfig, SplitModeName
+from llamafleet.gguf_info import ModelInfo
+from llamafleet.gpus import Gpu, Inventory
+from llamafleet.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
+from llamafleet.plan_advice import how_to_fit, mib, ratio_warning
+from llamafleet.plan_types import Budget, Device, Plan, ReplicaPlan
+
+__all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "launch_spec", "make_plan"]
+
+
+@dataclass
+class _Notes:
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    refused: bool = False  # a rule (not memory) rules the plan out
+
+    def refuse(self, reason: str) -> None:
+        self.reasons.append(reason)
+        self.refused = True
+
+
+@dataclass(frozen=True)
+class _Group:
+    """A candidate replica: GPUs, mode, ratios and what each GPU would need."""
+
+    gpus: tuple[Gpu, ...]
+    mode: SplitModeName
+    ratios: tuple[float, ...]
+    needs: tuple[DeviceNeed, ...]
+
+    def overflows(self, margin: int) -> list[tuple[Gpu, int]]:
+        return [(g, n.total + margin - g.free_mib * MIB) for g, n in zip(self.gpus, self.needs, strict=True)
+                if n.total + margin > g.free_mib * MIB]
+
+
+def context_shape(model: ModelInfo, cfg: FleetConfig) -> ContextShape:
+    """The context llama.cpp will create for ``cfg`` (sequence length rounded up to 256, batches capped)."""
+    n_ctx_per_seq = pad_ctx(cfg.context_length)
+    n_batch = min(cfg.batch_size, n_ctx_per_seq * cfg.parallel)
+    return ContextShape(
+        n_ctx_per_seq=n_ctx_per_seq,
+        n_seq=cfg.parallel,
+        n_batch=n_batch,
+        n_ubatch=min(cfg.n_ubatch, n_batch),
+        kv_type=cfg.kv_cache_type,
+        flash_attn=cfg.flash_attn is not False,  # "auto" turns it on for the CPU and CUDA backends
+    )
+
+
+def make_plan(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> Plan:
+    """Plan ``model`` on ``inventory`` under ``cfg``. Pure: reads nothing, loads nothing."""
+    ctx = context_shape(model, cfg)
+    notes = _Notes()
+    if ctx.n_ctx_per_seq != cfg.context_length:
+        notes.warnings.append(f"context_length {cfg.context_length} rounded up to {ctx.n_ctx_per_seq} (llama.cpp "
+                              "sizes each sequence in steps of 256)")
+    if model.n_ctx_train and ctx.n_ctx_per_seq > model.n_ctx_train:
+        notes.warnings.append(f"context_length {ctx.n_ctx_per_seq} exceeds the {model.n_ctx_train} tokens the model "
+                              "was trained on; answers past that length degrade")
+    notes.reasons.append(
+        f"{model.name} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, {model.n_layer} layers); "
+        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
+    )
+    if ctx.kv_type != "f16" and cfg.flash_attn is False:
+        notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
+                     "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
+        return _plan(False, "cpu" if not inventory.gpus else "gpu", (), ctx, cfg, (), 0, notes, model)
+    if cfg.gpus is not None:
+        missing = [i for i in cfg.gpus if i not in {g.index for g in inventory.gpus}]
+        if missing:
+            have = ", ".join(str(g.index) for g in inventory.gpus) or "none"
+            notes.refuse(f"gpus lists {missing}, which this machine does not have (GPUs: {have}); "
+                         "fix the 'gpus' key or remove it to use every GPU")
+            return _plan(False, "gpu", (), ctx, cfg, (), 0, notes, model)
+    gpus = tuple(g for g in inventory.gpus if cfg.gpus is None or g.index in cfg.gpus)
+    if not gpus or cfg.n_gpu_layers == 0:
+        why = inventory.note or ("gpus: [] selects none" if inventory.gpus else "no GPU found")
+        if cfg.n_gpu_layers == 0:
+            why = "n_gpu_layers: 0"
+        return _cpu_plan(model, inventory, cfg, ctx, notes, why)
+    return _gpu_plan(model, inventory, gpus, cfg, ctx, notes)
+
+
+def _plan(fits: bool, device: Device, replicas: tuple[ReplicaPlan, ...], ctx: ContextShape, cfg: FleetConfig,
+          budgets: tuple[Budget, ...], host: int, notes: _Notes, model: ModelInfo) -> Plan:
+    return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
+                n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
+                budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
+                model=model.name)
+
+
+def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextShape, notes: _Notes,
+              why: str) -> Plan:
+    n = cfg.replicas or 1
+    _, host = replica_needs(model, ctx, "none", ())
+    budget = Budget("CPU", "host memory", 0, mib(host.weights), mib(host.kv * n), mib(host.compute * n),
+                    cfg.vram_margin_mib, inv.host_mem_mib)
+    notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU sharing one mapping of the weights")
+    if budget.capacity_mib is None:
+        notes.warnings.append("available RAM is unknown; memory was not checked")
+    fits = budget.overflow_mib == 0
+    if not fits:
+        notes.reasons.append(f"needs {budget.used_mib} MiB of RAM but {budget.capacity_mib} MiB are available "
+                             f"(over by {budget.overflow_mib} MiB)")
+        notes.reasons.extend(how_to_fit(model, ctx, cfg, [((budget.capacity_mib or 0) - cfg.vram_margin_mib) * MIB],
+                                         n, host=True))
+    replicas = tuple(ReplicaPlan((), "none", (), -1) for _ in range(n))
+    return _plan(fits, "cpu", replicas, ctx, cfg, (budget,), 0, notes, model)
+
+
+def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
+              notes: _Notes) -> Plan:
+    margin = cfg.vram_margin_mib * MIB
+    (one,), host = replica_needs(model, ctx, "none", (1.0,), cfg.n_gpu_layers)
+    holders = [g for g in gpus if one.total + margin <= g.free_mib * MIB]
+    linked = len(gpus) > 1 and inv.all_linked(tuple(g.index for g in gpus), "nvlink")
+    explicit = cfg.split_mode in ("layer", "tensor") or cfg.split_ratio is not None
+    latency = cfg.prefer == "latency" and linked and cfg.replicas is None and cfg.flash_attn is not False
+    if cfg.split_mode == "none" or (not explicit and holders and not latency):
+        if cfg.split_ratio is not None:
+            notes.warnings.append("split_ratio is ignored: split_mode none keeps each replica on one GPU")
+        groups = _data_parallel(model, gpus, holders, one, cfg, notes)
+    else:
+        groups = _split(model, inv, gpus, cfg, ctx, notes, latency)
+    if cfg.main_gpu is not None and all(cfg.main_gpu not in (x.index for x in g.gpus) for g in groups):
+        notes.warnings.append(f"main_gpu {cfg.main_gpu} is not used by this plan")
+    for gpu, over in (x for g in groups for x in g.overflows(margin)):
+        notes.reasons.append(f"GPU {gpu.index} overflows by {mib(over)} MiB (needs {mib(over) + gpu.free_mib} MiB "
+                             f"with the {cfg.vram_margin_mib} MiB margin, has {gpu.free_mib} MiB free)")
+    fits = bool(groups) and not notes.refused and all(not g.overflows(margin) for g in groups)
+    if not fits and not notes.refused:
+        usable = [g.free_mib * MIB - margin for g in gpus]
+        usable = [max(usable)] if cfg.split_mode == "none" else usable
+        notes.reasons.extend(how_to_fit(model, ctx, cfg, usable, max(1, len(groups)), host=False))
+    replicas, budgets = _layout(groups, gpus, cfg)
+    return _plan(fits, "gpu", replicas, ctx, cfg, budgets, host.total, notes, model)
+
+
+def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], one: DeviceNeed, cfg: FleetConfig,
+                   notes: _Notes) -> list[_Group]:
+    need = mib(one.total) + cfg.vram_margin_mib
+    if not holders:
+        best = max(gpus, key=lambda g: g.free_mib)
+        notes.reasons.append(f"split_mode none keeps each replica on one GPU, and none holds one ({need} MiB); "
+                             "split_mode: auto would split it over several GPUs")
+        return [_Group((best,), "none", (), (one,))]
+    # main_gpu first when it can hold a replica, then the GPUs with the most free memory.
+    order = sorted(holders, key=lambda g: (g.index != cfg.main_gpu, -g.free_mib, g.index))
+    n = cfg.replicas or len(order)
+    if n > len(order):
+        notes.refuse(f"replicas: {n} needs {n} GPUs that each hold the model ({need} MiB), but only "
+                     f"{len(order)} can: lower replicas, or raise parallel for more slots per replica")
+        return [_Group((g,), "none", (), (one,)) for g in sorted(order, key=lambda g: g.index)]
+    chosen = order[:n]
+    notes.reasons.append(f"the model with its KV cache and buffers needs {need} MiB, which fits one GPU: "
+                         f"{n} replica(s), one per GPU (data parallel, the fastest way to use several GPUs)")
+    for g in gpus:
+        if g not in holders:
+            notes.warnings.append(f"GPU {g.index} ({g.name}, {g.free_mib} MiB free) cannot hold a replica "
+                                  f"({need} MiB); it stays unused")
+        elif g not in chosen:
+            notes.warnings.append(f"GPU {g.index} stays unused (replicas: {n})")
+    return [_Group((g,), "none", (), (one,)) for g in sorted(chosen, key=lambda g: g.index)]
+
+
+def _split(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
+           notes: _Notes, latency: bool) -> list[_Group]:
+    margin = cfg.vram_margin_mib * MIB
+    k: int | None = None
+    if cfg.split_ratio is not None:
+        k = len(cfg.split_ratio)
+        if k > len(gpus):
+            notes.refuse(f"split_ratio has {k} entries but only {len(gpus)} GPU(s) are selected: "
+                         "give one share per GPU")
+            return []
+    elif cfg.replicas is not None:
+        if cfg.replicas > len(gpus):
+            notes.refuse(f"replicas: {cfg.replicas} exceeds the {len(gpus)} selected GPU(s), and the "
+                         "model does not fit one GPU; lower replicas")
+            return []
+        k = len(gpus) // cfg.replicas
+    elif latency:
+        k = len(gpus)
+
+    def groups_of(size: int) -> list[_Group]:
+        return [_fit_group(model, inv, members, cfg, ctx) for members in _partition(inv, gpus, size)]
+
+    if k is not None:
+        groups = groups_of(k)[: cfg.replicas] if cfg.replicas is not None else groups_of(k)
+    else:  # the fewest GPUs per replica that hold the model; as many such replicas as fit
+        first = 2 if cfg.split_mode in ("layer", "tensor") and len(gpus) > 1 else 1
+        groups = groups_of(len(gpus))
+        for size in range(first, len(gpus) + 1):
+            fitting = [g for g in groups_of(size) if not g.overflows(margin)]
+            if fitting:
+                groups = fitting
+                break
+    if cfg.replicas is not None and len(groups) < cfg.replicas:
+        notes.refuse(f"replicas: {cfg.replicas} of {k} GPUs each needs {cfg.replicas * (k or 1)} GPUs; "
+                     f"{len(gpus)} are selected")
+    for g in groups:
+        _explain(model, inv, g, cfg, notes, latency)
+    used = {gpu.index for g in groups for gpu in g.gpus}
+    for gpu in gpus:
+        if gpu.index not in used and groups:
+            notes.warnings.append(f"GPU {gpu.index} stays unused (no complete group of {len(groups[0].gpus)} "
+                                  "GPUs left for another replica)")
+    return groups
+
+
+def _partition(inv: Inventory, gpus: tuple[Gpu, ...], k: int) -> list[tuple[Gpu, ...]]:
+    """Groups of ``k`` GPUs, in index order, each preferring GPUs NVLinked to all its members."""
+    left = sorted(gpus, key=lambda g: g.index)
+    out = []
+    while len(left) >= k:
+        group = [left.pop(0)]
+        while len(group) < k:
+            linked = [g for g in left if inv.all_linked(tuple(x.index for x in group) + (g.index,), "nvlink")]
+            pick = (linked or left)[0]
+            group.append(pick)
+            left.remove(pick)
+        out.append(tuple(group))
+    return out
+
+
+def _fit_group(model: ModelInfo, inv: Inventory, members: tuple[Gpu, ...], cfg: FleetConfig,
+               ctx: ContextShape) -> _Group:
+    if len(members) == 1:
+        (need,), _ = replica_needs(model, ctx, "none", (1.0,), cfg.n_gpu_layers)
+        return _Group(members, "none", (), (need,))
+    mode: SplitModeName
+    if cfg.split_mode in ("layer", "tensor"):
+        mode = "tensor" if cfg.split_mode == "tensor" else "layer"
+    else:
+        nvlink = inv.all_linked(tuple(g.index for g in members), "nvlink")
+        mode = "tensor" if nvlink and cfg.flash_attn is not False else "layer"
+    if cfg.split_ratio is not None:
+        ratios = _normalize(cfg.split_ratio)
+        return _Group(members, mode, ratios, replica_needs(model, ctx, mode, ratios, cfg.n_gpu_layers)[0])
+    return _balance(model, members, mode, cfg, ctx)
+
+
+def _normalize(shares: list[float] | tuple[float, ...]) -> tuple[float, ...]:
+    total = sum(shares)
+    return tuple(round(s / total, 4) for s in shares)
+
+
+def _balance(model: ModelInfo, members: tuple[Gpu, ...], mode: SplitModeName, cfg: FleetConfig,
+             ctx: ContextShape) -> _Group:
+    """Ratios proportional to what each GPU can hold for the parts that scale with the ratio (layers, KV).
+
+    Whole layers (and whole KV heads under tensor split) can still tip one GPU over; its share is then lowered by
+    the overflow and the ratios recomputed, a few times at most. The least-overflowing attempt is returned.
+    """
+    free = [g.free_mib * MIB - cfg.vram_margin_mib * MIB for g in members]
+    even = replica_needs(model, ctx, mode, _normalize([1.0] * len(members)), cfg.n_gpu_layers)[0]
+    head = [model.output_bytes if mode == "layer" and i == len(members) - 1 else 0 for i in range(len(members))]
+    room = [f - n.compute - h for f, n, h in zip(free, even, head, strict=True)]
+    best: _Group | None = None
+    best_over = 0
+    for _ in range(4 * len(members) + 8):
+        ratios = _normalize([max(r, 1) for r in room])
+        needs = replica_needs(model, ctx, mode, ratios, cfg.n_gpu_layers)[0]
+        over = [n.total - f for n, f in zip(needs, free, strict=True)]
+        if best is None or max(over) < best_over:
+            best, best_over = _Group(members, mode, ratios, needs), max(over)
+        if max(over) <= 0:
+            break
+        room = [r - max(o, 0) - (MIB if o > 0 else 0) for r, o in zip(room, over, strict=True)]
+    assert best is not None
+    return best
+
+
+def _explain(model: ModelInfo, inv: Inventory, g: _Group, cfg: FleetConfig, notes: _Notes, latency: bool) -> None:
+    ids = ", ".join(str(x.index) for x in g.gpus)
+    if g.mode == "none":
+        notes.reasons.append(f"one replica on GPU {ids} (one GPU per replica)")
+        return
+    nvlink = inv.all_linked(tuple(x.index for x in g.gpus), "nvlink")
+    why = ("prefer: latency on NVLinked GPUs" if latency else
+           f"split_mode: {cfg.split_mode}" if cfg.split_mode != "auto" else
+           f"split_ratio {cfg.split_ratio}" if cfg.split_ratio is not None else
+           "the model does not fit one GPU")
+    link = "NVLink between every pair" if nvlink else "PCIe between some GPUs"
+    notes.reasons.append(f"{g.mode} split over GPUs {ids} ({why}; {link}), tensor_split {list(g.ratios)}")
+    if g.mode == "tensor" and not nvlink:
+        notes.warnings.append(f"tensor split over PCIe (GPUs {ids}) exchanges activations every layer and is "
+                              "usually slower than layer split; prefer split_mode: layer or auto")
+    if g.mode == "tensor" and cfg.flash_attn is False:
+        notes.warnings.append("tensor split needs flash attention; llama.cpp will refuse flash_attn: false")
+    if g.mode == "tensor" and model.architecture != "llama":
+        notes.warnings.append(f"tensor split is only verified for llama; {model.architecture} may be refused")
+    if cfg.split_ratio is not None:
+        warning = ratio_warning(g.gpus, g.needs, g.ratios, cfg.vram_margin_mib)
+        if warning:
+            notes.warnings.append(warning)
+
+
+def _layout(groups: list[_Group], gpus: tuple[Gpu, ...], cfg: FleetConfig) -> tuple[tuple[ReplicaPlan, ...],
+                                                                                      tuple[Budget, ...]]:
+    replicas = []
+    where: dict[int, tuple[int | None, DeviceNeed]] = {}
+    for r, g in enumerate(groups):
+        ids = tuple(x.index for x in g.gpus)
+        main = cfg.main_gpu if cfg.main_gpu in ids else ids[0]
+        replicas.append(ReplicaPlan(ids, g.mode, g.ratios if len(ids) > 1 else (), main))
+        for gpu, need in zip(g.gpus, g.needs, strict=True):
+            where.setdefault(gpu.index, (r, need))
+    budgets = []
+    for gpu in gpus:
+        owner, need = where.get(gpu.index, (None, DeviceNeed(0, 0, 0)))
+        budgets.append(Budget(f"GPU {gpu.index}", gpu.name, owner, mib(need.weights), mib(need.kv),
+                              mib(need.compute), cfg.vram_margin_mib if owner is not None else 0, gpu.free_mib))
+    return tuple(replicas), tuple(budgets)
+
+
+def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> tuple[dict[str, str], EngineConfig]:
+    """The environment and engine configuration for the worker of ``plan.replicas[replica]``.
+
+    The worker sees only its GPUs (``CUDA_VISIBLE_DEVICES`` in PCI bus order, so NVML's indices apply), renumbered
+    from 0; on a CPU plan it sees none, offloads nothing, and the CPU's threads are shared between the replicas.
+    """
+    if not plan.fits:
+        raise ValueError("this plan does not fit; refusing to launch it (see plan.reasons)")
+    if not 0 <= replica < len(plan.replicas):
+        raise IndexError(f"replica {replica} is not in the plan (it has {len(plan.replicas)})")
+    r = plan.replicas[replica]
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in r.gpus)}
+    threads = cfg.threads
+    if plan.device == "cpu" and threads is None:
+        threads = max(1, len(os.sched_getaffinity(0)) // len(plan.replicas))
+    engine = EngineConfig(
+        model_path=model_path,
+        n_seq=plan.n_seq,
+        n_ctx_per_seq=plan.n_ctx_per_seq,
+        n_batch=plan.n_batch,
+        n_ubatch=plan.n_ubatch,
+        n_threads=threads,
+        n_gpu_layers=cfg.n_gpu_layers if r.gpus else 0,
+        split_mode=r.split_mode,
+        main_gpu=r.gpus.index(r.main_gpu) if r.gpus else 0,
+        tensor_split=r.tensor_split,
+        kv_type=cfg.kv_cache_type,
+        flash_attn=cfg.flash_attn,
+        llama_log_level=cfg.llama_log_level,
+    )
+    return env, engine
