@@ -43,6 +43,7 @@ class FleetConfig(BaseModel):
     threads: int | None = Field(None, ge=1, description="CPU threads per replica; default = physical cores")
     kv_cache_type: KvCacheType = "f16"
     flash_attn: bool | None = Field(None, description="None = let llama.cpp decide")
+    backend_sampling: bool = Field(False, description="sample greedy requests inside llama.cpp's graph (GPU)")
 
     # GPU placement (see planner.py).
     gpus: list[int] | None = Field(None, description="GPU indices to use; default = all")
@@ -51,8 +52,13 @@ class FleetConfig(BaseModel):
     split_ratio: list[float] | None = Field(None, description="share of the model per GPU of a split replica")
     main_gpu: int | None = Field(None, ge=0)
     n_gpu_layers: int = Field(-1, ge=-1, description="-1 = offload every layer")
-    vram_margin_mib: int = Field(1024, ge=0, description="memory kept free on every GPU")
+    vram_margin_mib: int = Field(
+        1024, ge=0, description="memory kept free on every GPU (also covers the CUDA context and memory pool)"
+    )
     prefer: Literal["throughput", "latency"] = "throughput"
+    routing: Literal["least_outstanding", "round_robin"] = Field(
+        "least_outstanding", description="how requests are spread over replicas"
+    )
 
     # Logging.
     log_level: Literal["debug", "info", "warning", "error"] = "info"

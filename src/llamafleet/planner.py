@@ -367,6 +367,7 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
         tensor_split=r.tensor_split,
         kv_type=cfg.kv_cache_type,
         flash_attn=cfg.flash_attn,
+        backend_sampling=cfg.backend_sampling,
         llama_log_level=cfg.llama_log_level,
     )
     return env, engine

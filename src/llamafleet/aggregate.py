@@ -1,0 +1,151 @@
+"""Result aggregation: turning a group's per-step events into one response, whole or streamed (SSE).
+
+A group's sequences (``n`` choices x prompts) finish in any order on any replica; each event carries its index, so
+choices are assembled in input order. The shape of the JSON (chat vs text completion) is a :class:`Renderer`'s job;
+this module owns the control flow shared by both: waiting (and noticing a client that went away), failing the whole
+request when a sequence fails, usage counts, ``data: [DONE]``, and aborting what is left when the client leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
+
+from llamafleet.dispatch import Delta, Event, Failure, Group
+from llamafleet.engine.types import Completion
+from llamafleet.protocol import SSE_DONE, ApiError, Usage, sse
+
+REPLICAS_HEADER = "x-llamafleet-replicas"  # which replica ran each choice, in order (for operators and tests)
+DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is still there
+
+
+@dataclass
+class Choice:
+    """One sequence's result so far: the engine's completion plus, with logprobs, each token's text."""
+
+    completion: Completion
+    pieces: list[str] = field(default_factory=list)
+    first_token_at: float | None = None  # time.perf_counter() when its first token arrived
+
+    def add(self, delta: Delta) -> None:
+        if self.first_token_at is None and delta.output.token_ids:
+            self.first_token_at = time.perf_counter()
+        self.completion.add(delta.output)
+        if delta.pieces:
+            self.pieces.extend(delta.pieces)
+
+
+def new_choices(group: Group) -> list[Choice]:
+    return [Choice(Completion(rid)) for rid in group.request_ids]
+
+
+def usage(choices: list[Choice], n: int) -> Usage:
+    """Token counts of a request whose choices are ``n`` per prompt (a prompt is counted once, not n times)."""
+    prompt = sum(c.completion.prompt_tokens for c in choices[::n])
+    completion = sum(c.completion.completion_tokens for c in choices)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class Renderer(Protocol):
+    """The JSON of one endpoint."""
+
+    def opening(self, n_choices: int) -> Sequence[BaseModel]:
+        """Chunks streamed before any output (e.g. the chat's assistant role)."""
+        ...
+
+    def chunk(self, index: int, delta: Delta) -> BaseModel | None:
+        """The streamed chunk for ``delta``, or None when it adds nothing visible."""
+        ...
+
+    def usage_chunk(self, usage: Usage) -> BaseModel: ...
+
+    def whole(self, choices: list[Choice], usage: Usage) -> BaseModel: ...
+
+
+async def _watch(group: Group, request: Request) -> None:
+    """Poll for the client going away while it waits (a stream's own disconnects are noticed by Starlette)."""
+    while True:
+        await asyncio.sleep(DISCONNECT_POLL_S)
+        if await request.is_disconnected():
+            group.close()  # abort on the replicas
+            group.put(0, Failure(499, "the client closed the connection"))  # wake the waiting handler
+            return
+
+
+@contextlib.contextmanager
+def _watching(group: Group, request: Request) -> Iterator[None]:
+    watch = asyncio.create_task(_watch(group, request))
+    try:
+        yield
+    finally:
+        watch.cancel()
+
+
+def _error(failure: Failure) -> ApiError:
+    return ApiError(failure.status, failure.message, code="service_unavailable" if failure.status == 503 else None)
+
+
+async def collect(group: Group, request: Request) -> list[Choice]:
+    """Wait for every sequence of ``group``; the first failure fails the request (the caller closes the group)."""
+    choices = new_choices(group)
+    with _watching(group, request):
+        while not group.finished:
+            index, item = await group.next()
+            if isinstance(item, Failure):
+                raise _error(item)
+            choices[index].add(item)
+    return choices
+
+
+async def respond(group: Group, render: Renderer, request: Request, stream: bool, n: int,
+                  include_usage: bool) -> Response:
+    """Answer an HTTP request from ``group``: one JSON body, or an SSE stream started once the first output is in
+    (so a request rejected by its replica still gets a plain 4xx)."""
+    headers = {REPLICAS_HEADER: ",".join(map(str, group.replicas))}
+    try:
+        if not stream:
+            choices = await collect(group, request)
+            return JSONResponse(render.whole(choices, usage(choices, n)).model_dump(), headers=headers)
+        with _watching(group, request):
+            first = await group.next()
+        if isinstance(first[1], Failure):
+            raise _error(first[1])
+    except BaseException:
+        group.close()
+        raise
+    return StreamingResponse(_events(group, first, render, n, include_usage), media_type="text/event-stream",
+                             headers=headers, background=BackgroundTask(group.close))
+
+
+async def _events(group: Group, first: Event, render: Renderer, n: int, include_usage: bool) -> AsyncIterator[str]:
+    """The SSE body. A failure mid-stream is sent as an OpenAI error event, which the SDKs raise."""
+    choices = new_choices(group)
+    try:
+        for opening in render.opening(len(choices)):
+            yield sse(opening)
+        index, item = first
+        while True:
+            if isinstance(item, Failure):
+                yield sse(_error(item).body())
+                return
+            choices[index].add(item)
+            chunk = render.chunk(index, item)
+            if chunk is not None:
+                yield sse(chunk)
+            if group.finished:
+                break
+            index, item = await group.next()
+        if include_usage:
+            yield sse(render.usage_chunk(usage(choices, n)))
+        yield SSE_DONE
+    finally:
+        group.close()  # the client may have left: abort whatever still runs

@@ -1,0 +1,148 @@
+"""``llamafleet serve``: plan the model onto this machine, start one worker per replica, serve the OpenAI API.
+
+Everything that can be refused is refused before any weights load: the configuration (unknown keys, wrong types),
+the model file, a plan that does not fit (with the planner's reasons), a port already in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from llamafleet.config import ConfigError, FleetConfig, load_config
+from llamafleet.dispatch import Dispatcher
+from llamafleet.gguf_info import GgufError, read_model_info
+from llamafleet.gpus import detect_inventory
+from llamafleet.models import ModelFetchError, default_model_path
+from llamafleet.planner import launch_spec, make_plan
+from llamafleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.router import ROUTING_POLICIES, Router, RoutingPolicy
+from llamafleet.server import run_server
+from llamafleet.service import Service
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a GGUF model behind an OpenAI-compatible API (default: the demo model on 127.0.0.1:8080)",
+        description="Serve a GGUF model on every GPU of this machine (or the CPU) behind an OpenAI-compatible "
+        "HTTP API. Flags override the --config file.",
+    )
+    p.add_argument("--config", metavar="FILE", help="fleet YAML file (see examples/fleet.yaml)")
+    p.add_argument("--model", metavar="PATH", help="GGUF file to serve (default: the built-in demo model)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    p.add_argument("--replicas", type=int, metavar="N", help="number of replicas (default: what the plan picks)")
+    p.add_argument("--parallel", type=int, metavar="N", help="sequence slots per replica (default 8)")
+    p.add_argument("--ctx", type=int, metavar="TOKENS", help="context per sequence, prompt + answer (default 4096)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads per replica")
+    p.add_argument("--batch", type=int, metavar="TOKENS", help="n_batch: tokens per llama_decode step (default 512)")
+    p.add_argument("--backend-sampling", action="store_true", default=None,
+                   help="sample greedy requests inside llama.cpp's graph (on the GPU) instead of on the host")
+    p.add_argument("--routing", choices=ROUTING_POLICIES,
+                   help="how requests are spread over replicas (default least_outstanding)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
+    p.set_defaults(func=run)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "model_path": args.model, "host": args.host, "port": args.port, "replicas": args.replicas,
+        "parallel": args.parallel, "context_length": args.ctx, "threads": args.threads, "log_level": args.log_level,
+        "batch_size": args.batch, "backend_sampling": args.backend_sampling, "routing": args.routing,
+    }
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before loading anything, so a busy port fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+def _url(cfg: FleetConfig) -> str:
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    return f"http://{host}:{cfg.port}"
+
+
+def _banner(cfg: FleetConfig, model_name: str, n_replicas: int) -> str:
+    url = _url(cfg)
+    return "\n".join([
+        f"llamafleet is serving '{model_name}' with {n_replicas} replica(s) at {url}",
+        "  POST /v1/chat/completions   OpenAI chat completions (\"stream\": true for server-sent events)",
+        "  POST /v1/completions        OpenAI text completions (a list of prompts is served as a batch)",
+        "  GET  /v1/models             the served model",
+        "  POST /api/generate          {\"prompt\": ..., \"max_tokens\": ...} -> text and timings",
+        "  GET  /health, /ready        liveness and readiness",
+        f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+        f"         -d '{{\"model\": \"{model_name}\", "
+        '"messages": [{"role": "user", "content": "Hello!"}]}\'',
+        "Press Ctrl-C to stop.",
+    ])
+
+
+def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | None:
+    """Plan the model onto this machine; None (after printing why) if it cannot fit."""
+    plan = make_plan(read_model_info(model_path), detect_inventory(), cfg)
+    out = sys.stdout if plan.fits else sys.stderr
+    for reason in plan.reasons:
+        print(f"  plan: {reason}", file=out)
+    for warning in plan.warnings:
+        print(f"  warning: {warning}", file=out)
+    if not plan.fits:
+        print(f"error: {model_path.name} does not fit this machine with this configuration; nothing was loaded.",
+              file=sys.stderr)
+        return None
+    specs = []
+    for i, replica in enumerate(plan.replicas):
+        env, engine_cfg = launch_spec(plan, i, cfg, str(model_path))
+        gpus = ",".join(map(str, replica.gpus))
+        specs.append(ReplicaSpec(env, engine_cfg, f"GPU {gpus}" if gpus else "CPU"))
+    return specs
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, _overrides(args))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    logging.getLogger().setLevel(cfg.log_level.upper())
+    try:
+        model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
+        if not model_path.is_file():
+            raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
+        specs = _replica_specs(cfg, model_path)
+    except (GgufError, ModelFetchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if specs is None:
+        return 1
+    try:
+        sock = _listen(cfg.host, cfg.port)
+    except OSError as e:
+        print(f"error: cannot listen on {cfg.host}:{cfg.port} ({e.strerror}); pass another --port", file=sys.stderr)
+        return 1
+    model_name = cfg.model_name or model_path.stem
+    routing: RoutingPolicy = cfg.routing
+    service = Service(
+        Dispatcher(ReplicaSet(specs, cfg.log_level), Router(len(specs), routing)),
+        model_name,
+        specs[0].engine.n_ctx_per_seq,
+    )
+    print(f"llamafleet: loading '{model_name}' as {len(specs)} replica(s), one at a time; "
+          f"{_url(cfg)}/ready answers 200 once all are up", flush=True)
+    return run_server(service, sock, cfg.log_level, lambda: print(_banner(cfg, model_name, len(specs)), flush=True))

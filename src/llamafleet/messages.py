@@ -1,0 +1,101 @@
+"""Every message that crosses the boundary between the API process and a worker process, in one place.
+
+Messages are small frozen dataclasses sent whole (pickled) over one duplex pipe per worker. Direction:
+
+* API -> worker: :class:`Submit`, :class:`Abort`, :class:`Shutdown`.
+* worker -> API: :class:`LoadProgress` and then :class:`Ready` or :class:`LoadFailed` while loading (the readiness
+  handshake), then one :class:`StepOutputs` per engine step that produced anything: every sequence's new tokens of
+  that step travel together, with the engine's stats riding along (never one message per token per request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llamafleet.engine.types import EngineStats, RequestOutput, SamplingParams
+
+ChatTurn = tuple[str, str]  # (role, content)
+
+
+# -- API process -> worker -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Submit:
+    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``.
+
+    ``fit_max_tokens``: ``params.max_tokens`` is an upper bound that the worker lowers to what the context has left
+    after the prompt (OpenAI's "no max_tokens given" meaning); otherwise a prompt + max_tokens that does not fit is
+    rejected with the numbers.
+    """
+
+    request_id: str
+    params: SamplingParams
+    prompt: str = ""
+    chat: tuple[ChatTurn, ...] | None = None
+    fit_max_tokens: bool = False
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Cancel a request; it comes back finished with ``finish_reason="cancelled"`` (unknown ids are ignored)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Cancel everything in flight, report it, free the engine and exit."""
+
+
+ToWorker = Submit | Abort | Shutdown
+
+
+# -- worker -> API process -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadProgress:
+    """How far the model load has come (0..1)."""
+
+    fraction: float
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The engine is loaded and accepting work (the end of the readiness handshake)."""
+
+    pid: int
+    model_name: str
+    n_seq: int
+    n_ctx_per_seq: int
+    load_seconds: float
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """The engine could not be loaded; the worker exits after sending this."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A :class:`Submit` that never started. ``client_error``: the request itself is at fault (an HTTP 400)."""
+
+    request_id: str
+    message: str
+    client_error: bool
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """Everything one engine step produced on one worker.
+
+    ``pieces`` holds, for requests that asked for logprobs only, the text of each token in the matching output's
+    ``token_ids`` (the API process has no vocabulary).
+    """
+
+    outputs: list[RequestOutput]
+    rejected: list[Rejected]
+    pieces: dict[str, list[str]]
+    stats: EngineStats
+
+
+FromWorker = LoadProgress | Ready | LoadFailed | StepOutputs

@@ -1,0 +1,277 @@
+"""Starting and supervising the worker processes, one per replica, from the API process's event loop.
+
+* Workers are started with multiprocessing's ``spawn`` (a fresh interpreter: the replica's environment is applied
+  before llama.cpp is imported, see :mod:`llamafleet.worker`) and talk over one duplex pipe each.
+* Model loads are serialized: one replica loads at a time, at start-up and on every restart (concurrent CUDA
+  context creation is a known crash).
+* The pipe is watched with ``loop.add_reader``: a worker's messages are handled as they arrive, and a worker that
+  dies (even by SIGKILL) is noticed at once because the kernel closes its end of the pipe. Its in-flight work is
+  failed by the listener and the replica is restarted with exponential backoff; the other replicas keep serving.
+* On :meth:`ReplicaSet.stop` every worker is told to cancel its work and exit; one that does not within the bound
+  is killed. Workers are daemonic and also exit when the server's end of the pipe closes, so nothing is orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Literal, Protocol
+
+from llamafleet.engine.types import EngineConfig, EngineStats
+from llamafleet.messages import LoadFailed, LoadProgress, Ready, Shutdown, StepOutputs, ToWorker
+from llamafleet.worker import worker_main
+
+log = logging.getLogger(__name__)
+
+ReplicaStatus = Literal["idle", "loading", "ready", "down", "stopped"]
+
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+STABLE_AFTER_S = 60.0
+PROGRESS_LOG_S = 5.0  # a replica that stayed up this long restarts without backoff
+
+
+class LoadError(RuntimeError):
+    """A replica's worker failed to load its model."""
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """How to start one replica: the environment its process needs and its engine's configuration."""
+
+    env: dict[str, str]
+    engine: EngineConfig
+    label: str  # where it runs, for people: "CPU", "GPU 0", "GPUs 0,1"
+
+
+class ReplicaListener(Protocol):
+    """What the replica set reports to (the dispatcher)."""
+
+    def replica_up(self, replica: int, ready: Ready) -> None: ...
+
+    def replica_down(self, replica: int, reason: str) -> None: ...
+
+    def replica_output(self, replica: int, msg: StepOutputs) -> None: ...
+
+
+@dataclass
+class ReplicaState:
+    """What is known about one replica, for health checks, logs and metrics."""
+
+    index: int
+    label: str
+    status: ReplicaStatus = "idle"
+    pid: int | None = None
+    restarts: int = 0
+    load_fraction: float = 0.0
+    slots: int | None = None
+    up_since: float | None = None
+    last_error: str | None = None
+    stats: EngineStats | None = None
+    progress_logged_at: float = 0.0
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    loaded: asyncio.Future[Ready] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+class ReplicaSet:
+    """The worker processes of all replicas: start, watch, restart, stop."""
+
+    def __init__(self, specs: list[ReplicaSpec], log_level: str = "info") -> None:
+        if not specs:
+            raise ValueError("a replica set needs at least one replica")
+        self.specs = specs
+        self.states = [ReplicaState(i, s.label) for i, s in enumerate(specs)]
+        self._log_level = log_level
+        self._workers: dict[int, _Worker] = {}
+        self._listener: ReplicaListener | None = None
+        self._load_lock = asyncio.Lock()
+        self._restarts: dict[int, asyncio.Task[None]] = {}
+        self._stopping = False
+        self._mp = mp.get_context("spawn")
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    @property
+    def all_ready(self) -> bool:
+        return all(s.status == "ready" for s in self.states)
+
+    async def start(self, listener: ReplicaListener) -> None:
+        """Load every replica, one after another; :class:`LoadError` if one fails (then call :meth:`stop`)."""
+        self._listener = listener
+        for i in range(len(self.specs)):
+            await self._load(i)
+
+    def send(self, replica: int, msg: ToWorker) -> None:
+        """Send ``msg`` to ``replica``'s worker. A broken pipe counts as the worker's death (reported at once)."""
+        worker = self._workers.get(replica)
+        if worker is None:
+            self._report_down(replica, f"replica {replica} is not running")
+            return
+        try:
+            worker.conn.send(msg)
+        except OSError as e:
+            self._on_exit(replica, worker, f"its pipe broke ({e})")
+
+    async def stop(self, timeout: float) -> None:
+        """Tell every worker to cancel its work and exit; kill those still running after ``timeout`` seconds."""
+        self._stopping = True
+        for task in self._restarts.values():
+            task.cancel()
+        workers = dict(self._workers)
+        for i in workers:
+            self.send(i, Shutdown())
+        deadline = time.monotonic() + timeout
+        for i, w in workers.items():
+            await asyncio.to_thread(w.process.join, max(0.0, deadline - time.monotonic()))
+            if w.process.is_alive():
+                log.warning("replica %d did not exit within %.0fs; killing it", i, timeout)
+                w.process.kill()
+                await asyncio.to_thread(w.process.join, 5.0)
+            self._on_exit(i, w, "the server is stopping")
+
+    # -- loading ------------------------------------------------------------------------------------------------
+    async def _load(self, i: int) -> None:
+        async with self._load_lock:
+            if self._stopping:
+                return
+            worker = self._spawn(i)
+            try:
+                ready = await worker.loaded
+            except LoadError:
+                await self._reap(i, worker.process)
+                raise
+        spec, state = self.specs[i], self.states[i]
+        state.status, state.up_since, state.slots = "ready", time.monotonic(), ready.n_seq
+        log.info("replica %d/%d (%s): ready in %.1fs (%d slots x %d tokens)", i + 1, len(self), spec.label,
+                 ready.load_seconds, ready.n_seq, ready.n_ctx_per_seq)
+        assert self._listener is not None
+        self._listener.replica_up(i, ready)
+
+    def _spawn(self, i: int) -> _Worker:
+        spec, state = self.specs[i], self.states[i]
+        parent, child = self._mp.Pipe(duplex=True)
+        process = self._mp.Process(
+            target=worker_main,
+            args=(child, i, spec.env, spec.engine, self._log_level),
+            name=f"llamafleet-replica-{i}",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        worker = _Worker(process, parent)
+        self._workers[i] = worker
+        state.status, state.pid, state.load_fraction, state.last_error = "loading", process.pid, 0.0, None
+        state.stats = None
+        asyncio.get_running_loop().add_reader(parent.fileno(), self._on_readable, i, worker)
+        log.info("replica %d/%d (%s): loading %s (pid %s)", i + 1, len(self), spec.label, spec.engine.model_path,
+                 process.pid)
+        return worker
+
+    async def _reap(self, i: int, process: BaseProcess) -> None:
+        """Wait for a failed worker's process to end (killing it if it lingers) and forget it."""
+        await asyncio.to_thread(process.join, 10.0)
+        if process.is_alive():
+            process.kill()
+            await asyncio.to_thread(process.join, 5.0)
+        worker = self._workers.get(i)
+        if worker is not None and worker.process is process:
+            self._forget(i)
+        log.warning("replica %d: worker pid %s %s", i, process.pid, describe_exit(process.exitcode))
+
+    # -- messages and deaths ----------------------------------------------------------------------------------
+    def _on_readable(self, i: int, worker: _Worker) -> None:
+        try:
+            while self._workers.get(i) is worker and worker.conn.poll():
+                self._handle(i, worker, worker.conn.recv())
+        except (EOFError, OSError):
+            worker.process.join(0)  # reap it if it is already gone (never blocks), for the exit status
+            code = worker.process.exitcode
+            self._on_exit(i, worker, "its process ended" if code is None else describe_exit(code))
+
+    def _handle(self, i: int, worker: _Worker, msg: object) -> None:
+        if isinstance(msg, StepOutputs):
+            self.states[i].stats = msg.stats
+            assert self._listener is not None
+            self._listener.replica_output(i, msg)
+        elif isinstance(msg, LoadProgress):
+            state = self.states[i]
+            now = time.monotonic()
+            if now - state.progress_logged_at >= PROGRESS_LOG_S:  # big models: a line every few seconds
+                state.progress_logged_at = now
+                log.info("replica %d/%d: loading %3.0f%%", i + 1, len(self), 100 * msg.fraction)
+            state.load_fraction = msg.fraction
+        elif isinstance(msg, Ready):
+            if not worker.loaded.done():  # done: nobody waits any more (the load was cancelled by a shutdown)
+                worker.loaded.set_result(msg)
+        elif isinstance(msg, LoadFailed):
+            self.states[i].last_error = msg.message
+            if not worker.loaded.done():
+                worker.loaded.set_exception(LoadError(f"replica {i} failed to load: {msg.message}"))
+        else:
+            log.error("replica %d sent an unexpected message %r; ignored", i, msg)
+
+    def _on_exit(self, i: int, worker: _Worker, why: str) -> None:
+        """``worker`` is gone: fail its work now, then restart the replica (unless stopping or still loading)."""
+        if self._workers.get(i) is not worker:
+            return
+        self._forget(i)
+        state = self.states[i]
+        reason = f"replica {i} worker (pid {worker.process.pid}) stopped: {why}"
+        if not worker.loaded.done():  # died while loading: whoever awaits the load handles it
+            worker.loaded.set_exception(LoadError(f"replica {i} failed to load: {state.last_error or reason}"))
+            state.status = "down"
+            return
+        state.status, state.last_error = ("stopped" if self._stopping else "down"), reason
+        self._report_down(i, reason)
+        if not self._stopping:
+            log.error("%s", reason)
+            self._restarts[i] = asyncio.get_running_loop().create_task(self._restart(i, worker.process))
+
+    def _report_down(self, i: int, reason: str) -> None:
+        if self._listener is not None:
+            self._listener.replica_down(i, reason)
+
+    def _forget(self, i: int) -> None:
+        worker = self._workers.pop(i, None)
+        if worker is not None:
+            asyncio.get_running_loop().remove_reader(worker.conn.fileno())
+            worker.conn.close()
+
+    async def _restart(self, i: int, dead: BaseProcess) -> None:
+        """Reap the dead worker, then load the replica again, backing off while loads keep failing."""
+        await self._reap(i, dead)
+        state = self.states[i]
+        stable = state.up_since is not None and time.monotonic() - state.up_since >= STABLE_AFTER_S
+        delay = 0.0 if stable else BACKOFF_FIRST_S
+        while not self._stopping:
+            await asyncio.sleep(delay)
+            state.restarts += 1
+            try:
+                await self._load(i)
+                return
+            except LoadError as e:
+                log.error("%s", e)
+                delay = min(BACKOFF_MAX_S, max(delay, BACKOFF_FIRST_S) * 2)

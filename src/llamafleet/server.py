@@ -1,0 +1,173 @@
+"""The API process: the FastAPI app (routes, OpenAI error bodies, ``/health`` and ``/ready``) and its life.
+
+:func:`run_server` serves on an already bound socket while the replicas load in the background (``/ready`` says 503
+until every replica is up; requests are served as soon as one is). On SIGINT/SIGTERM it stops accepting, gives
+in-flight requests :data:`DRAIN_S` seconds to finish, cancels the rest (their sequences are aborted on the
+workers), tells every worker to exit and waits up to :data:`WORKER_EXIT_S` for them, then returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from llamafleet import __version__, api_generate, api_openai
+from llamafleet.protocol import ApiError
+from llamafleet.replicas import LoadError
+from llamafleet.service import Service, ServiceDep
+
+log = logging.getLogger(__name__)
+
+DRAIN_S = 10.0  # in-flight requests get this long to finish after a shutdown signal
+WORKER_EXIT_S = 10.0  # then workers get this long to cancel their work and exit before they are killed
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body().model_dump(), status_code=exc.status)
+
+
+def _is_type_tag(part: object) -> bool:
+    """Whether a location part names a union member (``str``, ``list[str]``, ``TextPart``) rather than a field."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part or part[:1].isupper())
+
+
+def validation_error(errors: list[dict[str, Any]]) -> ApiError:
+    """One clear 400 from pydantic's errors: the parameter, what is wrong, what was sent."""
+    first = errors[0]
+    loc = [p for p in first["loc"] if p != "body"] if first["loc"][:1] == ("body",) else list(first["loc"])
+    kind = first["type"]
+    if kind == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return ApiError(400, f"the request body is not valid JSON ({detail})".replace(" ()", ""))
+    if not loc:
+        return ApiError(400, "the request body must be a JSON object of parameters, sent with "
+                             "Content-Type: application/json")
+    msgs = [first["msg"]]
+    # A union (e.g. str | list[str]) reports one error per member, each with the member's name as the last loc.
+    alternatives = [e for e in errors[1:] if tuple(e["loc"])[:-1] == tuple(first["loc"])[:-1]]
+    if alternatives and _is_type_tag(loc[-1]):
+        loc = loc[:-1]
+        msgs += [e["msg"] for e in alternatives]
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    if kind == "missing":
+        return ApiError(400, f"missing required parameter '{param}'", param=param)
+    if kind == "extra_forbidden":
+        return ApiError(400, f"unknown or unsupported parameter '{param}'", param=param)
+    sent = repr(first.get("input"))
+    sent = sent if len(sent) <= 80 else sent[:77] + "..."
+    reason = ", or ".join(dict.fromkeys(m.removeprefix("Value error, ") for m in msgs))
+    return ApiError(400, f"invalid '{param}': {reason} (got {sent})", param=param)
+
+
+def _replica_report(service: Service) -> list[dict[str, Any]]:
+    router = service.dispatcher.router
+    report = []
+    for st in service.dispatcher.replicas.states:
+        report.append({
+            "index": st.index, "where": st.label, "status": st.status, "pid": st.pid, "restarts": st.restarts,
+            "load_fraction": st.load_fraction, "outstanding": router.outstanding(st.index),
+            "slots": st.slots,
+            "slots_busy": st.stats.slots_busy if st.stats else 0,
+            "generated_tokens": st.stats.generated_tokens_total if st.stats else 0, "last_error": st.last_error,
+        })
+    return report
+
+
+def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callable[[str], None]) -> FastAPI:
+    """The app. Loading starts with the app's lifespan; ``on_ready`` / ``on_fatal`` report how the first load went."""
+
+    async def load() -> None:
+        try:
+            await service.dispatcher.start()
+        except LoadError as e:
+            on_fatal(str(e))
+            return
+        service.loaded = True
+        on_ready()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(load())
+        yield
+        loading.cancel()
+        await service.dispatcher.replicas.stop(WORKER_EXIT_S)
+
+    app = FastAPI(title="llamafleet", version=__version__, lifespan=lifespan)
+    app.state.service = service
+    app.include_router(api_openai.router)
+    app.include_router(api_generate.router)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_r: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_r: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(validation_error(list(exc.errors())))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(r: Request, exc: HTTPException) -> JSONResponse:
+        what = f"no route {r.method} {r.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+        return _error(ApiError(exc.status_code, what))
+
+    @app.exception_handler(Exception)
+    async def crashed(_r: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        """The process is alive (for liveness probes)."""
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready(svc: ServiceDep) -> JSONResponse:
+        """200 when every replica is loaded and serving; 503 while loading or when a replica is down."""
+        ok = svc.loaded and svc.dispatcher.replicas.all_ready
+        status = "ready" if ok else ("loading" if not svc.loaded else "degraded")
+        body = {"status": status, "model": svc.model_name, "replicas": _replica_report(svc)}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    return app
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, except that a signal that stopped it cleanly is not raised again afterwards (exit 0)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        original = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in original.items():
+                signal.signal(s, handler)
+
+
+def run_server(service: Service, sock: socket.socket, log_level: str, on_ready: Callable[[], None]) -> int:
+    """Serve on ``sock`` until a signal (0) or until the first load fails (1)."""
+    rc = 0
+
+    def fatal(message: str) -> None:
+        nonlocal rc
+        log.error("%s", message)
+        rc = 1
+        server.should_exit = True
+
+    app = create_app(service, on_ready, fatal)
+    config = uvicorn.Config(app, log_config=None, log_level=log_level, access_log=log_level == "debug",
+                            timeout_graceful_shutdown=int(DRAIN_S), lifespan="on")
+    server = _Uvicorn(config)
+    server.run(sockets=[sock])
+    return rc

@@ -1,0 +1,179 @@
+"""The worker process of one replica: owns one :class:`~llamafleet.engine.engine.Engine`, driven by one thread.
+
+Started by :mod:`llamafleet.replicas` with multiprocessing's ``spawn``; :func:`worker_main` is the whole life of the
+process. It sets the replica's environment (``CUDA_VISIBLE_DEVICES`` and friends) *before* llama.cpp is imported,
+loads the engine while reporting progress, answers with :class:`~llamafleet.messages.Ready` (the readiness
+handshake), then loops: take the commands that arrived, run one engine step, send that step's outputs of every
+sequence as one :class:`~llamafleet.messages.StepOutputs`. A second thread only reads the pipe, so the API process
+can always send while the engine decodes; the engine itself is touched by the main thread alone.
+
+The worker ends when told (:class:`~llamafleet.messages.Shutdown`: in-flight requests are cancelled and reported)
+or when the API process disappears (its end of the pipe closes), so a killed server leaves no orphan workers.
+Ctrl-C in a terminal reaches the whole process group; workers ignore SIGINT and let the server shut them down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
+
+from llamafleet.engine.types import EngineConfig, Request
+from llamafleet.messages import (
+    Abort,
+    FromWorker,
+    LoadFailed,
+    LoadProgress,
+    Ready,
+    Rejected,
+    Shutdown,
+    StepOutputs,
+    Submit,
+    ToWorker,
+)
+
+if TYPE_CHECKING:
+    from llamafleet.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+PROGRESS_STEP = 0.1  # report loading progress in steps of 10%
+
+
+class _ParentGone(Exception):
+    """The API process closed its end of the pipe."""
+
+
+class _Inbox:
+    """Receives commands on a thread of its own, so the pipe is drained while the engine thread decodes."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._queue: queue.Queue[ToWorker] = queue.Queue()
+        threading.Thread(target=self._pump, args=(conn,), name="inbox", daemon=True).start()
+
+    def _pump(self, conn: Connection) -> None:
+        try:
+            while True:
+                self._queue.put(conn.recv())
+        except (EOFError, OSError):
+            self._queue.put(Shutdown())  # nobody is left to read results: stop
+
+    def take(self, block: bool) -> list[ToWorker]:
+        """Every command waiting now; with ``block``, wait for at least one."""
+        msgs: list[ToWorker] = [self._queue.get()] if block else []
+        while True:
+            try:
+                msgs.append(self._queue.get_nowait())
+            except queue.Empty:
+                return msgs
+
+
+def _send(conn: Connection, msg: FromWorker) -> None:
+    try:
+        conn.send(msg)
+    except OSError as e:  # BrokenPipeError, ConnectionResetError: the API process is gone
+        raise _ParentGone from e
+
+
+def _admit(engine: Engine, msg: Submit) -> Rejected | None:
+    """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`."""
+    try:
+        if msg.chat is not None:
+            ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat])
+        else:
+            ids = engine.tokenize(msg.prompt, add_special=True)
+        params = msg.params
+        if msg.fit_max_tokens:
+            room = engine.n_ctx_per_seq - len(ids)
+            params = replace(params, max_tokens=max(1, min(params.max_tokens, room)))
+        engine.add_request(Request(msg.request_id, tuple(ids), params))
+    except ValueError as e:
+        return Rejected(msg.request_id, str(e), client_error=True)
+    except Exception as e:  # a failure of this request alone (e.g. a chat template error): report it, keep serving
+        log.exception("request %s could not be started", msg.request_id)
+        return Rejected(msg.request_id, f"{type(e).__name__}: {e}", client_error=False)
+    return None
+
+
+def _serve(engine: Engine, conn: Connection, inbox: _Inbox) -> None:
+    """The worker's loop: commands in, one engine step, one message out per step that produced anything."""
+    active: dict[str, bool] = {}  # request id -> wants token pieces (logprobs)
+    stopping = False
+    while True:
+        rejected: list[Rejected] = []
+        for msg in inbox.take(block=not engine.has_work() and not stopping):
+            if isinstance(msg, Submit):
+                refusal = (
+                    Rejected(msg.request_id, "the replica is shutting down", client_error=False)
+                    if stopping
+                    else _admit(engine, msg)
+                )
+                if refusal is None:
+                    active[msg.request_id] = msg.params.logprobs
+                else:
+                    rejected.append(refusal)
+            elif isinstance(msg, Abort):
+                engine.abort(msg.request_id)
+            elif not stopping:  # Shutdown
+                stopping = True
+                for rid in active:
+                    engine.abort(rid)
+        outputs = engine.step() if engine.has_work() else []
+        pieces = {o.request_id: [engine.detokenize([t]) for t in o.token_ids] for o in outputs if active[o.request_id]}
+        for o in outputs:
+            if o.finished:
+                del active[o.request_id]
+        if outputs or rejected:
+            _send(conn, StepOutputs(outputs, rejected, pieces, engine.stats()))
+        if stopping and not engine.has_work():
+            return
+
+
+class _Progress:
+    """Forwards the model load's progress to the API process in steps of :data:`PROGRESS_STEP`."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._sent = 0.0
+
+    def __call__(self, fraction: float) -> None:
+        if fraction >= 1.0 or fraction - self._sent >= PROGRESS_STEP:
+            self._sent = fraction
+            with contextlib.suppress(OSError):  # inside llama.cpp's callback: a dead pipe surfaces at Ready
+                self._conn.send(LoadProgress(fraction))
+
+
+def worker_main(conn: Connection, replica: int, env: dict[str, str], cfg: EngineConfig, log_level: str) -> None:
+    """Entry point of a replica's process (the target of ``multiprocessing`` spawn)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(env)  # before llama.cpp is imported: CUDA reads CUDA_VISIBLE_DEVICES once, at load
+    logging.basicConfig(
+        level=log_level.upper(),
+        format=f"%(asctime)s %(levelname)s replica {replica} %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    from llamafleet.engine.engine import Engine  # imports llama.cpp: must come after the env is set
+
+    inbox = _Inbox(conn)
+    t0 = time.monotonic()
+    try:
+        try:
+            engine = Engine(cfg, progress=_Progress(conn))
+        except Exception as e:
+            log.exception("loading %s failed", cfg.model_path)
+            _send(conn, LoadFailed(f"{type(e).__name__}: {e}"))
+            raise SystemExit(1) from None
+        with engine:
+            _send(conn, Ready(os.getpid(), engine.model_name, cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0))
+            _serve(engine, conn, inbox)
+    except _ParentGone:
+        log.warning("the server went away; replica %d exits", replica)
+    finally:
+        conn.close()

@@ -1,0 +1,132 @@
+"""Shared fixtures: the real model, and real ``llamafleet serve`` processes driven over HTTP.
+
+``fleet`` is one server for the whole session (the demo model, 2 replicas x 4 slots, 512 tokens of context, one
+thread each: small enough for a 2-core CI machine). ``launch_fleet`` starts further servers with any flags; every
+server runs in its own session (process group) and the whole group is killed at teardown, workers included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from llamafleet.models import default_model_path
+
+READY_TIMEOUT_S = 240.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class FleetServer:
+    """A running ``llamafleet serve``: its URL, process and combined stdout/stderr log."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    _client: OpenAI | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def ready(self) -> tuple[int, dict[str, Any]]:
+        r = httpx.get(f"{self.url}/ready", timeout=10)
+        return r.status_code, r.json()
+
+    def model(self) -> str:
+        return str(self.ready()[1]["model"])
+
+    def client(self) -> OpenAI:
+        """An OpenAI SDK client of this server (one, shared by threads; closed when the server stops)."""
+        if self._client is None:
+            self._client = OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120.0)
+        return self._client
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> dict[str, Any]:
+        """Poll ``/ready`` until it says 200; fail with the server's log if the server dies or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                status, body = self.ready()
+                if status == 200:
+                    return body
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"the server was not ready within {timeout:.0f}s:\n{self.log()[-4000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
+        """Send ``sig`` to the server, wait for it, then kill whatever is left of its process group."""
+        if self._client is not None:
+            self._client.close()
+        rc: int | None = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rc = self.proc.wait(timeout)
+        else:
+            rc = self.proc.returncode
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        return rc
+
+
+def run_serve(args: list[str], log_path: Path) -> FleetServer:
+    """Start ``llamafleet serve ARGS`` on a free port (``--port`` is added unless given)."""
+    if "--port" not in args:
+        args = [*args, "--port", str(free_port())]
+    port = args[args.index("--port") + 1]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "llamafleet.cli", "serve", *args], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return FleetServer(proc, f"http://127.0.0.1:{port}", log_path)
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    return default_model_path(progress=False)
+
+
+@pytest.fixture(scope="session")
+def launch_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[list[str]], FleetServer]]:
+    """Start servers with ``launch_fleet(args)`` (not waited for); all are stopped at the end of the session."""
+    started: list[FleetServer] = []
+
+    def launch(args: list[str]) -> FleetServer:
+        server = run_serve(args, tmp_path_factory.mktemp("serve") / "server.log")
+        started.append(server)
+        return server
+
+    yield launch
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def fleet(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) -> FleetServer:
+    """The shared server: the demo model, 2 replicas x 4 slots, 512 tokens each, one thread per replica."""
+    server = launch_fleet(["--model", str(model_path), "--replicas", "2", "--parallel", "4", "--ctx", "512",
+                           "--threads", "1"])
+    server.wait_ready()
+    return server

@@ -1,0 +1,149 @@
+"""HTTP request validation and OpenAI error bodies, on the real app with its replicas not started.
+
+Nothing is loaded here: validation, model names and "no replica is up" are all decided before any work reaches a
+worker, so the app answers these requests on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from llamafleet.dispatch import Dispatcher
+from llamafleet.engine.types import EngineConfig
+from llamafleet.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from llamafleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.router import Router
+from llamafleet.server import create_app
+from llamafleet.service import Service
+
+MODEL = "tiny-model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
+    service = Service(Dispatcher(ReplicaSet(specs), Router(1)), MODEL, 512)
+    return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
+
+
+def _error(resp: Any, status: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return dict(body["error"])
+
+
+def test_bad_json(client: TestClient) -> None:
+    resp = client.post("/v1/chat/completions", content=b'{"model": "x", ', headers={"content-type": "application/json"})
+    err = _error(resp, 400)
+    assert "not valid JSON" in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_body_that_is_not_an_object(client: TestClient) -> None:
+    err = _error(client.post("/v1/completions", json=[1, 2]), 400)
+    assert "JSON object" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "words"),
+    [
+        ({"temperature": "hot"}, "temperature", "valid number"),
+        ({"temperature": 3}, "temperature", "less than or equal to 2"),
+        ({"n": 0}, "n", "greater than or equal to 1"),
+        ({"n": True}, "n", "valid integer"),
+        ({"max_tokens": -5}, "max_tokens", "greater than or equal to 1"),
+        ({"top_p": 0}, "top_p", "greater than 0"),
+        ({"seed": 2**40}, "seed", "less than 4294967296"),
+        ({"stop": 7}, "stop", "valid string, or Input should be a valid list"),
+        ({"stop": ["ok", ""]}, "stop", "must not be empty"),
+        ({"messages": []}, "messages", "at least 1 item"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "'user'"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
+        ({"top_logprobs": 3}, "top_logprobs", "use logprobs=true"),
+        ({"logit_bias": {"1": 2}}, "logit_bias", "unknown or unsupported parameter"),
+    ],
+)
+def test_chat_parameters_are_checked(client: TestClient, change: dict[str, Any], param: str, words: str) -> None:
+    err = _error(client.post("/v1/chat/completions", json={**CHAT, **change}), 400)
+    assert err["param"] == param
+    assert words in err["message"]
+    assert param in err["message"]
+
+
+def test_missing_fields(client: TestClient) -> None:
+    err = _error(client.post("/v1/chat/completions", json={"model": MODEL}), 400)
+    assert err["message"] == "missing required parameter 'messages'" and err["param"] == "messages"
+    err = _error(client.post("/v1/completions", json={"model": MODEL}), 400)
+    assert err["param"] == "prompt"
+    err = _error(client.post("/api/generate", json={"max_tokens": 3}), 400)
+    assert err["param"] == "prompt"
+
+
+def test_prompt_batch_limits(client: TestClient) -> None:
+    err = _error(client.post("/v1/completions", json={"model": MODEL, "prompt": []}), 400)
+    assert "1 to 64 entries" in err["message"]
+    err = _error(client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "logprobs": 2}), 400)
+    assert "logprobs=0" in err["message"]
+
+
+def test_unknown_model_is_404_naming_the_served_one(client: TestClient) -> None:
+    err = _error(client.post("/v1/chat/completions", json={**CHAT, "model": "gpt-4"}), 404)
+    assert err["code"] == "model_not_found" and err["param"] == "model"
+    assert "'gpt-4'" in err["message"] and MODEL in err["message"]
+    _error(client.get("/v1/models/gpt-4"), 404)
+
+
+def test_no_replica_up_is_503(client: TestClient) -> None:
+    err = _error(client.post("/v1/chat/completions", json=CHAT), 503)
+    assert err["type"] == "server_error" and err["code"] == "service_unavailable"
+    assert "no replica is ready" in err["message"]
+    _error(client.post("/api/generate", json={"prompt": "hi"}), 503)
+
+
+def test_models_health_and_ready(client: TestClient) -> None:
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
+    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    assert client.get("/health").json() == {"status": "ok"}
+    ready = client.get("/ready")
+    assert ready.status_code == 503 and ready.json()["status"] == "loading"
+    assert ready.json()["replicas"][0]["status"] == "idle"
+
+
+def test_unknown_routes_and_methods_use_the_error_body(client: TestClient) -> None:
+    assert "no route GET /v2/nothing" in _error(client.get("/v2/nothing"), 404)["message"]
+    _error(client.get("/v1/chat/completions"), 405)
+
+
+def test_sampling_params_per_choice() -> None:
+    req = ChatCompletionRequest.model_validate({**CHAT, "seed": 2**32 - 1, "stop": "\n", "temperature": 0,
+                                                "presence_penalty": 0.5, "top_k": 5})
+    first, second = req.sampling(16, 0, False), req.sampling(16, 1, True)
+    assert (first.seed, second.seed) == (2**32 - 1, 0)  # each choice its own seed, wrapping
+    assert first.stop == ("\n",) and first.greedy and first.presence_penalty == 0.5 and first.top_k == 5
+    assert second.logprobs and not first.logprobs and first.max_tokens == 16
+
+
+def test_token_limits_and_defaults() -> None:
+    chat = ChatCompletionRequest.model_validate({**CHAT, "max_tokens": 9, "max_completion_tokens": 7})
+    assert chat.token_limit() == 7
+    assert ChatCompletionRequest.model_validate(CHAT).token_limit() is None
+    text = CompletionRequest.model_validate({"model": MODEL, "prompt": ["a", "b"]})
+    assert text.max_tokens == 16 and text.prompts() == ["a", "b"]
+    parts = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": [{"role": "developer", "content": [{"type": "text", "text": "be "},
+                                                                        {"type": "text", "text": "brief"}]}]})
+    assert parts.messages[0].turn() == ("system", "be brief")
+
+
+def test_generate_request() -> None:
+    assert GenerateRequest.model_validate({"prompt": "x"}).max_tokens == 128
+    with pytest.raises(ValidationError, match="stop strings must not be empty"):
+        GenerateRequest.model_validate({"prompt": "x", "stop": [""]})
