@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 echo "==> ruff"
-.venv/bin/ruff check src tests
+.venv/bin/ruff check src tests scripts
 echo "==> mypy"
 .venv/bin/mypy
 echo "==> pytest"

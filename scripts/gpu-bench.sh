@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# GPU benchmark: llamafleet against llama.cpp's own tools, built from the same source, measured in one run.
+#
+#   scripts/gpu-bench.sh [PHASE ...]
+#
+# Phases (default: all that the machine's GPU count allows, in this order):
+#   build        compile llama.cpp (CUDA, shared libs) from the llama-cpp-python source: libllama for llamafleet and
+#                llama-bench, llama-batched-bench, llama-server for the comparison, one build for both
+#   models       synthesize LLaMA-2-shaped GGUF files with random weights (llamafleet synth)
+#   llama        llama-bench (pp512, tg128) and llama-batched-bench (128 prompt + 128 answer, 1..128 sequences)
+#   engine       llamafleet's engine in-process: 1 and 128 concurrent requests, argmax vs backend sampling
+#   serve        HTTP, one GPU: llamafleet serve vs llama-server, same slots and context, concurrency 1..128
+#   multi        (2+ GPUs) one llamafleet endpoint over one replica per GPU, against the one-GPU run
+#   split        (2+ GPUs) 70B Q4_0: tensor split vs layer split, single stream and 32 streams
+#   consistency  (2+ GPUs) greedy agreement of batched / layer / tensor against a one-at-a-time reference
+#
+# Environment:
+#   SRC                 llama-cpp-python source tree or sdist (default: the one scripts/install.sh cached)
+#   WORK                scratch folder for the build and the models (default: .gpu-work)
+#   REPORT              output folder for logs, JSON and report.md (default: $WORK/report)
+#   CUDA_ARCHITECTURES  default: native
+#   PYTHON              interpreter with llamafleet's dependencies (default: python3)
+#   QUICK=1             fewer requests per level (a smoke run)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${WORK:-$repo/.gpu-work}
+REPORT=${REPORT:-$WORK/report}
+PY=${PYTHON:-python3}
+mkdir -p "$WORK" "$REPORT"
+log() { printf '\n=== %s  %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$REPORT/run.log"; }
+
+# --- source ------------------------------------------------------------------------------------------------------
+SRC=${SRC:-${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/sdist/llama_cpp_python-0.3.36.tar.gz}
+if [ -f "$SRC" ]; then
+  if [ ! -d "$WORK/src" ]; then mkdir -p "$WORK/src" && tar xzf "$SRC" -C "$WORK/src" --strip-components=1; fi
+  SRC=$WORK/src
+fi
+[ -d "$SRC/vendor/llama.cpp" ] || { echo "gpu-bench: no llama.cpp source under $SRC (set SRC)" >&2; exit 2; }
+BUILD=$WORK/build
+BIN=$BUILD/bin
+export PYTHONPATH="$SRC:$repo/src${PYTHONPATH:+:$PYTHONPATH}"
+export LLAMA_CPP_LIB_PATH=$BIN
+
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "$NGPU" -gt 0 ] || { echo "gpu-bench: no NVIDIA GPU visible (nvidia-smi -L)" >&2; exit 2; }
+if [ "$#" -gt 0 ]; then PHASES="$*"; else
+  PHASES="build models llama engine serve"
+  [ "$NGPU" -ge 2 ] && PHASES="$PHASES multi split consistency"
+fi
+has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
+LEVEL_REQ() { if [ "${QUICK:-0}" = 1 ]; then echo $(( $1 > 8 ? $1 : 8 )); else echo $(( $1 * 2 > 16 ? $1 * 2 : 16 )); fi; }
+
+M7=$WORK/models/llama2-7b-q4_0.gguf
+M70=$WORK/models/llama2-70b-q4_0.gguf
+SLOTS=128
+CTX=1024          # per sequence: 128-token prompt + 128-token answer fits with room
+PORT=18080
+
+# --- build -------------------------------------------------------------------------------------------------------
+if has build; then
+  log "build llama.cpp with CUDA (${CUDA_ARCHITECTURES:-native}) from $SRC"
+  cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-native}" -DGGML_NATIVE=OFF -DGGML_AVX2=ON \
+    -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$REPORT/cmake.log" 2>&1
+  cmake --build "$BUILD" -j "$(nproc)" --target llama llama-bench llama-batched-bench llama-server \
+    >"$REPORT/build.log" 2>&1 || { tail -40 "$REPORT/build.log"; exit 1; }
+  # the llama_cpp Python package of the same source loads these libraries
+  mkdir -p "$SRC/llama_cpp/lib" && cp -a "$BIN"/lib*.so* "$SRC/llama_cpp/lib/"
+  "$PY" -c "import llamafleet.engine.llama as L; assert L.supports_gpu_offload(), 'no GPU offload'; print(L.system_info())" \
+    | tee -a "$REPORT/run.log"
+fi
+
+# --- models ------------------------------------------------------------------------------------------------------
+if has models; then
+  mkdir -p "$WORK/models"
+  vocab=$SRC/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf
+  synth() { "$PY" -m llamafleet.cli synth --shape "$1" --quant q4_0 --vocab "$vocab" -q -o "$2"; }
+  [ -f "$M7" ] || { log "synth 7B Q4_0"; synth llama2-7b "$M7"; }
+  if has split && [ ! -f "$M70" ]; then log "synth 70B Q4_0"; synth llama2-70b "$M70"; fi
+fi
+
+# --- llama.cpp's own numbers ---------------------------------------------------------------------------------------
+if has llama; then
+  log "llama-bench 7B Q4_0 (GPU 0)"
+  CUDA_VISIBLE_DEVICES=0 "$BIN/llama-bench" -m "$M7" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json \
+    >"$REPORT/llama-bench.json" 2>"$REPORT/llama-bench.log"
+  log "llama-batched-bench 7B Q4_0 (GPU 0)"
+  CUDA_VISIBLE_DEVICES=0 "$BIN/llama-batched-bench" -m "$M7" -ngl 99 -fa on -c $((SLOTS * 256 + 512)) -b 2048 \
+    -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64,128 --output-format jsonl \
+    >"$REPORT/batched-bench.jsonl" 2>"$REPORT/batched-bench.log"
+fi
+
+# --- engine in-process ---------------------------------------------------------------------------------------------
+if has engine; then
+  for bs in off on; do
+    for n in 1 128; do
+      log "engine in-process: $n requests x 128 tokens, backend sampling $bs"
+      extra=(); [ "$bs" = on ] && extra=(--backend-sampling)
+      CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli bench engine --model "$M7" --requests "$n" --max-tokens 128 \
+        "${extra[@]}" --json >"$REPORT/engine-$n-$bs.json" 2>>"$REPORT/engine.log"
+    done
+  done
+fi
+
+# --- HTTP, one GPU ------------------------------------------------------------------------------------------------
+wait_ready() {  # url, pid
+  for _ in $(seq 1 300); do
+    curl -sf "$1/v1/models" >/dev/null 2>&1 && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 1
+  done
+  return 1
+}
+bench_http() {  # label, url, levels
+  local reqs; reqs=$(LEVEL_REQ 64)
+  "$PY" -m llamafleet.cli bench --url "$2" --concurrency "$3" --requests "$reqs" --prompt-tokens 128 \
+    --max-tokens 128 --label "$1" --out "$REPORT/$1" --no-progress >>"$REPORT/bench.log" 2>&1
+}
+stop() { kill -INT "$1" 2>/dev/null || true; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null || true; }
+dmon() { nvidia-smi dmon -s um -d 1 >"$REPORT/dmon-$1.log" 2>&1 & echo $!; }
+
+if has serve; then
+  log "llamafleet serve on GPU 0 ($SLOTS slots, ctx $CTX)"
+  CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --port $PORT --replicas 1 --parallel $SLOTS \
+    --ctx $CTX >"$REPORT/serve-llamafleet.log" 2>&1 & pid=$!
+  wait_ready "http://127.0.0.1:$PORT" $pid || { tail -30 "$REPORT/serve-llamafleet.log"; exit 1; }
+  d=$(dmon llamafleet-1gpu); bench_http llamafleet-1gpu "http://127.0.0.1:$PORT" 1,8,32,64,128; kill $d
+  stop $pid
+  log "llama-server on GPU 0 (same slots and context)"
+  CUDA_VISIBLE_DEVICES=0 "$BIN/llama-server" -m "$M7" --port $PORT -ngl 99 -fa on -np $SLOTS -c $((SLOTS * CTX)) \
+    -b 2048 -ub 512 --no-webui >"$REPORT/serve-llama-server.log" 2>&1 & pid=$!
+  wait_ready "http://127.0.0.1:$PORT" $pid || { tail -30 "$REPORT/serve-llama-server.log"; exit 1; }
+  d=$(dmon llama-server-1gpu); bench_http llama-server-1gpu "http://127.0.0.1:$PORT" 1,8,32,64,128; kill $d
+  stop $pid
+fi
+
+if has multi; then
+  log "llamafleet serve, one replica per GPU ($NGPU GPUs)"
+  "$PY" -m llamafleet.cli serve --model "$M7" --port $PORT --replicas "$NGPU" --parallel $SLOTS --ctx $CTX \
+    >"$REPORT/serve-llamafleet-multi.log" 2>&1 & pid=$!
+  wait_ready "http://127.0.0.1:$PORT" $pid || { tail -30 "$REPORT/serve-llamafleet-multi.log"; exit 1; }
+  d=$(dmon llamafleet-${NGPU}gpu); bench_http "llamafleet-${NGPU}gpu" "http://127.0.0.1:$PORT" "128,$((128 * NGPU))"; kill $d
+  stop $pid
+fi
+
+if has split; then
+  for mode in tensor layer; do
+    log "70B Q4_0, $mode split over $NGPU GPUs"
+    cfg=$WORK/split-$mode.yaml
+    printf 'split_mode: %s\nreplicas: 1\nparallel: 32\ncontext_length: %s\n' "$mode" "$CTX" >"$cfg"
+    "$PY" -m llamafleet.cli plan --model "$M70" --config "$cfg" >"$REPORT/plan-70b-$mode.txt" 2>&1 || true
+    "$PY" -m llamafleet.cli serve --model "$M70" --config "$cfg" --port $PORT >"$REPORT/serve-70b-$mode.log" 2>&1 & pid=$!
+    wait_ready "http://127.0.0.1:$PORT" $pid || { tail -30 "$REPORT/serve-70b-$mode.log"; stop $pid; continue; }
+    nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv >"$REPORT/mem-70b-$mode.csv"
+    bench_http "llamafleet-70b-$mode" "http://127.0.0.1:$PORT" 1,32
+    stop $pid
+  done
+fi
+
+if has consistency; then
+  log "consistency: reference vs batched / layer / tensor (7B Q4_0)"
+  "$PY" -m llamafleet.cli consistency --model "$M7" --configs reference,batched,layer,tensor \
+    --out "$REPORT/consistency" >"$REPORT/consistency.log" 2>&1 || true
+fi
+
+# --- report --------------------------------------------------------------------------------------------------------
+log "report"
+"$PY" "$repo/scripts/gpu_report.py" "$REPORT" | tee "$REPORT/report.md"

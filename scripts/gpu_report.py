@@ -1,0 +1,169 @@
+"""Summarise a scripts/gpu-bench.sh run folder into one markdown report (printed to stdout).
+
+Reads what the phases left: llama-bench.json, batched-bench.jsonl, engine-*.json, <label>/bench.json,
+dmon-*.log, plan-*.txt, mem-*.csv and consistency/. Missing pieces are skipped, so a partial run still reports.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.3f}" if a and b else "—"
+
+
+def num(v: float | None, fmt: str = ".1f") -> str:
+    return format(v, fmt) if v is not None else "—"
+
+
+def llama_bench(d: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for e in load(d / "llama-bench.json") or []:
+        if e.get("n_gen", 0) > 0 and e.get("n_prompt", 0) == 0:
+            out[f"tg{e['n_gen']}"] = float(e["avg_ts"])
+        elif e.get("n_prompt", 0) > 0 and e.get("n_gen", 0) == 0:
+            out[f"pp{e['n_prompt']}"] = float(e["avg_ts"])
+    return out
+
+
+def batched_bench(d: Path) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    p = d / "batched-bench.jsonl"
+    if p.exists():
+        for line in p.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if "pl" in e:
+                out[int(e["pl"])] = {"S_TG": float(e["speed_tg"]), "S_PP": float(e["speed_pp"]),
+                                     "S": float(e["speed"])}
+    return out
+
+
+def engine(d: Path, n: int, bs: str) -> dict[str, Any] | None:
+    r = load(d / f"engine-{n}-{bs}.json")
+    if not r:
+        return None
+    conc = [p for p in r["phases"] if p["name"] == "concurrent"][0]
+    return dict(conc)
+
+
+def http(d: Path, label: str) -> dict[int, dict[str, Any]]:
+    r = load(d / label / "bench.json")
+    return {lv["concurrency"]: lv for lv in r["levels"]} if r else {}
+
+
+def dmon_util(d: Path, name: str) -> str:
+    p = d / f"dmon-{name}.log"
+    if not p.exists():
+        return "—"
+    sm: list[float] = []
+    for line in p.read_text().splitlines():
+        parts = line.split()
+        if parts and parts[0].isdigit() and len(parts) > 1 and parts[1].isdigit():
+            sm.append(float(parts[1]))
+    busy = [x for x in sm if x > 0]
+    return f"{statistics.mean(busy):.0f}% mean SM while busy ({len(busy)} s)" if busy else "—"
+
+
+def main(d: Path) -> None:
+    lb, bb = llama_bench(d), batched_bench(d)
+    lf, ls = http(d, "llamafleet-1gpu"), http(d, "llama-server-1gpu")
+    print("# GPU benchmark report\n")
+    run_log = d / "run.log"
+    if run_log.exists():
+        info = [ln for ln in run_log.read_text().splitlines() if "CUDA" in ln or "CPU :" in ln]
+        if info:
+            print("llama.cpp build: `" + info[-1].strip()[:200] + "`\n")
+    print("## Single stream (7B Q4_0, one GPU)\n")
+    print("| measure | tok/s | vs llama-bench tg128 |\n|---|---:|---:|")
+    tg = lb.get("tg128")
+    print(f"| llama-bench tg128 | {num(tg)} | 1.000 |")
+    print(f"| llama-bench pp512 (prompt) | {num(lb.get('pp512'))} | |")
+    for bs in ("off", "on"):
+        e = engine(d, 1, bs)
+        if e:
+            print(f"| llamafleet engine in-process, backend sampling {bs} | {num(e['tokens_per_s'])} | "
+                  f"{ratio(e['tokens_per_s'], tg)} |")
+    if 1 in lf:
+        s = lf[1]["stream_tok_s"]["p50"] if lf[1].get("stream_tok_s") else None
+        print(f"| llamafleet HTTP streaming, per-stream p50 | {num(s)} | {ratio(s, tg)} |")
+    if 1 in ls:
+        s = ls[1]["stream_tok_s"]["p50"] if ls[1].get("stream_tok_s") else None
+        print(f"| llama-server HTTP streaming, per-stream p50 | {num(s)} | {ratio(s, tg)} |")
+
+    print("\n## 128 concurrent sequences (7B Q4_0, one GPU)\n")
+    print("| measure | generated tok/s | vs batched-bench S_TG | Python overhead share |\n|---|---:|---:|---:|")
+    stg = bb.get(128, {}).get("S_TG")
+    print(f"| llama-batched-bench S_TG (pp128/tg128, 128 seq) | {num(stg)} | 1.000 | |")
+    for bs in ("off", "on"):
+        e = engine(d, 128, bs)
+        if e:
+            print(f"| llamafleet engine in-process, backend sampling {bs} | {num(e['tokens_per_s'])} | "
+                  f"{ratio(e['tokens_per_s'], stg)} | {100 * e['overhead_share']:.1f}% "
+                  f"({e['overhead_ms_per_step']:.2f} ms/step) |")
+    for name, runs in (("llamafleet", lf), ("llama-server", ls)):
+        if 128 in runs:
+            print(f"| {name} HTTP, 128 streams | {num(runs[128]['output_tok_s'])} | "
+                  f"{ratio(runs[128]['output_tok_s'], stg)} | |")
+    if 128 in lf and 128 in ls:
+        r = ratio(lf[128]["output_tok_s"], ls[128]["output_tok_s"])
+        print(f"\nllamafleet / llama-server at 128 streams: **{r}x**")
+
+    if lf or ls:
+        print("\n## Concurrency sweep over HTTP (7B Q4_0, one GPU, 128-token prompts, 128-token answers)\n")
+        print("| streams | llamafleet tok/s | llama-server tok/s | ratio | llamafleet TTFT p50 ms | "
+              "llama-server TTFT p50 ms | errors (lf/ls) |\n|---:|---:|---:|---:|---:|---:|---|")
+        for c in sorted(set(lf) | set(ls)):
+            a, b = lf.get(c, {}), ls.get(c, {})
+            ta = a.get("ttft_ms", {}) or {}
+            tb = b.get("ttft_ms", {}) or {}
+            print(f"| {c} | {num(a.get('output_tok_s'))} | {num(b.get('output_tok_s'))} | "
+                  f"{ratio(a.get('output_tok_s'), b.get('output_tok_s'))} | {num(ta.get('p50'))} | "
+                  f"{num(tb.get('p50'))} | {a.get('errors', '—')}/{b.get('errors', '—')} |")
+        print(f"\nGPU utilization (nvidia-smi dmon): llamafleet {dmon_util(d, 'llamafleet-1gpu')}; "
+              f"llama-server {dmon_util(d, 'llama-server-1gpu')}")
+
+    multi = sorted(d.glob("llamafleet-[2-8]gpu"))
+    for m in multi:
+        runs = http(d, m.name)
+        print(f"\n## Data parallel: {m.name} (one replica per GPU, one endpoint)\n")
+        print("| streams | tok/s | vs one GPU at 128 streams |\n|---:|---:|---:|")
+        base = lf.get(128, {}).get("output_tok_s")
+        for c, lv in sorted(runs.items()):
+            print(f"| {c} | {num(lv['output_tok_s'])} | {ratio(lv['output_tok_s'], base)} |")
+        print(f"\nGPU utilization: {dmon_util(d, m.name)}")
+
+    split = {mode: http(d, f"llamafleet-70b-{mode}") for mode in ("tensor", "layer")}
+    if any(split.values()):
+        print("\n## 70B Q4_0 split over the GPUs\n")
+        print("| mode | 1 stream tok/s | 32 streams tok/s |\n|---|---:|---:|")
+        for mode, runs in split.items():
+            one = runs.get(1, {}).get("stream_tok_s") or {}
+            print(f"| {mode} | {num(one.get('p50'))} | {num(runs.get(32, {}).get('output_tok_s'))} |")
+        for mode in ("tensor", "layer"):
+            for name in (f"plan-70b-{mode}.txt", f"mem-70b-{mode}.csv"):
+                p = d / name
+                if p.exists():
+                    print(f"\n`{name}`:\n```\n{p.read_text().strip()[:3000]}\n```")
+    cons = d / "consistency" / "consistency.md"
+    if cons.exists():
+        print("\n## Consistency\n")
+        print(cons.read_text())
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
