@@ -11,6 +11,9 @@ from llamafleet import __version__
 
 # Each module defines ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
 COMMANDS = ("serve", "plan", "synth", "bench", "consistency", "check_env", "model")
+# Commands that load a model in this process: llama.cpp must be loaded before the commands import numpy
+# (see engine/llama.py's docstring).
+IN_PROCESS_MODEL = (("bench", "engine"),)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    words = tuple(sys.argv[1:] if argv is None else argv)
+    if any(words[: len(cmd)] == cmd for cmd in IN_PROCESS_MODEL):
+        import llamafleet.engine.llama  # noqa: F401
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -159,7 +159,9 @@ def worker_main(conn: Connection, replica: int, env: dict[str, str], cfg: Engine
         format=f"%(asctime)s %(levelname)s replica {replica} %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    from llamafleet.engine.engine import Engine  # imports llama.cpp: must come after the env is set
+    # llama.cpp after the env is set, and before anything imports numpy (see engine/llama.py's docstring)
+    import llamafleet.engine.llama  # noqa: F401
+    from llamafleet.engine.engine import Engine
 
     inbox = _Inbox(conn)
     t0 = time.monotonic()

@@ -1,5 +1,10 @@
 """Every ctypes call into llama.cpp lives here (binding names drift between versions: one place to fix).
 
+Import order matters on CUDA builds: if numpy (whose wheels bundle OpenBLAS and libgfortran) is loaded before
+libggml-cuda, loading a model can crash inside llama.cpp's own log formatting (``llama_model::print_info``; seen on
+an H200 machine with CUDA 13). So ``llama_cpp`` is imported here before numpy, and processes that load models call
+import this module first thing (the worker does; so does the CLI for in-process engine commands).
+
 Lifetimes are explicit: :class:`Model`, :class:`Context`, :class:`Batch` and :class:`SamplerChain` free their native
 memory in ``close()`` (also via ``with``), never through the garbage collector. llama.cpp's own log lines are routed
 into Python ``logging`` under the logger ``llamafleet.llama_cpp``.
@@ -14,7 +19,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-import llama_cpp as lc
+import llama_cpp as lc  # isort: skip  (before numpy, see above)
 import numpy as np
 import numpy.typing as npt
 
