@@ -39,7 +39,6 @@ fi
 BUILD=$WORK/build
 BIN=$BUILD/bin
 export PYTHONPATH="$SRC:$repo/src${PYTHONPATH:+:$PYTHONPATH}"
-export LLAMA_CPP_LIB_PATH=$BIN
 
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$NGPU" -gt 0 ] || { echo "gpu-bench: no NVIDIA GPU visible (nvidia-smi -L)" >&2; exit 2; }
@@ -65,8 +64,9 @@ if has build; then
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$REPORT/cmake.log" 2>&1
   cmake --build "$BUILD" -j "$(nproc)" --target llama llama-bench llama-batched-bench llama-server \
     >"$REPORT/build.log" 2>&1 || { tail -40 "$REPORT/build.log"; exit 1; }
-  # the llama_cpp Python package of the same source loads these libraries
-  mkdir -p "$SRC/llama_cpp/lib" && cp -a "$BIN"/lib*.so* "$SRC/llama_cpp/lib/"
+  # the llama_cpp Python package of the same source loads these very files (a link, not copies: two copies of
+  # libggml in one process would mean two backend registries)
+  rm -rf "$SRC/llama_cpp/lib" && ln -s "$BIN" "$SRC/llama_cpp/lib"
   "$PY" -c "import llamafleet.engine.llama as L; assert L.supports_gpu_offload(), 'no GPU offload'; print(L.system_info())" \
     | tee -a "$REPORT/run.log"
 fi
