@@ -20,7 +20,7 @@
 #   REPORT              output folder for logs, JSON and report.md (default: $WORK/report)
 #   CUDA_ARCHITECTURES  default: native
 #   PYTHON              interpreter with llamafleet's dependencies (default: python3)
-#   QUICK=1             fewer requests per level (a smoke run)
+#   QUICK=1             fewer requests per level (a smoke run); REQS=N sets the requests per level
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$repo/.gpu-work}
@@ -104,18 +104,19 @@ if has engine; then
 fi
 
 # --- HTTP, one GPU ------------------------------------------------------------------------------------------------
-wait_ready() {  # url, pid
+wait_ready() {  # readiness url (llamafleet: /ready, 200 once every replica is up; llama-server: /health), pid
   for _ in $(seq 1 300); do
-    curl -sf "$1/v1/models" >/dev/null 2>&1 && return 0
+    curl -sf "$1" >/dev/null 2>&1 && return 0
     kill -0 "$2" 2>/dev/null || return 1
     sleep 1
   done
   return 1
 }
 bench_http() {  # label, url, levels
-  local reqs; reqs=$(LEVEL_REQ 64)
+  local reqs; reqs=${REQS:-$(LEVEL_REQ 64)}
   "$PY" -m llamafleet.cli bench --url "$2" --concurrency "$3" --requests "$reqs" --prompt-tokens 128 \
-    --max-tokens 128 --label "$1" --out "$REPORT/$1" --no-progress >>"$REPORT/bench.log" 2>&1
+    --max-tokens 128 --label "$1" --out "$REPORT/$1" --no-progress >>"$REPORT/bench.log" 2>&1 \
+    || echo "bench $1: some requests failed (see bench.log)" | tee -a "$REPORT/run.log"
 }
 stop() { kill -INT "$1" 2>/dev/null || true; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null || true; }
 dmon() { nvidia-smi dmon -s um -d 1 >"$REPORT/dmon-$1.log" 2>&1 & echo $!; }
@@ -124,13 +125,13 @@ if has serve; then
   log "llamafleet serve on GPU 0 ($SLOTS slots, ctx $CTX)"
   CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --port $PORT --replicas 1 --parallel $SLOTS \
     --ctx $CTX >"$REPORT/serve-llamafleet.log" 2>&1 & pid=$!
-  wait_ready "http://127.0.0.1:$PORT" $pid || { tail -30 "$REPORT/serve-llamafleet.log"; exit 1; }
+  wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-llamafleet.log"; exit 1; }
   d=$(dmon llamafleet-1gpu); bench_http llamafleet-1gpu "http://127.0.0.1:$PORT" 1,8,32,64,128; kill $d
   stop $pid
   log "llama-server on GPU 0 (same slots and context)"
   CUDA_VISIBLE_DEVICES=0 "$BIN/llama-server" -m "$M7" --port $PORT -ngl 99 -fa on -np $SLOTS -c $((SLOTS * CTX)) \
     -b 2048 -ub 512 --no-webui >"$REPORT/serve-llama-server.log" 2>&1 & pid=$!
-  wait_ready "http://127.0.0.1:$PORT" $pid || { tail -30 "$REPORT/serve-llama-server.log"; exit 1; }
+  wait_ready "http://127.0.0.1:$PORT/health" $pid || { tail -30 "$REPORT/serve-llama-server.log"; exit 1; }
   d=$(dmon llama-server-1gpu); bench_http llama-server-1gpu "http://127.0.0.1:$PORT" 1,8,32,64,128; kill $d
   stop $pid
 fi
@@ -139,7 +140,7 @@ if has multi; then
   log "llamafleet serve, one replica per GPU ($NGPU GPUs)"
   "$PY" -m llamafleet.cli serve --model "$M7" --port $PORT --replicas "$NGPU" --parallel $SLOTS --ctx $CTX \
     >"$REPORT/serve-llamafleet-multi.log" 2>&1 & pid=$!
-  wait_ready "http://127.0.0.1:$PORT" $pid || { tail -30 "$REPORT/serve-llamafleet-multi.log"; exit 1; }
+  wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-llamafleet-multi.log"; exit 1; }
   d=$(dmon llamafleet-${NGPU}gpu); bench_http "llamafleet-${NGPU}gpu" "http://127.0.0.1:$PORT" "128,$((128 * NGPU))"; kill $d
   stop $pid
 fi
@@ -151,7 +152,7 @@ if has split; then
     printf 'split_mode: %s\nreplicas: 1\nparallel: 32\ncontext_length: %s\n' "$mode" "$CTX" >"$cfg"
     "$PY" -m llamafleet.cli plan --model "$M70" --config "$cfg" >"$REPORT/plan-70b-$mode.txt" 2>&1 || true
     "$PY" -m llamafleet.cli serve --model "$M70" --config "$cfg" --port $PORT >"$REPORT/serve-70b-$mode.log" 2>&1 & pid=$!
-    wait_ready "http://127.0.0.1:$PORT" $pid || { tail -30 "$REPORT/serve-70b-$mode.log"; stop $pid; continue; }
+    wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-70b-$mode.log"; stop $pid; continue; }
     nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv >"$REPORT/mem-70b-$mode.csv"
     bench_http "llamafleet-70b-$mode" "http://127.0.0.1:$PORT" 1,32
     stop $pid
