@@ -119,7 +119,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     if cfg.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(HttpMetrics, metrics=service.metrics, routes=app.routes)
+    app.add_middleware(HttpMetrics, metrics=service.metrics)
 
     @app.exception_handler(ApiError)
     async def api_error(_r: Request, exc: ApiError) -> JSONResponse:

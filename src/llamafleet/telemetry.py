@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llamafleet.metrics import Counter, Gauge, Histogram, Registry
@@ -116,29 +115,24 @@ class FleetMetrics:
                 self.gpu_util.set(gpu.utilization_pct / 100, *labels)
 
 
-def route_label(routes: Iterable[BaseRoute], scope: Scope) -> str:
-    """The route template a request matched (``/v1/models/{model_id:path}``), or ``other`` for unknown paths."""
-    for route in routes:
-        match, _ = route.matches(scope)
-        if match == Match.FULL:
-            return str(getattr(route, "path", "other"))
-    return "other"
+def route_label(scope: Scope) -> str:
+    """The route template a request matched (``/v1/models/{model_id:path}``), or ``other`` (unknown paths, and
+    requests refused before routing), so that random paths cannot multiply the metric's series."""
+    return str(getattr(scope.get("route"), "path", "other"))
 
 
 class HttpMetrics:
     """ASGI middleware (the outermost): counts every answer by route and status, and times it to its last byte."""
 
-    def __init__(self, app: ASGIApp, metrics: FleetMetrics, routes: Iterable[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, metrics: FleetMetrics) -> None:
         self.app = app
         self.metrics = metrics
-        self.routes = list(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        route = route_label(self.routes, scope)
         status = 0
         counted = False
 
@@ -146,6 +140,7 @@ class HttpMetrics:
             nonlocal counted
             if not counted:  # at the last byte, or when the app ends without one (a client that left mid-stream)
                 counted = True
+                route = route_label(scope)  # known once the app has routed the request
                 self.metrics.http_requests.inc(route, scope["method"], str(status or 500))
                 self.metrics.http_seconds.observe(time.perf_counter() - t0, route)
 
