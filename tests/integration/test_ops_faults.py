@@ -15,15 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from scrape import metric, scrape
 
 from conftest import FleetServer
-from test_ops_soak import metric
 
 COUNTING = "1, 2, 3, 4, 5,"
 
 
 def metrics(fleet: FleetServer) -> str:
-    return httpx.get(f"{fleet.url}/metrics", timeout=30).text
+    return scrape(fleet.url)
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:

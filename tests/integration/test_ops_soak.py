@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import re
 import time
 
 import httpx
+from scrape import metric, scrape
 
 from conftest import FleetServer
 
@@ -22,14 +22,6 @@ RSS_SLACK = 0.05  # "within a few %"
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample of ``/metrics`` text (0 if absent)."""
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)$"
-    found = re.search(pattern, text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
 
 
 async def load(url: str, model: str, n: int, offset: int) -> collections.Counter[int]:
@@ -59,14 +51,14 @@ def test_soak_2000_short_requests_no_errors_and_memory_returns(fleet: FleetServe
     workers = [r["pid"] for r in fleet.wait_ready()["replicas"]]
     pids = {"api": fleet.proc.pid, **{f"worker {i}": pid for i, pid in enumerate(workers)}}
     before = {name: rss_kib(pid) for name, pid in pids.items()}
-    metrics_before = httpx.get(f"{fleet.url}/metrics", timeout=30).text
+    metrics_before = scrape(fleet.url)
 
     t0 = time.perf_counter()
     statuses = asyncio.run(load(fleet.url, model, REQUESTS, WARMUP))
     elapsed = time.perf_counter() - t0
     time.sleep(1.0)
     after = {name: rss_kib(pid) for name, pid in pids.items()}
-    metrics_after = httpx.get(f"{fleet.url}/metrics", timeout=30).text
+    metrics_after = scrape(fleet.url)
 
     print(f"\nsoak: {REQUESTS} requests at concurrency {CONCURRENCY} in {elapsed:.1f}s "
           f"({REQUESTS / elapsed:.0f} req/s); statuses {dict(statuses)}")
