@@ -136,3 +136,22 @@ def test_queue_full_burst_gets_429_with_retry_after_and_nothing_is_lost(
     assert metric(m, "llamafleet_requests_refused_total", reason="queue_full") == statuses.count(429)
     finished = sum(metric(m, "llamafleet_sequences_total", outcome=o) for o in ("length", "stop"))
     assert finished == n and metric(m, "llamafleet_queue_depth") == 0
+
+
+def test_request_timeout_gives_504_and_frees_the_slot(launch_fleet: Callable[[list[str]], FleetServer],
+                                                      model_path: Path) -> None:
+    server = launch_fleet(["--model", str(model_path), "--replicas", "1", "--parallel", "2", "--ctx", "1024",
+                           "--threads", "1", "--request-timeout", "0.5"])
+    model = server.wait_ready()["model"]
+    long = {"model": model, "prompt": COUNTING, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+    r = httpx.post(f"{server.url}/v1/completions", json=long, timeout=60)
+    assert r.status_code == 504 and "request_timeout_s" in r.json()["error"]["message"], r.text
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**long, "stream": True}, timeout=60) as s:
+        assert s.status_code == 200
+        events = [line for line in s.iter_lines() if line.startswith("data: ")]
+    assert "request_timeout_s" in events[-1] and '"error"' in events[-1]
+    wait_for("both sequences to be cancelled", lambda: metric(
+        metrics(server), "llamafleet_sequences_total", outcome="cancelled") == 2)
+    m = metrics(server)
+    assert metric(m, "llamafleet_sequences_total", outcome="timeout") == 2
+    assert metric(m, "llamafleet_replica_slots_busy", replica="0") == 0
