@@ -136,6 +136,8 @@ def test_queue_full_burst_gets_429_with_retry_after_and_nothing_is_lost(
     assert metric(m, "llamafleet_requests_refused_total", reason="queue_full") == statuses.count(429)
     finished = sum(metric(m, "llamafleet_sequences_total", outcome=o) for o in ("length", "stop"))
     assert finished == n and metric(m, "llamafleet_queue_depth") == 0
+    assert server.stop(signal.SIGTERM) == 0  # graceful: workers free their engines and exit, the server exits 0
+    assert "context and model freed; replica 0 exits" in server.log()
 
 
 def test_request_timeout_gives_504_and_frees_the_slot(launch_fleet: Callable[[list[str]], FleetServer],
