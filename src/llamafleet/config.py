@@ -60,6 +60,31 @@ class FleetConfig(BaseModel):
         "least_outstanding", description="how requests are spread over replicas"
     )
 
+    # Limits and backpressure (see docs/OPERATIONS.md).
+    max_queue_per_replica: int = Field(
+        32, ge=0, description="sequences waiting beyond a replica's slots before it takes no more (then 429)"
+    )
+    max_queue: int = Field(128, ge=0, description="sequences waiting beyond slots on all replicas together (then 429)")
+    request_timeout_s: float = Field(600.0, gt=0, description="a request still running after this long fails (504)")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body accepted (then 413)")
+
+    # Access.
+    api_keys_file: str | None = Field(
+        None, description="file of API keys, one per line ('#' comments); with LLAMAFLEET_API_KEYS, turns auth on"
+    )
+    cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty = CORS off")
+
+    # Watchdog.
+    watchdog_interval_s: float = Field(2.0, gt=0, description="how often GPU memory and slots are checked")
+    vram_warn_fraction: float = Field(0.85, gt=0, le=1, description="GPU memory use that logs a warning")
+    vram_refuse_free_mib: int = Field(
+        256, ge=0, description="free memory on a GPU below which new work gets 503 (llama.cpp allocates the KV cache "
+        "up front, so a well-planned GPU can sit above the warning watermark; running out is what to avoid)"
+    )
+    slot_leak_s: float = Field(
+        30.0, gt=0, description="busy slots with no request in flight for this long: the replica is restarted"
+    )
+
     # Logging.
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     llama_log_level: Literal["debug", "info", "warning", "error"] = Field(

@@ -6,20 +6,25 @@ step per replica; the dispatcher hands each output to its group's queue tagged w
 group, so handlers aggregate in input order however the replicas interleave.
 
 Every sequence ends with exactly one final event: its last output, or a :class:`Failure` (rejected by the worker,
-its replica died, the server is stopping). Closing a group early (client gone) aborts its unfinished sequences on
-the replicas that run them.
+its replica died, the server is stopping, the request ran past its timeout). Closing a group early (client gone)
+aborts its unfinished sequences on the replicas that run them.
+
+The dispatcher also times every sequence (submitted -> first token, gaps between tokens) and counts its tokens and
+how it ended, into :class:`~llamafleet.telemetry.FleetMetrics`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from llamafleet.engine.types import RequestOutput
 from llamafleet.messages import Abort, Ready, StepOutputs, Submit
 from llamafleet.replicas import ReplicaSet
 from llamafleet.router import Router
+from llamafleet.telemetry import FleetMetrics
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +48,28 @@ class Failure:
 Event = tuple[int, Delta | Failure]  # (index of the sequence in its group, what happened)
 
 
+@dataclass
+class _Route:
+    """Where a sequence's events go, and its timing so far."""
+
+    group: Group
+    index: int
+    submitted: float  # time.perf_counter()
+    last_token: float | None = None
+
+
 class Group:
     """The sequences of one HTTP request; their events arrive on one queue. Use :meth:`next` until :attr:`finished`."""
 
-    def __init__(self, dispatcher: Dispatcher, request_ids: list[str], replicas: list[int]) -> None:
+    def __init__(self, dispatcher: Dispatcher, request_ids: list[str], replicas: list[int],
+                 timeout_s: float | None = None) -> None:
         self.request_ids = request_ids
         self.replicas = replicas  # where each sequence was sent
         self._dispatcher = dispatcher
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._remaining = len(request_ids)
+        self._timeout_s = timeout_s
+        self._deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
 
     @property
     def finished(self) -> bool:
@@ -59,7 +77,15 @@ class Group:
         return self._remaining == 0
 
     async def next(self) -> Event:
-        index, item = await self._queue.get()
+        """The next event; past the request's timeout, a final 504 :class:`Failure` (then close the group)."""
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                index, item = await self._queue.get()
+        except TimeoutError:
+            self._remaining = 0
+            self._dispatcher.metrics.sequences.inc("timeout")
+            return 0, Failure(504, f"the request did not finish within {self._timeout_s:g}s (the server's "
+                                   "request_timeout_s); ask for fewer tokens or retry when the server is less busy")
         if isinstance(item, Failure) or item.output.finished:
             self._remaining -= 1
         return index, item
@@ -75,28 +101,33 @@ class Group:
 class Dispatcher:
     """Routes sequences to replicas and their outputs back to groups; the replica set's listener."""
 
-    def __init__(self, replicas: ReplicaSet, router: Router) -> None:
+    def __init__(self, replicas: ReplicaSet, router: Router, metrics: FleetMetrics | None = None) -> None:
         if router.n_replicas != len(replicas):
             raise ValueError(f"router has {router.n_replicas} replicas, replica set {len(replicas)}")
         self.replicas = replicas
         self.router = router
-        self._routes: dict[str, tuple[Group, int]] = {}
+        self.metrics = metrics or FleetMetrics()
+        self._routes: dict[str, _Route] = {}
 
     async def start(self) -> None:
         """Load the replicas (serially); see :meth:`ReplicaSet.start`."""
         await self.replicas.start(self)
 
-    def submit(self, msgs: list[Submit]) -> Group:
-        """Send every sequence of one request to a replica. :class:`~llamafleet.router.NoReplicaError` if none is up."""
+    def submit(self, msgs: list[Submit], timeout_s: float | None = None) -> Group:
+        """Send every sequence of one request to a replica; its events stop after ``timeout_s``.
+
+        :class:`~llamafleet.router.NoReplicaError` if none is up, :class:`~llamafleet.router.QueueFullError` if
+        the queues are full (then nothing was sent)."""
         try:
             placed = [self.router.assign(m.request_id) for m in msgs]
         except BaseException:
             for m in msgs:
                 self.router.release(m.request_id)
             raise
-        group = Group(self, [m.request_id for m in msgs], placed)
+        group = Group(self, [m.request_id for m in msgs], placed, timeout_s)
+        now = time.perf_counter()
         for index, m in enumerate(msgs):
-            self._routes[m.request_id] = (group, index)
+            self._routes[m.request_id] = _Route(group, index, now)
         # Routes first: a pipe found dead while sending reports its replica down, which fails all of its sequences
         for replica, m in zip(placed, msgs, strict=True):
             self.replicas.send(replica, m)
@@ -119,14 +150,17 @@ class Dispatcher:
         if lost:
             log.error("%d sequence(s) lost with replica %d", len(lost), replica)
         for rid in lost:
+            self.metrics.sequences.inc("lost")
             self._deliver(rid, Failure(503, f"{reason}, while running this request; retry it"), final=True)
 
     def replica_output(self, replica: int, msg: StepOutputs) -> None:
         for rej in msg.rejected:
             self.router.release(rej.request_id)
+            self.metrics.sequences.inc("rejected")
             self._deliver(rej.request_id, Failure(400 if rej.client_error else 500, rej.message), final=True)
         for out in msg.outputs:
             rid = out.request_id
+            self._observe(out)
             if out.finished:
                 self.router.release(rid)
             item: Delta | Failure
@@ -138,8 +172,22 @@ class Dispatcher:
                 item = Delta(out, msg.pieces.get(rid))
             self._deliver(rid, item, final=out.finished)
 
+    def _observe(self, out: RequestOutput) -> None:
+        """Time the sequence's new tokens; count its tokens and outcome when it ends."""
+        route = self._routes.get(out.request_id)
+        if route is not None and out.token_ids:
+            now = time.perf_counter()
+            if route.last_token is None:
+                self.metrics.ttft.observe(now - route.submitted)
+            else:
+                self.metrics.token_gap.observe((now - route.last_token) / len(out.token_ids))
+            route.last_token = now
+        if out.finished:
+            self.metrics.sequences.inc(out.finish_reason or "unknown")
+            self.metrics.prompt_tokens.inc(amount=out.prompt_tokens)
+            self.metrics.generated_tokens.inc(amount=out.completion_tokens)
+
     def _deliver(self, rid: str, item: Delta | Failure, final: bool) -> None:
         route = self._routes.pop(rid, None) if final else self._routes.get(rid)
         if route is not None:
-            group, index = route
-            group.put(index, item)
+            route.group.put(route.index, item)

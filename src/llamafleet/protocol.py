@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.responses import JSONResponse
 
 from llamafleet.engine.types import FinishReason, SamplingParams
 
@@ -33,18 +34,25 @@ class ErrorResponse(BaseModel):
 
 
 class ApiError(Exception):
-    """Raised by handlers; becomes an OpenAI error body with ``status``."""
+    """Raised by handlers; becomes an OpenAI error body with ``status`` (and ``headers``, e.g. ``Retry-After``)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> ErrorResponse:
         return ErrorResponse(error=ErrorDetail(message=self.message, type=error_type(self.status), param=self.param,
                                                code=self.code))
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    """The HTTP response of ``exc``: its OpenAI error body, status and headers."""
+    return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)
 
 
 def error_type(status: int) -> str:
@@ -105,7 +113,7 @@ class SamplingRequest(_Strict):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
     # llama.cpp's sampling extensions, with its defaults
-    top_k: int = Field(40, ge=0)
+    top_k: int = Field(40, ge=0, lt=2**31)
     min_p: float = Field(0.05, ge=0.0, le=1.0)
     repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)

@@ -135,6 +135,15 @@ class ReplicaSet:
         except OSError as e:
             self._on_exit(replica, worker, f"its pipe broke ({e})")
 
+    def recycle(self, replica: int, why: str) -> None:
+        """Kill ``replica``'s worker and load it again, as after a crash (its in-flight work fails with 503)."""
+        worker = self._workers.get(replica)
+        if worker is None or not worker.loaded.done():
+            return
+        log.error("replica %d: %s; killing worker pid %s", replica, why, worker.process.pid)
+        worker.process.kill()
+        self._on_exit(replica, worker, why)
+
     async def stop(self, timeout: float) -> None:
         """Tell every worker to cancel its work and exit; kill those still running after ``timeout`` seconds."""
         self._stopping = True

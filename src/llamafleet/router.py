@@ -8,6 +8,9 @@ Two policies:
   replica's death) comes back, so no stale worker stats are needed between steps.
 * ``round_robin``: the seed's policy, each replica that is up in turn, regardless of load.
 
+Backpressure: a replica takes at most ``max_queue_per_replica`` sequences beyond its slots, and all replicas together
+at most ``max_queue`` beyond theirs; past that :meth:`Router.assign` raises :class:`QueueFullError` (an HTTP 429).
+
 The map from request id to replica lets an abort reach the worker that runs the sequence, and lets a dead
 replica's sequences be found and failed at once. Pure bookkeeping: no I/O, no asyncio.
 """
@@ -25,15 +28,22 @@ class NoReplicaError(RuntimeError):
     """No replica is up to take the work."""
 
 
+class QueueFullError(RuntimeError):
+    """Every replica that is up has its queue full: the client should retry later."""
+
+
 class Router:
     """Assigns sequences to replicas and remembers where each one runs."""
 
-    def __init__(self, n_replicas: int, policy: RoutingPolicy = "least_outstanding") -> None:
+    def __init__(self, n_replicas: int, policy: RoutingPolicy = "least_outstanding",
+                 max_queue_per_replica: int | None = None, max_queue: int | None = None) -> None:
         if n_replicas < 1:
             raise ValueError("a router needs at least one replica")
         if policy not in ROUTING_POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; use one of {', '.join(ROUTING_POLICIES)}")
         self.policy = policy
+        self.max_queue_per_replica = max_queue_per_replica  # None: unbounded
+        self.max_queue = max_queue
         self._slots: list[int | None] = [None] * n_replicas  # None: the replica is down
         self._load = [0] * n_replicas
         self._where: dict[str, int] = {}
@@ -54,6 +64,15 @@ class Router:
         """Sequences assigned to ``replica`` that have not finished."""
         return self._load[replica]
 
+    def queued(self, replica: int) -> int:
+        """Sequences assigned to ``replica`` beyond its slots (waiting for a slot there)."""
+        slots = self._slots[replica]
+        return 0 if slots is None else max(0, self._load[replica] - slots)
+
+    def queue_depth(self) -> int:
+        """Sequences waiting for a slot, all replicas together."""
+        return sum(self.queued(r) for r in range(self.n_replicas))
+
     def set_up(self, replica: int, slots: int) -> None:
         """``replica`` (with ``slots`` parallel sequences) is ready for work."""
         if slots < 1:
@@ -73,9 +92,12 @@ class Router:
         """Choose a replica for ``request_id`` and record it there."""
         if request_id in self._where:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        candidates = self._rotation()
-        if not candidates:
+        up = self._rotation()
+        if not up:
             raise NoReplicaError("no replica is ready to serve (loading or restarting)")
+        candidates = [r for r in up if self._has_room(r)]
+        if not candidates:
+            raise QueueFullError(f"the server is at capacity ({self.queue_depth()} sequence(s) already waiting)")
         # min() keeps the first of equals, so ties follow the rotation
         chosen = candidates[0] if self.policy == "round_robin" else min(candidates, key=self._score_after_one_more)
         self._cursor = (chosen + 1) % self.n_replicas
@@ -98,6 +120,16 @@ class Router:
         n = self.n_replicas
         order = [(self._cursor + i) % n for i in range(n)]
         return [r for r in order if self._slots[r] is not None]
+
+    def _has_room(self, replica: int) -> bool:
+        """Whether one more sequence on ``replica`` stays within the queue limits."""
+        slots = self._slots[replica]
+        assert slots is not None
+        if self._load[replica] < slots:
+            return True  # a free slot: nothing waits
+        if self.max_queue_per_replica is not None and self.queued(replica) >= self.max_queue_per_replica:
+            return False
+        return self.max_queue is None or self.queue_depth() < self.max_queue
 
     def _score_after_one_more(self, replica: int) -> Fraction:
         slots = self._slots[replica]

@@ -1,4 +1,8 @@
-"""The API process: the FastAPI app (routes, OpenAI error bodies, ``/health`` and ``/ready``) and its life.
+"""The API process: the FastAPI app (routes, OpenAI error bodies, ``/health``, ``/ready``, ``/metrics``) and its life.
+
+Every request passes, outermost first: :class:`~llamafleet.telemetry.HttpMetrics` (counts and times every answer),
+CORS (only when ``cors_origins`` is set), :class:`~llamafleet.auth.Gate` (API keys, body size limit), then the
+routes. The :class:`~llamafleet.watchdog.Watchdog` runs alongside while the server is up.
 
 :func:`run_server` serves on an already bound socket while the replicas load in the background (``/ready`` says 503
 until every replica is up; requests are served as soon as one is). On SIGINT/SIGTERM it stops accepting, gives
@@ -19,22 +23,23 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__, api_generate, api_openai
-from llamafleet.protocol import ApiError
+from llamafleet.auth import Gate
+from llamafleet.metrics import CONTENT_TYPE
+from llamafleet.protocol import ApiError, error_response
 from llamafleet.replicas import LoadError
 from llamafleet.service import Service, ServiceDep
+from llamafleet.telemetry import HttpMetrics
+from llamafleet.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 DRAIN_S = 10.0  # in-flight requests get this long to finish after a shutdown signal
 WORKER_EXIT_S = 10.0  # then workers get this long to cancel their work and exit before they are killed
-
-
-def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body().model_dump(), status_code=exc.status)
 
 
 def _is_type_tag(part: object) -> bool:
@@ -99,32 +104,40 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(load())
+        watching = asyncio.create_task(Watchdog(service).run())
         yield
         loading.cancel()
+        watching.cancel()
         await service.dispatcher.replicas.stop(WORKER_EXIT_S)
 
     app = FastAPI(title="llamafleet", version=__version__, lifespan=lifespan)
     app.state.service = service
     app.include_router(api_openai.router)
     app.include_router(api_generate.router)
+    cfg = service.config
+    app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes)
+    if cfg.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(HttpMetrics, metrics=service.metrics)
 
     @app.exception_handler(ApiError)
     async def api_error(_r: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_r: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(validation_error(list(exc.errors())))
+        return error_response(validation_error(list(exc.errors())))
 
     @app.exception_handler(HTTPException)
     async def http_error(r: Request, exc: HTTPException) -> JSONResponse:
         what = f"no route {r.method} {r.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
-        return _error(ApiError(exc.status_code, what))
+        return error_response(ApiError(exc.status_code, what))
 
     @app.exception_handler(Exception)
     async def crashed(_r: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return _error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -134,10 +147,20 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     @app.get("/ready")
     async def ready(svc: ServiceDep) -> JSONResponse:
         """200 when every replica is loaded and serving; 503 while loading or when a replica is down."""
-        ok = svc.loaded and svc.dispatcher.replicas.all_ready
-        status = "ready" if ok else ("loading" if not svc.loaded else "degraded")
+        ok = svc.loaded and svc.dispatcher.replicas.all_ready and svc.overloaded is None
+        status = ("ready" if ok else "loading" if not svc.loaded else "degraded" if svc.overloaded is None
+                  else "overloaded")
         body = {"status": status, "model": svc.model_name, "replicas": _replica_report(svc)}
+        if svc.overloaded is not None:
+            body["overloaded"] = svc.overloaded
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics(svc: ServiceDep) -> Response:
+        """Prometheus text format; see docs/OPERATIONS.md for what each metric means."""
+        dispatcher = svc.dispatcher
+        svc.metrics.refresh(dispatcher.replicas.states, dispatcher.router, svc.gpus, svc.overloaded is not None)
+        return Response(svc.metrics.registry.render(), media_type=CONTENT_TYPE)
 
     return app
 

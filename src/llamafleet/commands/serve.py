@@ -7,12 +7,14 @@ the model file, a plan that does not fit (with the planner's reasons), a port al
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+from llamafleet.auth import ApiKeysError, load_api_keys
 from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.dispatch import Dispatcher
 from llamafleet.gguf_info import GgufError, read_model_info
@@ -47,6 +49,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="sample greedy requests inside llama.cpp's graph (on the GPU) instead of on the host")
     p.add_argument("--routing", choices=ROUTING_POLICIES,
                    help="how requests are spread over replicas (default least_outstanding)")
+    p.add_argument("--max-queue-per-replica", type=int, metavar="N",
+                   help="sequences waiting beyond a replica's slots before it refuses more with 429 (default 32)")
+    p.add_argument("--max-queue", type=int, metavar="N",
+                   help="sequences waiting beyond slots on all replicas together before 429 (default 128)")
+    p.add_argument("--request-timeout", type=float, metavar="S", help="a request running longer fails with 504 "
+                   "(default 600)")
+    p.add_argument("--api-keys-file", metavar="FILE", help="API keys, one per line; LLAMAFLEET_API_KEYS adds more "
+                   "(comma-separated); with any key set, requests need 'Authorization: Bearer <key>'")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
     p.set_defaults(func=run)
 
@@ -56,6 +66,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "model_path": args.model, "host": args.host, "port": args.port, "replicas": args.replicas,
         "parallel": args.parallel, "context_length": args.ctx, "threads": args.threads, "log_level": args.log_level,
         "batch_size": args.batch, "backend_sampling": args.backend_sampling, "routing": args.routing,
+        "max_queue_per_replica": args.max_queue_per_replica, "max_queue": args.max_queue,
+        "request_timeout_s": args.request_timeout, "api_keys_file": args.api_keys_file,
     }
 
 
@@ -73,6 +85,13 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _url(cfg: FleetConfig) -> str:
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     return f"http://{host}:{cfg.port}"
@@ -87,6 +106,7 @@ def _banner(cfg: FleetConfig, model_name: str, n_replicas: int) -> str:
         "  GET  /v1/models             the served model",
         "  POST /api/generate          {\"prompt\": ..., \"max_tokens\": ...} -> text and timings",
         "  GET  /health, /ready        liveness and readiness",
+        "  GET  /metrics               Prometheus metrics",
         f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
         f"         -d '{{\"model\": \"{model_name}\", "
         '"messages": [{"role": "user", "content": "Hello!"}]}\'',
@@ -122,6 +142,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.getLogger().setLevel(cfg.log_level.upper())
     try:
+        api_keys = load_api_keys(cfg.api_keys_file)
+    except ApiKeysError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
         if not model_path.is_file():
             raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
@@ -138,11 +163,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     model_name = cfg.model_name or model_path.stem
     routing: RoutingPolicy = cfg.routing
-    service = Service(
-        Dispatcher(ReplicaSet(specs, cfg.log_level), Router(len(specs), routing)),
-        model_name,
-        specs[0].engine.n_ctx_per_seq,
-    )
+    router = Router(len(specs), routing, cfg.max_queue_per_replica, cfg.max_queue)
+    service = Service(Dispatcher(ReplicaSet(specs, cfg.log_level), router), model_name,
+                      specs[0].engine.n_ctx_per_seq, cfg, api_keys)
+    if not api_keys and not _loopback(cfg.host):
+        log.warning("listening on %s with no API key: anyone who can reach it can use it (set LLAMAFLEET_API_KEYS "
+                    "or api_keys_file)", cfg.host)
     print(f"llamafleet: loading '{model_name}' as {len(specs)} replica(s), one at a time; "
           f"{_url(cfg)}/ready answers 200 once all are up", flush=True)
     return run_server(service, sock, cfg.log_level, lambda: print(_banner(cfg, model_name, len(specs)), flush=True))

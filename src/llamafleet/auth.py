@@ -1,0 +1,128 @@
+"""API keys and request body limits: the checks every HTTP request passes before any route sees it.
+
+Keys come from the ``LLAMAFLEET_API_KEYS`` environment variable (comma-separated) and/or the configured
+``api_keys_file`` (one key per line, ``#`` starts a comment); with no key anywhere, authentication is off. Clients
+send ``Authorization: Bearer <key>``; a missing or wrong key gets 401 with OpenAI's error body. ``/health`` and
+``/ready`` stay open for probes. Keys are compared by their SHA-256 digests in constant time.
+
+Bodies larger than ``max_body_bytes`` get 413, whether announced by ``Content-Length`` or streamed chunked; the body
+is read here (bounded) and handed on whole, so nothing downstream ever holds more than the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from pathlib import Path
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llamafleet.protocol import ApiError, error_response
+
+KEYS_ENV = "LLAMAFLEET_API_KEYS"
+OPEN_PATHS = frozenset({"/health", "/ready"})
+DRAIN_FACTOR = 16  # an oversize body is read (and dropped) up to this many times the limit, so the client sees 413
+
+
+class ApiKeysError(ValueError):
+    """The API keys cannot be loaded (named file missing or empty)."""
+
+
+def load_api_keys(keys_file: str | None, environ: dict[str, str] | None = None) -> frozenset[str]:
+    """Every key from ``LLAMAFLEET_API_KEYS`` and ``keys_file``; empty means authentication is off."""
+    env = os.environ if environ is None else environ
+    keys = {k.strip() for k in env.get(KEYS_ENV, "").split(",") if k.strip()}
+    if keys_file is not None:
+        path = Path(keys_file)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise ApiKeysError(f"api_keys_file {path} cannot be read ({e.strerror}); fix the path or unset it") \
+                from None
+        from_file = {line.split("#", 1)[0].strip() for line in lines} - {""}
+        if not from_file:
+            raise ApiKeysError(f"api_keys_file {path} holds no key; put one key per line")
+        keys |= from_file
+    return frozenset(keys)
+
+
+def _digest(key: str | bytes) -> bytes:
+    return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
+
+
+class Gate:
+    """ASGI middleware: API key check (when keys are set), then the body size limit."""
+
+    def __init__(self, app: ASGIApp, api_keys: frozenset[str], max_body_bytes: int) -> None:
+        self.app = app
+        self._digests = [_digest(k) for k in api_keys]
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._check_key(scope)
+        if refusal is None:
+            body = await self._read_body(scope, receive)
+            if isinstance(body, ApiError):
+                refusal = body
+            else:
+                await self.app(scope, _replay(body, receive), send)
+                return
+        await error_response(refusal)(scope, receive, send)
+
+    def _check_key(self, scope: Scope) -> ApiError | None:
+        if not self._digests or scope["path"] in OPEN_PATHS:
+            return None
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            return ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>'", code="invalid_api_key",
+                            headers={"WWW-Authenticate": "Bearer"})
+        given = _digest(token.strip())
+        if not any([hmac.compare_digest(given, d) for d in self._digests]):  # every key compared: constant time
+            return ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        return None
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | ApiError:
+        """The whole request body, or the 413/400 that refuses it."""
+        limit = self.max_body_bytes
+        too_big = ApiError(413, f"the request body is larger than the server's limit of {limit} bytes "
+                                "(max_body_bytes)")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                return ApiError(400, f"invalid Content-Length header {length[:40]!r}")
+            if int(length) > limit * DRAIN_FACTOR:
+                return too_big  # not read at all: the connection is closed after the answer
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client left
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= limit:
+                chunks.append(chunk)
+            elif size > limit * DRAIN_FACTOR:
+                return too_big
+            more = message.get("more_body", False)
+        return too_big if size > limit else b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands out ``body`` once, then whatever the client sends next (a disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay

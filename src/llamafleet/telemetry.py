@@ -1,0 +1,158 @@
+"""The fleet's metrics: what they are, how HTTP traffic is counted, and how replica and GPU state is read at scrape.
+
+Only the API process exports metrics. Workers report their engine's stats inside every
+:class:`~llamafleet.messages.StepOutputs` (kept on each :class:`~llamafleet.replicas.ReplicaState`); the dispatcher
+times every sequence (time to first token, time between tokens) and counts tokens and outcomes; the
+:class:`HttpMetrics` middleware counts every HTTP answer, including those refused before routing (401, 413);
+the watchdog records GPU memory. :meth:`FleetMetrics.refresh` copies the state-like values into gauges just before
+``GET /metrics`` renders them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llamafleet.metrics import Counter, Gauge, Histogram, Registry
+from llamafleet.replicas import ReplicaState
+from llamafleet.router import Router
+
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's memory and utilization at one moment (from NVML)."""
+
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
+    utilization_pct: float | None
+
+    @property
+    def used_fraction(self) -> float:
+        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+class FleetMetrics:
+    """Every metric the API process exports (names start with ``llamafleet_``)."""
+
+    def __init__(self) -> None:
+        r = self.registry = Registry()
+        self.http_requests = r.add(Counter("llamafleet_http_requests_total", "HTTP requests answered",
+                                           ("route", "method", "status")))
+        self.http_seconds = r.add(Histogram("llamafleet_http_request_duration_seconds",
+                                            "HTTP request start to last byte of the answer (end-to-end latency)",
+                                            ("route",)))
+        self.ttft = r.add(Histogram("llamafleet_time_to_first_token_seconds",
+                                    "sequence submitted to its first generated token"))
+        self.token_gap = r.add(Histogram("llamafleet_inter_token_seconds", "time between a sequence's tokens",
+                                         buckets=TOKEN_GAP_BUCKETS))
+        self.prompt_tokens = r.add(Counter("llamafleet_prompt_tokens_total", "prompt tokens of finished sequences"))
+        self.generated_tokens = r.add(Counter("llamafleet_generated_tokens_total",
+                                              "tokens generated for finished sequences"))
+        self.sequences = r.add(Counter("llamafleet_sequences_total", "sequences that ended, by how they ended",
+                                       ("outcome",)))
+        self.refused = r.add(Counter("llamafleet_requests_refused_total",
+                                     "requests refused before queueing, by reason", ("reason",)))
+        self.queue_depth = r.add(Gauge("llamafleet_queue_depth", "sequences waiting for a slot, all replicas"))
+        self.outstanding = r.add(Gauge("llamafleet_replica_outstanding",
+                                       "sequences in flight on a replica (running or waiting)", ("replica",)))
+        self.replica_up = r.add(Gauge("llamafleet_replica_up", "1 when the replica is ready to serve",
+                                      ("replica", "where")))
+        self.restarts = r.add(Counter("llamafleet_replica_restarts_total", "times a replica was restarted",
+                                      ("replica",)))
+        self.slots_total = r.add(Gauge("llamafleet_replica_slots", "sequence slots of a replica", ("replica",)))
+        self.slots_busy = r.add(Gauge("llamafleet_replica_slots_busy", "slots running a sequence", ("replica",)))
+        self.engine_waiting = r.add(Gauge("llamafleet_replica_waiting",
+                                          "sequences inside the engine waiting for a slot", ("replica",)))
+        self.kv_used = r.add(Gauge("llamafleet_kv_cache_tokens_used", "KV cache cells in use", ("replica",)))
+        self.kv_total = r.add(Gauge("llamafleet_kv_cache_tokens", "KV cache cells", ("replica",)))
+        self.steps = r.add(Counter("llamafleet_engine_steps_total", "engine steps (one llama_decode each)",
+                                   ("replica",)))
+        self.gpu_used = r.add(Gauge("llamafleet_gpu_memory_used_bytes", "GPU memory in use", ("gpu", "name")))
+        self.gpu_total = r.add(Gauge("llamafleet_gpu_memory_total_bytes", "GPU memory", ("gpu", "name")))
+        self.gpu_util = r.add(Gauge("llamafleet_gpu_utilization_ratio", "GPU busy fraction over NVML's last sample",
+                                    ("gpu", "name")))
+        self.overloaded = r.add(Gauge("llamafleet_overloaded",
+                                      "1 while new work is refused because GPU memory is above the refuse watermark"))
+        self.vram_warnings = r.add(Counter("llamafleet_gpu_memory_warnings_total",
+                                           "watchdog scans that found a GPU above the warning watermark", ("gpu",)))
+        self.recoveries = r.add(Counter("llamafleet_watchdog_recoveries_total",
+                                        "replicas restarted by the watchdog, by reason", ("replica", "reason")))
+
+    def refresh(self, states: Iterable[ReplicaState], router: Router, gpus: Iterable[GpuSample],
+                overloaded: bool) -> None:
+        """Copy the current replica, queue and GPU state into the gauges."""
+        for g in (self.outstanding, self.replica_up, self.slots_total, self.slots_busy, self.engine_waiting,
+                  self.kv_used, self.kv_total, self.gpu_used, self.gpu_total, self.gpu_util):
+            g.clear()
+        self.queue_depth.set(router.queue_depth())
+        self.overloaded.set(1 if overloaded else 0)
+        for st in states:
+            rep = str(st.index)
+            self.replica_up.set(1 if st.status == "ready" else 0, rep, st.label)
+            self.outstanding.set(router.outstanding(st.index), rep)
+            self.restarts.set_total(st.restarts, rep)
+            if st.slots is not None:
+                self.slots_total.set(st.slots, rep)
+            stats = st.stats
+            self.slots_busy.set(stats.slots_busy if stats else 0, rep)
+            self.engine_waiting.set(stats.waiting if stats else 0, rep)
+            self.kv_used.set(stats.kv_tokens_used if stats else 0, rep)
+            if stats:
+                self.kv_total.set(stats.kv_tokens_total, rep)
+                self.steps.set_total(max(stats.steps, self.steps.get(rep)), rep)
+        for gpu in gpus:
+            labels = (str(gpu.index), gpu.name)
+            self.gpu_used.set(gpu.used_bytes, *labels)
+            self.gpu_total.set(gpu.total_bytes, *labels)
+            if gpu.utilization_pct is not None:
+                self.gpu_util.set(gpu.utilization_pct / 100, *labels)
+
+
+def route_label(scope: Scope) -> str:
+    """The route template a request matched (``/v1/models/{model_id:path}``), or ``other`` (unknown paths, and
+    requests refused before routing), so that random paths cannot multiply the metric's series."""
+    return str(getattr(scope.get("route"), "path", "other"))
+
+
+class HttpMetrics:
+    """ASGI middleware (the outermost): counts every answer by route and status, and times it to its last byte."""
+
+    def __init__(self, app: ASGIApp, metrics: FleetMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 0
+        counted = False
+
+        def count() -> None:
+            nonlocal counted
+            if not counted:  # at the last byte, or when the app ends without one (a client that left mid-stream)
+                counted = True
+                route = route_label(scope)  # known once the app has routed the request
+                self.metrics.http_requests.inc(route, scope["method"], str(status or 500))
+                self.metrics.http_seconds.observe(time.perf_counter() - t0, route)
+
+        async def send_and_count(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                count()
+
+        try:
+            await self.app(scope, receive, send_and_count)
+        finally:
+            count()

@@ -1,0 +1,145 @@
+"""The watchdog: a periodic scan of GPU memory and of every replica's slot pool, in the API process.
+
+Every ``watchdog_interval_s`` it
+
+* reads each GPU's memory and utilization through NVML (no NVML, e.g. a CPU machine: no GPU samples); a GPU above
+  ``vram_warn_fraction`` of its memory is logged (once, when it crosses) and counted; a GPU with less than
+  ``vram_refuse_free_mib`` free makes the server refuse new work with 503 until memory is back (running in-flight
+  work to its end instead of running out of memory halfway);
+* finds replicas whose slots leak: the worker reports busy slots or waiting sequences while the router knows of no
+  sequence in flight there. If that lasts ``slot_leak_s``, the replica is restarted (its worker is killed and
+  loaded again, as after a crash) and the recovery is counted.
+
+Everything it sees is exported by ``GET /metrics`` (see :mod:`llamafleet.telemetry`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from types import ModuleType
+
+from llamafleet.replicas import ReplicaState
+from llamafleet.router import Router
+from llamafleet.service import Service
+from llamafleet.telemetry import GpuSample
+
+log = logging.getLogger(__name__)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class GpuMonitor:
+    """NVML, opened once for the life of the server; :meth:`sample` reads every GPU."""
+
+    def __init__(self) -> None:
+        self._nv: ModuleType | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nv = pynvml
+        except Exception as e:  # no driver, no library: nothing to watch
+            log.debug("NVML not available, GPU memory is not watched: %s", e)
+
+    def sample(self) -> list[GpuSample]:
+        nv = self._nv
+        if nv is None:
+            return []
+        samples = []
+        for i in range(int(nv.nvmlDeviceGetCount())):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            try:
+                util: float | None = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+            except nv.NVMLError:  # not supported on every device (e.g. MIG instances)
+                util = None
+            samples.append(GpuSample(i, _text(nv.nvmlDeviceGetName(h)), int(mem.used), int(mem.total), util))
+        return samples
+
+    def close(self) -> None:
+        if self._nv is not None:
+            with contextlib.suppress(Exception):
+                self._nv.nvmlShutdown()
+            self._nv = None
+
+
+def leaking(states: Iterable[ReplicaState], router: Router, since: dict[int, float], now: float,
+            leak_s: float) -> list[int]:
+    """Replicas whose slots have been busy with nothing in flight for ``leak_s``; ``since`` remembers when each
+    such condition was first seen (updated in place)."""
+    found = []
+    for st in states:
+        stats = st.stats
+        idle_but_busy = (st.status == "ready" and stats is not None and (stats.slots_busy or stats.waiting) > 0
+                         and router.outstanding(st.index) == 0)
+        if not idle_but_busy:
+            since.pop(st.index, None)
+            continue
+        first = since.setdefault(st.index, now)
+        if now - first >= leak_s:
+            found.append(st.index)
+            del since[st.index]
+    return found
+
+
+class Watchdog:
+    """Scans on a timer while the server runs; see the module docstring."""
+
+    def __init__(self, service: Service, monitor: GpuMonitor | None = None) -> None:
+        self.service = service
+        self.monitor = monitor or GpuMonitor()
+        self._leak_since: dict[int, float] = {}
+        self._warned: set[int] = set()
+
+    async def run(self) -> None:
+        """Scan every ``watchdog_interval_s`` until cancelled."""
+        try:
+            while True:
+                await self.scan()
+                await asyncio.sleep(self.service.config.watchdog_interval_s)
+        finally:
+            self.monitor.close()
+
+    async def scan(self) -> None:
+        gpus = await asyncio.to_thread(self.monitor.sample)
+        self.service.gpus = gpus
+        self._check_memory(gpus)
+        self._check_slots()
+
+    def _check_memory(self, gpus: list[GpuSample]) -> None:
+        cfg, metrics = self.service.config, self.service.metrics
+        for g in gpus:
+            high = g.used_fraction >= cfg.vram_warn_fraction
+            if high:
+                metrics.vram_warnings.inc(str(g.index))
+                if g.index not in self._warned:
+                    log.warning("GPU %d (%s): %.0f%% of its memory is in use (warning watermark %.0f%%)", g.index,
+                                g.name, 100 * g.used_fraction, 100 * cfg.vram_warn_fraction)
+            (self._warned.add if high else self._warned.discard)(g.index)
+        short = [g for g in gpus if (g.total_bytes - g.used_bytes) < cfg.vram_refuse_free_mib * 2**20]
+        reason = ", ".join(f"GPU {g.index} has {(g.total_bytes - g.used_bytes) >> 20} MiB free "
+                           f"(vram_refuse_free_mib {cfg.vram_refuse_free_mib})" for g in short) or None
+        if reason != self.service.overloaded:
+            if reason:
+                log.error("refusing new work: %s", reason)
+            else:
+                log.warning("GPU memory is back above vram_refuse_free_mib; accepting new work again")
+        self.service.overloaded = reason
+
+    def _check_slots(self) -> None:
+        dispatcher = self.service.dispatcher
+        replicas = dispatcher.replicas
+        for i in leaking(replicas.states, dispatcher.router, self._leak_since, time.monotonic(),
+                         self.service.config.slot_leak_s):
+            stats = replicas.states[i].stats
+            log.error("replica %d: %s slot(s) busy and %s waiting with no request in flight for %.0fs; restarting it",
+                      i, stats.slots_busy if stats else "?", stats.waiting if stats else "?",
+                      self.service.config.slot_leak_s)
+            self.service.metrics.recoveries.inc(str(i), "slot_leak")
+            replicas.recycle(i, "the watchdog found its slots leaking")

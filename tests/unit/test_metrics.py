@@ -1,0 +1,74 @@
+"""The Prometheus text exposition: counters, gauges, histograms, label escaping, and the fleet's own metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamafleet.engine.types import EngineStats
+from llamafleet.metrics import Counter, Gauge, Histogram, Registry
+from llamafleet.replicas import ReplicaState
+from llamafleet.router import Router
+from llamafleet.telemetry import FleetMetrics, GpuSample
+
+
+def test_counter_and_gauge_render_with_help_type_and_escaped_labels() -> None:
+    reg = Registry()
+    c = reg.add(Counter("jobs_total", "jobs done", ("kind",)))
+    g = reg.add(Gauge("depth", "queue depth"))
+    c.inc('a"b\\c\nd')
+    c.inc("plain", amount=2.5)
+    g.set(7)
+    assert reg.render() == (
+        "# HELP jobs_total jobs done\n# TYPE jobs_total counter\n"
+        'jobs_total{kind="a\\"b\\\\c\\nd"} 1\n'
+        'jobs_total{kind="plain"} 2.5\n'
+        "# HELP depth queue depth\n# TYPE depth gauge\ndepth 7\n"
+    )
+    with pytest.raises(ValueError, match="cannot decrease"):
+        c.inc("plain", amount=-1)
+    with pytest.raises(ValueError, match="takes labels"):
+        c.inc()
+    c.set_total(4, "plain")
+    with pytest.raises(ValueError, match="cannot go down"):
+        c.set_total(3, "plain")
+    with pytest.raises(ValueError, match="registered twice"):
+        reg.add(Gauge("depth", "again"))
+
+
+def test_histogram_buckets_are_cumulative_with_sum_and_count() -> None:
+    h = Histogram("lat_seconds", "latency", ("route",), buckets=(0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 3.0):
+        h.observe(v, "/x")
+    assert list(h.lines()) == [
+        'lat_seconds_bucket{route="/x",le="0.1"} 2',
+        'lat_seconds_bucket{route="/x",le="1"} 3',
+        'lat_seconds_bucket{route="/x",le="+Inf"} 4',
+        'lat_seconds_sum{route="/x"} 3.65',
+        'lat_seconds_count{route="/x"} 4',
+    ]
+    assert h.count("/x") == 4
+    with pytest.raises(ValueError, match="increasing"):
+        Histogram("bad", "x", buckets=(1.0, 0.5))
+
+
+def test_fleet_refresh_reflects_replicas_queue_and_gpus() -> None:
+    m = FleetMetrics()
+    router = Router(2, max_queue_per_replica=4)
+    router.set_up(0, 1)
+    for rid in ("a", "b", "c"):
+        router.assign(rid)
+    up = ReplicaState(0, "GPU 0", status="ready", slots=1, restarts=2,
+                      stats=EngineStats(1, 1, 1, 30, 512, 9, 10, 20, 0.5, 0.6))
+    down = ReplicaState(1, "GPU 1", status="down")
+    gpu = GpuSample(0, "H200", used_bytes=3 << 30, total_bytes=4 << 30, utilization_pct=55.0)
+    m.refresh([up, down], router, [gpu], overloaded=True)
+    text = m.registry.render()
+    for line in ('llamafleet_replica_up{replica="0",where="GPU 0"} 1',
+                 'llamafleet_replica_up{replica="1",where="GPU 1"} 0',
+                 'llamafleet_replica_restarts_total{replica="0"} 2', 'llamafleet_replica_slots_busy{replica="0"} 1',
+                 'llamafleet_replica_outstanding{replica="0"} 3', "llamafleet_queue_depth 2",
+                 'llamafleet_kv_cache_tokens_used{replica="0"} 30', 'llamafleet_engine_steps_total{replica="0"} 9',
+                 'llamafleet_gpu_memory_used_bytes{gpu="0",name="H200"} 3221225472',
+                 'llamafleet_gpu_utilization_ratio{gpu="0",name="H200"} 0.55', "llamafleet_overloaded 1"):
+        assert line in text.splitlines(), line
+    assert gpu.used_fraction == 0.75

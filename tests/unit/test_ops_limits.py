@@ -1,0 +1,116 @@
+"""Limits decided in the API process alone: queue bounds in the router, slot-leak detection, API keys, body size,
+CORS, and max_tokens against the context. The app runs with its replicas never started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from llamafleet.auth import ApiKeysError, load_api_keys
+from llamafleet.config import FleetConfig
+from llamafleet.dispatch import Dispatcher
+from llamafleet.engine.types import EngineConfig, EngineStats
+from llamafleet.replicas import ReplicaSet, ReplicaSpec, ReplicaState
+from llamafleet.router import QueueFullError, Router
+from llamafleet.server import create_app
+from llamafleet.service import Service
+from llamafleet.watchdog import leaking
+
+MODEL = "tiny-model"
+
+
+def test_router_bounds_each_replica_queue_and_the_total() -> None:
+    r = Router(2, max_queue_per_replica=1, max_queue=1)
+    r.set_up(0, 1)
+    r.set_up(1, 1)
+    placed = [r.assign(f"s{i}") for i in range(3)]  # two slots, then one waiting (the total bound)
+    assert sorted(placed) == [0, 0, 1] or sorted(placed) == [0, 1, 1]
+    assert r.queue_depth() == 1
+    with pytest.raises(QueueFullError, match="1 sequence"):
+        r.assign("s3")
+    r.release("s0")
+    r.assign("s3")  # room again
+
+
+def test_router_per_replica_bound_sends_work_elsewhere() -> None:
+    r = Router(2, "round_robin", max_queue_per_replica=0)
+    r.set_up(0, 1)
+    r.set_up(1, 2)
+    assert [r.assign(f"s{i}") for i in range(3)] == [0, 1, 1]
+    with pytest.raises(QueueFullError):
+        r.assign("s3")
+
+
+def _state(index: int, busy: int) -> ReplicaState:
+    return ReplicaState(index, "CPU", status="ready", stats=EngineStats(4, busy, 0, 0, 2048, 1, 0, 0, 0.0, 0.0))
+
+
+def test_leak_is_reported_after_it_lasts_and_only_with_nothing_in_flight() -> None:
+    router = Router(2)
+    router.set_up(0, 4)
+    router.set_up(1, 4)
+    router.assign("busy-on-0")
+    states = [_state(0, 1), _state(1, 2)]  # replica 0 has a request in flight; replica 1 has none
+    since: dict[int, float] = {}
+    assert leaking(states, router, since, now=100.0, leak_s=30.0) == []
+    assert leaking(states, router, since, now=129.0, leak_s=30.0) == []
+    assert leaking(states, router, since, now=130.0, leak_s=30.0) == [1]
+    assert 1 not in since  # reported once, then watched afresh
+    states[1] = _state(1, 0)
+    assert leaking(states, router, since, now=200.0, leak_s=30.0) == [] and since == {}
+
+
+def _client(api_keys: frozenset[str] = frozenset(), **config: Any) -> TestClient:
+    specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
+    cfg = FleetConfig.model_validate(config)
+    service = Service(Dispatcher(ReplicaSet(specs), Router(1)), MODEL, 512, cfg, api_keys)
+    return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
+
+
+def test_api_keys_guard_everything_but_the_probes() -> None:
+    client = _client(frozenset({"k1", "k2"}))
+    missing = client.get("/v1/models")
+    assert missing.status_code == 401 and missing.json()["error"]["type"] == "authentication_error"
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert client.get("/v1/models", headers={"Authorization": "Bearer k3"}).status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "bearer k2"}).status_code == 200
+    assert client.get("/health").status_code == 200
+    assert client.get("/metrics").status_code == 401
+    assert "llamafleet_http_requests_total" in client.get("/metrics", headers={"Authorization": "Bearer k1"}).text
+
+
+def test_body_limit_gives_413_announced_or_chunked() -> None:
+    client = _client(max_body_bytes=2048)
+    body = b'{"model": "tiny-model", "prompt": "' + b"a" * 4096 + b'"}'
+    r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "2048 bytes" in r.json()["error"]["message"]
+    chunked = client.post("/v1/completions", content=iter([body[:1000], body[1000:]]),
+                          headers={"content-type": "application/json"})
+    assert chunked.status_code == 413
+
+
+def test_max_tokens_beyond_the_context_is_refused_before_queueing() -> None:
+    r = _client().post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 512})
+    assert r.status_code == 400 and "max_tokens (512)" in r.text and "(512)" in r.text
+
+
+def test_cors_is_off_unless_configured() -> None:
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    assert "access-control-allow-origin" not in _client().options("/v1/completions", headers=preflight).headers
+    on = _client(cors_origins=["https://app.example"]).options("/v1/completions", headers=preflight)
+    assert on.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_keys_load_from_env_and_file(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# ops\nk-file  # the CI key\n\n", encoding="utf-8")
+    assert load_api_keys(str(keys), {"LLAMAFLEET_API_KEYS": "a, b,,"}) == {"a", "b", "k-file"}
+    assert load_api_keys(None, {}) == frozenset()
+    with pytest.raises(ApiKeysError, match="cannot be read"):
+        load_api_keys(str(tmp_path / "missing"), {})
+    (tmp_path / "empty").write_text("# none\n", encoding="utf-8")
+    with pytest.raises(ApiKeysError, match="holds no key"):
+        load_api_keys(str(tmp_path / "empty"), {})
