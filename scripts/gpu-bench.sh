@@ -21,6 +21,7 @@
 #   CUDA_ARCHITECTURES  default: native
 #   PYTHON              interpreter with llamafleet's dependencies (default: python3)
 #   QUICK=1             fewer requests per level (a smoke run); REQS=N sets the requests per level
+#   SKIP_LLAMA_SERVER=1 the serve phase measures llamafleet only; LEVELS=1,8,32 picks its concurrency levels
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$repo/.gpu-work}
@@ -126,13 +127,15 @@ if has serve; then
   CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --port $PORT --replicas 1 --parallel $SLOTS \
     --ctx $CTX >"$REPORT/serve-llamafleet.log" 2>&1 & pid=$!
   wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-llamafleet.log"; exit 1; }
-  d=$(dmon llamafleet-1gpu); bench_http llamafleet-1gpu "http://127.0.0.1:$PORT" 1,8,32,64,128; kill $d
+  d=$(dmon llamafleet-1gpu); bench_http llamafleet-1gpu "http://127.0.0.1:$PORT" "${LEVELS:-1,8,32,64,128}"; kill $d
   stop $pid
+fi
+if has serve && [ "${SKIP_LLAMA_SERVER:-0}" != 1 ]; then
   log "llama-server on GPU 0 (same slots and context)"
   CUDA_VISIBLE_DEVICES=0 "$BIN/llama-server" -m "$M7" --port $PORT -ngl 99 -fa on -np $SLOTS -c $((SLOTS * CTX)) \
-    -b 2048 -ub 512 --no-webui >"$REPORT/serve-llama-server.log" 2>&1 & pid=$!
+    -b 2048 -ub 512 --no-webui --cache-ram 0 >"$REPORT/serve-llama-server.log" 2>&1 & pid=$!
   wait_ready "http://127.0.0.1:$PORT/health" $pid || { tail -30 "$REPORT/serve-llama-server.log"; exit 1; }
-  d=$(dmon llama-server-1gpu); bench_http llama-server-1gpu "http://127.0.0.1:$PORT" 1,8,32,64,128; kill $d
+  d=$(dmon llama-server-1gpu); bench_http llama-server-1gpu "http://127.0.0.1:$PORT" "${LEVELS:-1,8,32,64,128}"; kill $d
   stop $pid
 fi
 

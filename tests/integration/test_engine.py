@@ -173,3 +173,20 @@ def test_backend_sampling_gives_the_same_answers(engine: Engine) -> None:
                        backend_sampling=True)
     with Engine(cfg) as in_graph:
         assert run(in_graph) == run(engine)
+
+
+def test_lowest_free_slot_is_taken_first(engine: Engine) -> None:
+    """Keeps running slots contiguous: llama.cpp batches only consecutive sequence ids together."""
+    p = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    for i, n in enumerate((30, 3, 30, 3)):
+        engine.add_request(req(engine, f"z{i}", PROMPTS[i], SamplingParams(max_tokens=n, temperature=0.0,
+                                                                           ignore_eos=True)))
+    engine.step()
+    for _ in range(4):
+        engine.step()  # the two short ones (slots 1 and 3) finish
+    assert sorted(s.slot for s in engine._running) == [0, 2]
+    engine.add_request(req(engine, "late", PROMPTS[5], p))
+    engine.step()
+    assert sorted(s.slot for s in engine._running) == [0, 1, 2]
+    while engine.has_work():
+        engine.step()

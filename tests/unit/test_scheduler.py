@@ -36,3 +36,16 @@ def test_rotation_prevents_starvation_when_budget_is_smaller_than_decodes() -> N
     for step in range(5):
         seen |= {s.request_id for s, _ in schedule(seqs, budget=2, rotate=step)}
     assert seen == {"0", "1", "2", "3", "4"}
+
+
+def test_plan_is_in_slot_order_for_llamas_consecutive_micro_batches() -> None:
+    seqs = []
+    for rid, slot in (("a", 5), ("b", 2), ("c", 7), ("d", 3)):
+        s = seq(rid, 4, cached=4, generated=1)
+        s.slot = slot
+        seqs.append(s)
+    new = seq("e", 30)
+    new.slot = 4
+    plan = schedule([*seqs, new], budget=64)
+    assert [s.slot for s, _ in plan] == [2, 3, 4, 5, 7]
+    assert dict((s.request_id, n) for s, n in plan)["e"] == 30

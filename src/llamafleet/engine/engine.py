@@ -10,6 +10,8 @@ or I/O: callers drive it (the worker process, tests, the consistency checker, be
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import random
@@ -56,7 +58,7 @@ class Engine:
         self._aborts: deque[str] = deque()
         self._waiting: deque[Request] = deque()
         self._running: list[Sequence] = []
-        self._free_slots = list(range(cfg.n_seq - 1, -1, -1))
+        self._free_slots = list(range(cfg.n_seq))  # a min-heap: the lowest free slot is taken first
         self._steps = 0
         self._prompt_total = 0
         self._gen_total = 0
@@ -176,7 +178,7 @@ class Engine:
                 chain = SamplerChain(p, self.model.n_vocab, seed)
                 if p.penalty_last_n:
                     chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
-            slot = self._free_slots.pop()
+            slot = heapq.heappop(self._free_slots)
             in_graph = self.ctx.backend_sampling and chain is None and not p.logprobs
             if self.ctx.backend_sampling and not in_graph:
                 self.ctx.use_backend_greedy(slot, False)
@@ -184,25 +186,18 @@ class Engine:
 
     def _run(self, plan: list[tuple[Sequence, int]], outs: list[RequestOutput]) -> None:
         b = self.batch
-        # Generating sequences (one token each, listed first by the scheduler) are filled with one array copy each.
-        singles = [s for s, k in plan if k == 1 and s.pending == 1]
-        n = len(singles)
-        if n:
-            b.token[:n] = [s.tokens[-1] for s in singles]
-            b.pos[:n] = [s.n_cached for s in singles]
-            b.seq[:n] = [s.slot for s in singles]
-            b.logits[:n] = 1
-        sampled: list[tuple[Sequence, int]] = list(zip(singles, range(n), strict=True))
-        for s, k in plan[n:]:
-            end = n + k
-            b.token[n:end] = s.tokens[s.n_cached:s.n_cached + k]
-            b.pos[n:end] = np.arange(s.n_cached, s.n_cached + k, dtype=np.int32)
-            b.seq[n:end] = s.slot
-            b.logits[n:end] = 0
-            if s.n_cached + k == len(s.tokens):
-                b.logits[end - 1] = 1
-                sampled.append((s, end - 1))
-            n = end
+        # Fill the batch with a few array operations over the whole plan (no per-token Python work).
+        counts = np.fromiter((k for _, k in plan), dtype=np.int32, count=len(plan))
+        n = int(counts.sum())
+        b.token[:n] = list(itertools.chain.from_iterable(s.tokens[s.n_cached:s.n_cached + k] for s, k in plan))
+        first = np.cumsum(counts) - counts  # batch index of each entry's first token
+        starts = np.fromiter((s.n_cached for s, _ in plan), dtype=np.int32, count=len(plan))
+        b.pos[:n] = np.repeat(starts - first, counts) + np.arange(n, dtype=np.int32)
+        b.seq[:n] = np.repeat(np.fromiter((s.slot for s, _ in plan), dtype=np.int32, count=len(plan)), counts)
+        b.logits[:n] = 0
+        # an entry whose tokens reach the end of what it has produces logits at its last token
+        sampled = [(s, int(first[i] + k - 1)) for i, (s, k) in enumerate(plan) if s.n_cached + k == len(s.tokens)]
+        b.logits[[bi for _, bi in sampled]] = 1
         b.n_tokens = n
         t0 = time.perf_counter()
         rc = self.ctx.decode(b)
@@ -256,7 +251,7 @@ class Engine:
         self.ctx.clear_sequence(s.slot)
         if self.ctx.backend_sampling and not s.in_graph:
             self.ctx.use_backend_greedy(s.slot, True)
-        self._free_slots.append(s.slot)
+        heapq.heappush(self._free_slots, s.slot)
         if s.chain is not None:
             s.chain.close()
             s.chain = None

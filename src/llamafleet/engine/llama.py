@@ -298,9 +298,15 @@ class Context(_Native):
         return int(lc.llama_get_sampled_token_ith(self.ptr, batch_index))
 
     def decode(self, batch: Batch) -> int:
-        """Run one forward pass over ``batch``; returns llama.cpp's status (0 = ok)."""
+        """Run one forward pass over ``batch`` and wait for it; returns llama.cpp's status (0 = ok).
+
+        On a GPU ``llama_decode`` returns before the graph has run; waiting here (the logits are read right after
+        anyway) makes the time spent in this call the real decode time.
+        """
         batch.struct.n_tokens = batch.n_tokens
-        return int(lc.llama_decode(self.ptr, batch.struct))
+        rc = int(lc.llama_decode(self.ptr, batch.struct))
+        lc.llama_synchronize(self.ptr)
+        return rc
 
     def logits(self, n_outputs: int) -> npt.NDArray[np.float32]:
         """The output rows of the last decode, in batch order, as a zero-copy ``(n_outputs, n_vocab)`` view."""
