@@ -146,10 +146,16 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
 
     @app.get("/ready")
     async def ready(svc: ServiceDep) -> JSONResponse:
-        """200 when every replica is loaded and serving; 503 while loading or when a replica is down."""
-        ok = svc.loaded and svc.dispatcher.replicas.all_ready and svc.overloaded is None
-        status = ("ready" if ok else "loading" if not svc.loaded else "degraded" if svc.overloaded is None
-                  else "overloaded")
+        """200 once every replica has loaded, while at least one serves; 503 while loading, overloaded, or none serve.
+
+        A replica that dies later shows as "degraded" with 200: taking the whole endpoint out of a load balancer
+        because one of several GPUs restarts would turn a partial outage into a full one.
+        """
+        states = svc.dispatcher.replicas.states
+        serving = any(r.status == "ready" for r in states)
+        ok = svc.loaded and serving and svc.overloaded is None
+        status = ("loading" if not svc.loaded else "overloaded" if svc.overloaded is not None
+                  else "ready" if svc.dispatcher.replicas.all_ready else "degraded" if serving else "down")
         body = {"status": status, "model": svc.model_name, "replicas": _replica_report(svc)}
         if svc.overloaded is not None:
             body["overloaded"] = svc.overloaded
