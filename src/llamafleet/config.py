@@ -8,6 +8,7 @@ Command-line flags override the file (see :func:`load_config`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -111,16 +112,26 @@ class FleetConfig(BaseModel):
         return self.ubatch_size or self.batch_size
 
 
-def _describe(err: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+def read_yaml(path: Path, what: str, error: type[ValueError]) -> Any:
+    """Parse the YAML file ``path``; a missing file or invalid YAML raises ``error`` naming ``what`` and the file."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{what} file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise error(f"{path} is not valid YAML: {e}") from None
+
+
+def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str] = ()) -> str:
+    """One line per pydantic error, naming the key; with ``known_keys``, an unknown key lists them."""
+    known = sorted(known_keys)
+    lines = [header]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            known = ", ".join(sorted(FleetConfig.model_fields))
-            lines.append(f"  - unknown key '{key}': remove it or use one of: {known}")
+        if e["type"] == "extra_forbidden" and known:
+            lines.append(f"  - unknown key '{key}': remove it or use one of: {', '.join(known)}")
         else:
-            got = e.get("input")
-            lines.append(f"  - '{key}': {e['msg']} (got {got!r})")
+            lines.append(f"  - '{key}': {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)
 
 
@@ -131,12 +142,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if path is not None:
         p = Path(path)
         source = str(p)
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {p}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p} is not valid YAML: {e}") from None
+        raw = read_yaml(p, "config", ConfigError)
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
@@ -148,4 +154,4 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     try:
         return FleetConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_describe(e, source)) from None
+        raise ConfigError(describe_errors(e, f"invalid configuration in {source}:", FleetConfig.model_fields)) from None

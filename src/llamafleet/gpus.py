@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llamafleet.config import describe_errors, read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -205,22 +206,13 @@ class _InventoryFile(BaseModel):
 def load_inventory(path: str | Path) -> Inventory:
     """Read an inventory file (see the module docstring for its form); errors name the key and the fix."""
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InventoryError(f"inventory file not found: {p}") from None
-    except yaml.YAMLError as e:
-        raise InventoryError(f"{p} is not valid YAML: {e}") from None
+    raw = read_yaml(p, "inventory", InventoryError)
     if not isinstance(raw, dict):
         raise InventoryError(f"{p} must be a mapping with a 'gpus' list, e.g. gpus: [{{total_mib: 24576}}]")
     try:
         spec = _InventoryFile.model_validate(raw)
     except ValidationError as e:
-        lines = [f"invalid inventory in {p}:"]
-        for err in e.errors():
-            key = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            lines.append(f"  - '{key}': {err['msg']} (got {err.get('input')!r})")
-        raise InventoryError("\n".join(lines)) from None
+        raise InventoryError(describe_errors(e, f"invalid inventory in {p}:")) from None
     gpus = []
     for pos, g in enumerate(spec.gpus):
         free = g.total_mib if g.free_mib is None else g.free_mib
