@@ -223,6 +223,9 @@ def write_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
     specs = tensor_specs(shape, qtype)
+    # the gguf package announces every file it writes at INFO ("for Little Endian only", tensor counts): our own
+    # progress bar and summary say what matters
+    logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)
     writer = GGUFWriter(tmp, "llama")
     writer.add_name(f"llamafleet synthetic {shape.name} {quant}")
     writer.add_description("random weights written by `llamafleet synth`: for planning and speed tests only")
