@@ -86,6 +86,16 @@ class Group:
             self._dispatcher.metrics.sequences.inc("timeout")
             return 0, Failure(504, f"the request did not finish within {self._timeout_s:g}s (the server's "
                                    "request_timeout_s); ask for fewer tokens or retry when the server is less busy")
+        return self._count(index, item)
+
+    def ready(self) -> list[Event]:
+        """Every event already queued, without waiting (a stream writes them together: one send, not many)."""
+        events: list[Event] = []
+        while self._remaining and not self._queue.empty():
+            events.append(self._count(*self._queue.get_nowait()))
+        return events
+
+    def _count(self, index: int, item: Delta | Failure) -> Event:
         if isinstance(item, Failure) or item.output.finished:
             self._remaining -= 1
         return index, item
