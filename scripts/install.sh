@@ -53,9 +53,7 @@ else
       src=$sdist_dir/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz
       if [ ! -f "$src" ]; then
         mkdir -p "$sdist_dir"
-        $VPY -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$sdist_dir" \
-          "llama-cpp-python==$LLAMA_CPP_VERSION" || \
-          $VPY -m pip download -q --no-deps --no-binary :all: -d "$sdist_dir" "llama-cpp-python==$LLAMA_CPP_VERSION"
+        $VPY -m pip download -q --no-deps --no-binary :all: -d "$sdist_dir" "llama-cpp-python==$LLAMA_CPP_VERSION"
       fi
     fi
     CMAKE_ARGS="$FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
@@ -64,7 +62,9 @@ else
   else
     echo "==> reusing cached build $wheel"
   fi
-  $VPY -m pip install -q --force-reinstall "$wheel"
+  # replace the package itself (its build flags may differ), then let pip add whatever it depends on
+  $VPY -m pip install -q --force-reinstall --no-deps "$wheel"
+  $VPY -m pip install -q "$wheel"
   rm -f .venv/.llama-cpp-build-*
   touch "$stamp"
 fi
