@@ -138,8 +138,7 @@ def place(opts: CheckOptions, model: ModelInfo, inventory: Inventory, kind: str,
     specs = []
     for i, r in enumerate(plan.replicas):
         env, engine = launch_spec(plan, i, cfg, opts.model_path)
-        where = "CPU" if not r.gpus else f"GPU{'s' if len(r.gpus) > 1 else ''} {','.join(map(str, r.gpus))}"
-        specs.append(ReplicaSpec(env, engine, where))
+        specs.append(ReplicaSpec(env, engine, r.label))
     return specs
 
 

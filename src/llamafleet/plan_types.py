@@ -19,6 +19,13 @@ class ReplicaPlan:
     tensor_split: tuple[float, ...]  # one fraction per GPU (sum 1) when split; () otherwise
     main_gpu: int  # NVML index; -1 on CPU
 
+    @property
+    def label(self) -> str:
+        """Where it runs, for logs and reports: "CPU", "GPU 0" or "GPUs 0,1"."""
+        if not self.gpus:
+            return "CPU"
+        return f"GPU{'s' if len(self.gpus) > 1 else ''} {','.join(map(str, self.gpus))}"
+
 
 @dataclass(frozen=True)
 class Budget:

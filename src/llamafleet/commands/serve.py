@@ -129,8 +129,7 @@ def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | No
     specs = []
     for i, replica in enumerate(plan.replicas):
         env, engine_cfg = launch_spec(plan, i, cfg, str(model_path))
-        gpus = ",".join(map(str, replica.gpus))
-        specs.append(ReplicaSpec(env, engine_cfg, f"GPU {gpus}" if gpus else "CPU"))
+        specs.append(ReplicaSpec(env, engine_cfg, replica.label))
     return specs
 
 
