@@ -33,8 +33,8 @@ ReplicaStatus = Literal["idle", "loading", "ready", "down", "stopped"]
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
-STABLE_AFTER_S = 60.0
-PROGRESS_LOG_S = 5.0  # a replica that stayed up this long restarts without backoff
+STABLE_AFTER_S = 60.0  # a replica that stayed up this long restarts without backoff
+PROGRESS_LOG_S = 5.0  # at most one loading-progress log line per replica this often
 
 
 class LoadError(RuntimeError):
@@ -172,6 +172,8 @@ class ReplicaSet:
             except LoadError:
                 await self._reap(i, worker.process)
                 raise
+        if self._workers.get(i) is not worker:
+            return  # it died between Ready and here: _on_exit has already scheduled its restart
         spec, state = self.specs[i], self.states[i]
         state.status, state.up_since, state.slots = "ready", time.monotonic(), ready.n_seq
         log.info("replica %d/%d (%s): ready in %.1fs (%d slots x %d tokens)", i + 1, len(self), spec.label,

@@ -53,9 +53,6 @@ class Router:
     def n_replicas(self) -> int:
         return len(self._slots)
 
-    def is_up(self, replica: int) -> bool:
-        return self._slots[replica] is not None
-
     def up(self) -> list[int]:
         """The replicas that can take work now."""
         return [r for r, slots in enumerate(self._slots) if slots is not None]

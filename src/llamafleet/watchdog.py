@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable
 from types import ModuleType
 
-from llamafleet.replicas import ReplicaState
+from llamafleet.replicas import ReplicaSpec, ReplicaState
 from llamafleet.router import Router
 from llamafleet.service import Service
 from llamafleet.telemetry import GpuSample
@@ -88,6 +88,18 @@ def leaking(states: Iterable[ReplicaState], router: Router, since: dict[int, flo
     return found
 
 
+def fleet_gpus(specs: Iterable[ReplicaSpec]) -> set[int]:
+    """The GPUs (NVML indices) the replicas run on, from the ``CUDA_VISIBLE_DEVICES`` each worker is started with."""
+    return {int(x) for spec in specs for x in spec.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.isdigit()}
+
+
+def refusal(gpus: Iterable[GpuSample], ours: set[int], refuse_free_mib: int) -> str | None:
+    """Why new work must be refused (a GPU of ours nearly full), or None. Other GPUs are someone else's business."""
+    short = [g for g in gpus if g.index in ours and (g.total_bytes - g.used_bytes) < refuse_free_mib * 2**20]
+    return ", ".join(f"GPU {g.index} has {(g.total_bytes - g.used_bytes) >> 20} MiB free "
+                     f"(vram_refuse_free_mib {refuse_free_mib})" for g in short) or None
+
+
 class Watchdog:
     """Scans on a timer while the server runs; see the module docstring."""
 
@@ -122,9 +134,7 @@ class Watchdog:
                     log.warning("GPU %d (%s): %.0f%% of its memory is in use (warning watermark %.0f%%)", g.index,
                                 g.name, 100 * g.used_fraction, 100 * cfg.vram_warn_fraction)
             (self._warned.add if high else self._warned.discard)(g.index)
-        short = [g for g in gpus if (g.total_bytes - g.used_bytes) < cfg.vram_refuse_free_mib * 2**20]
-        reason = ", ".join(f"GPU {g.index} has {(g.total_bytes - g.used_bytes) >> 20} MiB free "
-                           f"(vram_refuse_free_mib {cfg.vram_refuse_free_mib})" for g in short) or None
+        reason = refusal(gpus, fleet_gpus(self.service.dispatcher.replicas.specs), cfg.vram_refuse_free_mib)
         if reason != self.service.overloaded:
             if reason:
                 log.error("refusing new work: %s", reason)

@@ -114,3 +114,23 @@ def test_keys_load_from_env_and_file(tmp_path: Path) -> None:
     (tmp_path / "empty").write_text("# none\n", encoding="utf-8")
     with pytest.raises(ApiKeysError, match="holds no key"):
         load_api_keys(str(tmp_path / "empty"), {})
+
+
+def test_watchdog_refuses_only_for_the_fleets_own_gpus() -> None:
+    from llamafleet.engine.types import EngineConfig
+    from llamafleet.replicas import ReplicaSpec
+    from llamafleet.telemetry import GpuSample
+    from llamafleet.watchdog import fleet_gpus, refusal
+
+    cfg = EngineConfig(model_path="m.gguf")
+    specs = [ReplicaSpec({"CUDA_VISIBLE_DEVICES": "1,2"}, cfg, "GPUs 1,2"),
+             ReplicaSpec({"CUDA_VISIBLE_DEVICES": "3"}, cfg, "GPU 3")]
+    assert fleet_gpus(specs) == {1, 2, 3}
+    assert fleet_gpus([ReplicaSpec({"CUDA_VISIBLE_DEVICES": ""}, cfg, "CPU")]) == set()
+    gib = 2**30
+    full_other = GpuSample(0, "H200", 140 * gib, 140 * gib + 100 * 2**20, None)  # 100 MiB free, not ours
+    roomy = GpuSample(1, "H200", 10 * gib, 140 * gib, None)
+    assert refusal([full_other, roomy], {1, 2, 3}, 256) is None
+    full_ours = GpuSample(3, "H200", 140 * gib, 140 * gib + 100 * 2**20, None)
+    expected = "GPU 3 has 100 MiB free (vram_refuse_free_mib 256)"
+    assert refusal([full_other, roomy, full_ours], {1, 2, 3}, 256) == expected
