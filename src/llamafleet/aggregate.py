@@ -33,7 +33,7 @@ class Choice:
     """One sequence's result so far: the engine's completion plus, with logprobs, each token's text."""
 
     completion: Completion
-    pieces: list[str] = field(default_factory=list)
+    pieces: list[bytes] = field(default_factory=list)
     first_token_at: float | None = None  # time.perf_counter() when its first token arrived
 
     def add(self, delta: Delta) -> None:

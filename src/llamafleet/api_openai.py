@@ -40,21 +40,27 @@ from llamafleet.service import Service, ServiceDep
 router = APIRouter()
 
 
-def _chat_logprobs(pieces: list[str], logprobs: list[float] | None) -> ChoiceLogprobs | None:
+def _token_text(piece: bytes) -> str:
+    """A token's text; a token holding only part of a UTF-8 character shows as U+FFFD (its ``bytes`` are exact)."""
+    return piece.decode("utf-8", errors="replace")
+
+
+def _chat_logprobs(pieces: list[bytes], logprobs: list[float] | None) -> ChoiceLogprobs | None:
     if logprobs is None:
         return None
-    return ChoiceLogprobs(content=[TokenLogprob(token=p, logprob=lp, bytes=list(p.encode("utf-8")))
+    return ChoiceLogprobs(content=[TokenLogprob(token=_token_text(p), logprob=lp, bytes=list(p))
                                    for p, lp in zip(pieces, logprobs, strict=True)])
 
 
-def _text_logprobs(pieces: list[str], logprobs: list[float] | None, start: int = 0) -> CompletionLogprobs | None:
+def _text_logprobs(pieces: list[bytes], logprobs: list[float] | None, start: int = 0) -> CompletionLogprobs | None:
     if logprobs is None:
         return None
+    tokens = [_token_text(p) for p in pieces]
     offsets, at = [], start
-    for p in pieces:
+    for t in tokens:
         offsets.append(at)
-        at += len(p)
-    return CompletionLogprobs(tokens=pieces, token_logprobs=logprobs, top_logprobs=None, text_offset=offsets)
+        at += len(t)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=None, text_offset=offsets)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class Delta:
     """New output of one sequence; ``pieces`` (text of each token) only when logprobs were asked for."""
 
     output: RequestOutput
-    pieces: list[str] | None
+    pieces: list[bytes] | None
 
 
 @dataclass(frozen=True)

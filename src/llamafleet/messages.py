@@ -88,13 +88,13 @@ class Rejected:
 class StepOutputs:
     """Everything one engine step produced on one worker.
 
-    ``pieces`` holds, for requests that asked for logprobs only, the text of each token in the matching output's
+    ``pieces`` holds, for requests that asked for logprobs only, the bytes of each token in the matching output's
     ``token_ids`` (the API process has no vocabulary).
     """
 
     outputs: list[RequestOutput]
     rejected: list[Rejected]
-    pieces: dict[str, list[str]]
+    pieces: dict[str, list[bytes]]
     stats: EngineStats
 
 

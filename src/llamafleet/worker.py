@@ -126,7 +126,7 @@ def _serve(engine: Engine, conn: Connection, inbox: _Inbox) -> None:
                 for rid in active:
                     engine.abort(rid)
         outputs = engine.step() if engine.has_work() else []
-        pieces = {o.request_id: [engine.detokenize([t]) for t in o.token_ids] for o in outputs if active[o.request_id]}
+        pieces = {o.request_id: [engine.token_bytes(t) for t in o.token_ids] for o in outputs if active[o.request_id]}
         for o in outputs:
             if o.finished:
                 del active[o.request_id]

@@ -123,3 +123,14 @@ def test_api_generate(fleet: FleetServer) -> None:
     timings = body["timings"]
     assert 0 < timings["ttft_ms"] <= timings["total_ms"]
     assert timings["tokens_per_second"] > 0
+
+
+def test_logprob_bytes_are_the_tokens_own_bytes(client: OpenAI, model: str) -> None:
+    """Chinese text: tokens may hold part of a UTF-8 character; their bytes must still add up to the answer."""
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "用中文介绍一下北京。"}],
+                                       max_tokens=24, temperature=0, logprobs=True)
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.content is not None
+    joined = b"".join(bytes(t.bytes or []) for t in lp.content)
+    assert joined.decode("utf-8", errors="replace").startswith(r.choices[0].message.content or "")
+    assert b"\xef\xbf\xbd" not in joined  # no replacement characters standing in for real bytes

@@ -92,6 +92,10 @@ class Engine:
     def detokenize(self, tokens: Iterable[int]) -> str:
         return b"".join(self.model.pieces[t] for t in tokens).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (part of a UTF-8 character for byte-fallback tokens)."""
+        return self.model.pieces[token]
+
     def apply_chat_template(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.model.apply_chat_template(messages, add_generation_prompt)
 
