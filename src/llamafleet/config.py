@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llamafleet.router import RoutingPolicy
+
 SplitMode = Literal["auto", "none", "layer", "tensor"]
 KvCacheType = Literal["f16", "q8_0", "q4_0"]
 
@@ -57,7 +59,7 @@ class FleetConfig(BaseModel):
         1024, ge=0, description="memory kept free on every GPU (also covers the CUDA context and memory pool)"
     )
     prefer: Literal["throughput", "latency"] = "throughput"
-    routing: Literal["least_outstanding", "round_robin"] = Field(
+    routing: RoutingPolicy = Field(
         "least_outstanding", description="how requests are spread over replicas"
     )
 

@@ -22,7 +22,7 @@ from llamafleet.gpus import detect_inventory
 from llamafleet.models import ModelFetchError, default_model_path
 from llamafleet.planner import launch_spec, make_plan
 from llamafleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.router import ROUTING_POLICIES, Router, RoutingPolicy
+from llamafleet.router import ROUTING_POLICIES, Router
 from llamafleet.server import run_server
 from llamafleet.service import Service
 
@@ -161,8 +161,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: cannot listen on {cfg.host}:{cfg.port} ({e.strerror}); pass another --port", file=sys.stderr)
         return 1
     model_name = cfg.model_name or model_path.stem
-    routing: RoutingPolicy = cfg.routing
-    router = Router(len(specs), routing, cfg.max_queue_per_replica, cfg.max_queue)
+    router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
     service = Service(Dispatcher(ReplicaSet(specs, cfg.log_level), router), model_name,
                       specs[0].engine.n_ctx_per_seq, cfg, api_keys)
     if not api_keys and not _loopback(cfg.host):
