@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -108,7 +108,10 @@ class ChatRenderer(_Renderer):
         )
 
 
+@dataclass(frozen=True)
 class TextRenderer(_Renderer):
+    # where each choice's next token starts in its text, so streamed text_offset continues across chunks
+    offsets: dict[int, int] = field(default_factory=dict)
 
     def opening(self, n_choices: int) -> list[Completion]:
         return []
@@ -117,7 +120,11 @@ class TextRenderer(_Renderer):
         if not self.visible(delta):
             return None
         out = delta.output
-        lps = _text_logprobs(delta.pieces or [], out.logprobs) if self.logprobs else None
+        lps = None
+        if self.logprobs:
+            lps = _text_logprobs(delta.pieces or [], out.logprobs, self.offsets.get(index, 0))
+            if lps is not None and lps.tokens:
+                self.offsets[index] = self.offsets.get(index, 0) + sum(len(t) for t in lps.tokens)
         choice = CompletionChoice(index=index, text=out.text, logprobs=lps, finish_reason=out.finish_reason)
         return Completion(id=self.cid, created=self.created, model=self.model, choices=[choice])
 

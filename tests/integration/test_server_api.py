@@ -134,3 +134,16 @@ def test_logprob_bytes_are_the_tokens_own_bytes(client: OpenAI, model: str) -> N
     joined = b"".join(bytes(t.bytes or []) for t in lp.content)
     assert joined.decode("utf-8", errors="replace").startswith(r.choices[0].message.content or "")
     assert b"\xef\xbf\xbd" not in joined  # no replacement characters standing in for real bytes
+
+
+def test_streamed_text_offsets_continue_across_chunks(client: OpenAI, model: str) -> None:
+    stream = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=6, temperature=0, logprobs=0,
+                                       stream=True)
+    text, offsets = "", []
+    for chunk in stream:
+        for c in chunk.choices:
+            if c.logprobs is not None and c.logprobs.text_offset:
+                offsets += c.logprobs.text_offset
+                assert c.logprobs.text_offset[0] == len(text)  # where this chunk's text starts
+            text += c.text
+    assert len(offsets) == 6 and offsets == sorted(offsets) and offsets[0] == 0
