@@ -62,7 +62,6 @@ class Ready:
     """The engine is loaded and accepting work (the end of the readiness handshake)."""
 
     pid: int
-    model_name: str
     n_seq: int
     n_ctx_per_seq: int
     load_seconds: float

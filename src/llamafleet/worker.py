@@ -173,7 +173,7 @@ def worker_main(conn: Connection, replica: int, env: dict[str, str], cfg: Engine
             _send(conn, LoadFailed(f"{type(e).__name__}: {e}"))
             raise SystemExit(1) from None
         with engine:
-            _send(conn, Ready(os.getpid(), engine.model_name, cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0))
+            _send(conn, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0))
             _serve(engine, conn, inbox)
         log.info("context and model freed; replica %d exits", replica)  # the server's shutdown waits for this exit
     except _ParentGone:

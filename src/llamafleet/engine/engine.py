@@ -53,7 +53,6 @@ class Engine:
             self.model.close()
             raise
         self.batch = Batch(cfg.n_batch)
-        self.model_name = os.path.splitext(os.path.basename(cfg.model_path))[0]
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
         self._waiting: deque[Request] = deque()
