@@ -6,7 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from llamafleet.engine.engine import Engine
+from llamafleet.engine.engine import Engine  # isort: skip  (llama.cpp before numpy: see engine/llama.py)
+import numpy as np  # isort: skip
+
+from llamafleet.engine.sampling import argmax_rows
 from llamafleet.engine.types import EngineConfig, Request, SamplingParams
 from llamafleet.models import default_model_path
 
@@ -190,3 +193,67 @@ def test_lowest_free_slot_is_taken_first(engine: Engine) -> None:
     assert sorted(s.slot for s in engine._running) == [0, 1, 2]
     while engine.has_work():
         engine.step()
+
+
+def test_overlapped_and_serial_steps_give_the_same_answers(engine: Engine) -> None:
+    """The default engine launches the next decode before it detokenizes; a sequence that then hits a stop string
+    already has a token in flight, which must be dropped. Same answers as one pass at a time, nothing after the
+    end, every slot and KV cell free at the end."""
+    probe = engine.generate([req(engine, "p", PROMPTS[2])])["p"].text
+    stop = probe[len(probe) // 2:len(probe) // 2 + 6]  # hit mid-answer, while the next token is being decoded
+    mixed = [
+        SamplingParams(max_tokens=48, temperature=0.0, stop=(stop,), ignore_eos=True),
+        SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=40, temperature=0.0),  # may end at EOS
+        SamplingParams(max_tokens=20, temperature=0.8, seed=5, stop=(".",)),
+        SamplingParams(max_tokens=16, temperature=0.0, logprobs=True, ignore_eos=True),
+    ]
+
+    def run(eng: Engine) -> dict[str, tuple[str, list[int], str | None, int]]:
+        rids = [f"x{i}" for i in range(len(mixed))]
+        for i, p in enumerate(mixed):
+            eng.add_request(req(eng, rids[i], PROMPTS[2 if i == 0 else i], p))
+        ended: set[str] = set()
+        got: dict[str, tuple[str, list[int], str | None, int]] = {r: ("", [], None, 0) for r in rids}
+        while eng.has_work():
+            for o in eng.step():
+                assert o.request_id not in ended, f"output for {o.request_id} after its end"
+                text, toks, _, _ = got[o.request_id]
+                got[o.request_id] = (text + o.text, toks + o.token_ids, o.finish_reason, o.completion_tokens)
+                if o.finished:
+                    ended.add(o.request_id)
+        st = eng.stats()
+        assert st.slots_busy == 0 and st.kv_tokens_used == 0 and len(eng._free_slots) == eng.cfg.n_seq
+        return got
+
+    overlapped = run(engine)
+    assert overlapped["x0"][2] == "stop" and stop not in overlapped["x0"][0] and probe.startswith(overlapped["x0"][0])
+    assert overlapped["x1"][2] == "length" and overlapped["x1"][3] == 7
+    cfg = EngineConfig(model_path=engine.cfg.model_path, n_seq=8, n_ctx_per_seq=256, n_batch=256, overlap=False)
+    with Engine(cfg) as serial:
+        assert run(serial) == overlapped
+
+
+def test_threaded_argmax_matches_numpy() -> None:
+    rng = np.random.default_rng(7)
+    for rows, vocab in ((128, 32000), (3, 400_000), (5, 1000)):  # split over threads; fewer rows than threads; one call
+        logits = rng.standard_normal((rows, vocab), dtype=np.float32)
+        logits[rng.integers(0, rows), rng.integers(0, vocab)] = 50.0
+        assert np.array_equal(argmax_rows(logits), np.argmax(logits, axis=1))
+
+
+def test_a_refused_decode_fails_its_batch_and_the_engine_goes_on(engine: Engine) -> None:
+    """llama.cpp refuses a batch (here: a token id it does not know, slipped in after the checks); every sequence
+    of that batch ends with "error" and the message, their slots are freed, and the next request runs normally."""
+    cfg = EngineConfig(model_path=engine.cfg.model_path, n_seq=4, n_ctx_per_seq=128, n_batch=128, overlap=False)
+    with Engine(cfg) as eng:
+        for rid in ("bad", "mate"):
+            eng.add_request(req(eng, rid, PROMPTS[0], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)))
+        eng.step()  # one pass at a time: the token sampled here is fed by the next step
+        next(s for s in eng._running if s.request_id == "bad").tokens[-1] = eng.model.n_vocab + 5
+        outs = [o for o in eng.step() if o.finished]
+        assert sorted(o.request_id for o in outs) == ["bad", "mate"]
+        assert all(o.finish_reason == "error" and o.error and "llama_decode failed" in o.error for o in outs)
+        assert eng.stats().slots_busy == 0 and not eng.has_work()
+        again = eng.generate([req(eng, "after", PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0))])
+        assert again["after"].finish_reason in ("length", "stop") and again["after"].completion_tokens > 0

@@ -58,7 +58,7 @@ def test_fleet_refresh_reflects_replicas_queue_and_gpus() -> None:
     for rid in ("a", "b", "c"):
         router.assign(rid)
     up = ReplicaState(0, "GPU 0", status="ready", slots=1, restarts=2,
-                      stats=EngineStats(1, 1, 1, 30, 512, 9, 10, 20, 0.5, 0.6))
+                      stats=EngineStats(1, 1, 1, 30, 512, 9, 10, 20, 0.5, 0.6, 0.1))
     down = ReplicaState(1, "GPU 1", status="down")
     gpu = GpuSample(0, "H200", used_bytes=3 << 30, total_bytes=4 << 30, utilization_pct=55.0)
     m.refresh([up, down], router, [gpu], overloaded=True)

@@ -45,7 +45,7 @@ def test_router_per_replica_bound_sends_work_elsewhere() -> None:
 
 
 def _state(index: int, busy: int) -> ReplicaState:
-    return ReplicaState(index, "CPU", status="ready", stats=EngineStats(4, busy, 0, 0, 2048, 1, 0, 0, 0.0, 0.0))
+    return ReplicaState(index, "CPU", status="ready", stats=EngineStats(4, busy, 0, 0, 2048, 1, 0, 0, 0.0, 0.0, 0.0))
 
 
 def test_leak_is_reported_after_it_lasts_and_only_with_nothing_in_flight() -> None:

@@ -28,7 +28,7 @@ HTTP_ONLY = {"url": "--url", "concurrency": "--concurrency", "duration": "--dura
              "label": "--label", "timeout": "--timeout", "warmup": "--warmup", "no_progress": "--no-progress",
              "no_ignore_eos": "--no-ignore-eos"}
 ENGINE_ONLY = {"threads": "--threads", "json": "--json", "batch": "--batch", "backend_sampling": "--backend-sampling",
-               "kv_unified": "--kv-unified"}
+               "kv_unified": "--kv-unified", "no_overlap": "--no-overlap"}
 SHARED = {"model": "--model", "requests": "--requests", "max_tokens": "--max-tokens"}
 
 
@@ -130,7 +130,8 @@ def _run_engine(args: argparse.Namespace) -> int:
     # the built-in prompts are a few dozen tokens; 128 tokens of headroom per sequence holds any of them
     cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + 128, n_threads=args.threads,
                        n_batch=args.batch or 512, n_ubatch=min(args.batch or 512, 512),
-                       backend_sampling=bool(args.backend_sampling), kv_unified=bool(args.kv_unified))
+                       backend_sampling=bool(args.backend_sampling), kv_unified=bool(args.kv_unified),
+                       overlap=not args.no_overlap)
     result = enginebench.run(cfg, n_requests=n, max_tokens=max_tokens)
     print(enginebench.to_json(result) if args.json else enginebench.markdown(result))
     return 0
@@ -198,4 +199,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="sample greedy requests inside llama.cpp's graph instead of on the host")
     e.add_argument("--kv-unified", action="store_true",
                    help="one KV cache shared by all sequences instead of one stream per sequence")
+    e.add_argument("--no-overlap", action="store_true",
+                   help="wait for each decode before detokenizing (default: text work overlaps the next decode)")
     p.set_defaults(func=_run)

@@ -1,9 +1,13 @@
 """The engine: continuous batching of many requests over one llama.cpp context.
 
-``step()`` is the whole loop body: admit waiting requests into free slots, schedule tokens under the ``n_batch``
-budget (running answers first, prompt chunks after), one ``llama_decode``, sample every sequence that produced
-logits, detokenize, check stop conditions, free finished slots (their KV is cleared at once). No asyncio, threads
-or I/O: callers drive it (the worker process, tests, the consistency checker, benchmarks).
+``step()`` is the whole loop body: collect the pass the previous step launched (wait for it, sample every sequence
+that produced logits, count the new tokens), admit waiting requests into free slots, schedule tokens under the
+``n_batch`` budget (running answers first, prompt chunks after), launch the next ``llama_decode``, and only then
+detokenize and check stop strings for the tokens just sampled. On a GPU the decode runs while Python does that text
+work and while the caller ships the step's outputs, so the host's per-token work stays off the critical path. A
+sequence that hits a stop string may already have a token in the running pass; that token is dropped and the slot
+freed once the pass is collected. No asyncio, threads or I/O: callers drive it (the worker process, tests, the
+consistency checker, benchmarks).
 
 ``add_request`` and ``abort`` may be called from another thread; they only append to queues that ``step`` drains.
 """
@@ -62,11 +66,15 @@ class Engine:
         self._prompt_total = 0
         self._gen_total = 0
         self._decode_s = 0.0
+        self._sample_s = 0.0
         self._step_s = 0.0
+        # the pass launched by the last step, not yet collected: its plan and the (sequence, batch index) to sample
+        self._inflight: tuple[list[tuple[Sequence, int]], list[tuple[Sequence, int]]] | None = None
+        self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:
-        for s in self._running:
+        for s in self._running + self._deferred:
             if s.chain is not None:
                 s.chain.close()
         self._running.clear()
@@ -127,7 +135,7 @@ class Engine:
         self._aborts.append(request_id)
 
     def has_work(self) -> bool:
-        return bool(self._incoming or self._aborts or self._waiting or self._running)
+        return bool(self._incoming or self._aborts or self._waiting or self._running or self._inflight)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -141,20 +149,34 @@ class Engine:
             generated_tokens_total=self._gen_total,
             decode_seconds_total=self._decode_s,
             step_seconds_total=self._step_s,
+            sample_seconds_total=self._sample_s,
         )
 
     # -- the loop body ----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Finish the pass launched by the previous step (sample it), launch the next one, and only then turn the
+        sampled tokens into text and outputs: on a GPU that host work overlaps the next pass."""
         t0 = time.perf_counter()
         outs: list[RequestOutput] = []
         while self._incoming:
             self._waiting.append(self._incoming.popleft())
         self._apply_aborts(outs)
+        fresh = self._collect() if self._inflight is not None else []
         self._admit()
         plan = schedule(self._running, self.cfg.n_batch, self._steps)
+        error = self._launch(plan) if plan else None
         if plan:
-            self._run(plan, outs)
             self._steps += 1
+            if not self.cfg.overlap and self._inflight is not None:
+                fresh += self._collect()
+        for item in fresh:
+            outs.append(self._emit(*item))
+        if error is not None:
+            for s, _ in plan:
+                if not s.done:  # (a stop string may just have ended it)
+                    out = self._finish(s, "error")
+                    out.error = error
+                    outs.append(out)
         self._step_s += time.perf_counter() - t0
         return outs
 
@@ -168,7 +190,7 @@ class Engine:
                     break
             for s in self._running:
                 if s.request_id == rid:
-                    outs.append(self._finish(s, "cancelled", flush=False))
+                    outs.append(self._finish(s, "cancelled"))
                     break
 
     def _admit(self) -> None:
@@ -187,9 +209,11 @@ class Engine:
                 self.ctx.use_backend_greedy(slot, False)
             self._running.append(Sequence(req, slot, chain, in_graph))
 
-    def _run(self, plan: list[tuple[Sequence, int]], outs: list[RequestOutput]) -> None:
+    def _launch(self, plan: list[tuple[Sequence, int]]) -> str | None:
+        """Fill the batch from ``plan`` and start its ``llama_decode`` (see :meth:`Context.launch`); the error
+        message if llama.cpp refused it."""
         b = self.batch
-        # Fill the batch with a few array operations over the whole plan (no per-token Python work).
+        # A few array operations over the whole plan (no per-token Python work).
         counts = np.fromiter((k for _, k in plan), dtype=np.int32, count=len(plan))
         n = int(counts.sum())
         b.token[:n] = list(itertools.chain.from_iterable(s.tokens[s.n_cached:s.n_cached + k] for s, k in plan))
@@ -203,54 +227,86 @@ class Engine:
         b.logits[[bi for _, bi in sampled]] = 1
         b.n_tokens = n
         t0 = time.perf_counter()
-        rc = self.ctx.decode(b)
+        rc = self.ctx.launch(b)
         self._decode_s += time.perf_counter() - t0
         if rc != 0:
             msg = f"llama_decode failed with status {rc} on a batch of {n} tokens"
             log.error(msg)
-            for s, _ in plan:
-                out = self._finish(s, "error", flush=False)
-                out.error = msg
-                outs.append(out)
-            return
+            return msg
+        self._inflight = (plan, sampled)
+        return None
+
+    def _collect(self) -> list[tuple[Sequence, int, float | None, FinishReason | None]]:
+        """Wait for the launched pass, sample it, and append each new token to its sequence. Sequences that end
+        here (EOS, length) leave at once; the text work for every token is left to :meth:`_emit`."""
+        assert self._inflight is not None
+        plan, sampled = self._inflight
+        t0 = time.perf_counter()
+        self.ctx.wait()
+        self._inflight = None
+        t1 = time.perf_counter()
+        self._decode_s += t1 - t0
         for s, k in plan:
             if s.n_cached < s.n_prompt:
                 self._prompt_total += min(k, s.n_prompt - s.n_cached)
             s.n_cached += k
+        fresh: list[tuple[Sequence, int, float | None, FinishReason | None]] = []
         if sampled:
             tokens, logprobs = sample(self.ctx, sampled)
+            self._sample_s += time.perf_counter() - t1
             for i, (s, _) in enumerate(sampled):
-                outs.append(self._advance(s, int(tokens[i]), None if logprobs is None else float(logprobs[i])))
+                if not s.done:  # ended (stop string, cancel) while this pass ran: its token is dropped
+                    fresh.append(self._accept(s, int(tokens[i]), None if logprobs is None else float(logprobs[i])))
+        while self._deferred:  # slots and KV of sequences that ended while the pass ran
+            self._release(self._deferred.pop())
+        return fresh
 
-    def _advance(self, s: Sequence, tok: int, logprob: float | None) -> RequestOutput:
-        """Append the sampled token to ``s`` and produce its output for this step."""
+    def _accept(self, s: Sequence, tok: int, logprob: float | None
+                ) -> tuple[Sequence, int, float | None, FinishReason | None]:
+        """Count the sampled token and decide the ends that need no text: EOS, max_tokens, the context limit."""
         p = s.req.params
         self._gen_total += 1
         s.n_generated += 1
-        lps = None if logprob is None else [logprob]
+        end: FinishReason | None = None
         if self.model.eog[tok] and not p.ignore_eos:
-            out = self._finish(s, "stop", flush=True)
-            out.token_ids, out.logprobs = [tok], lps
-            return out
-        s.tokens.append(tok)
-        text, hit = s.stops.feed(s.detok.feed(self.model.pieces[tok]))
-        if hit:
-            out = self._finish(s, "stop", flush=False)
-        elif s.n_generated >= p.max_tokens or len(s.tokens) >= self.cfg.n_ctx_per_seq:
-            out = self._finish(s, "length", flush=True)
+            end = "stop"  # the EOS token is not part of the answer
         else:
-            return RequestOutput(s.request_id, text, [tok], lps, False, None, s.n_prompt, s.n_generated)
-        out.text = text + out.text
-        out.token_ids, out.logprobs = [tok], lps
-        return out
+            s.tokens.append(tok)
+            if s.n_generated >= p.max_tokens or len(s.tokens) >= self.cfg.n_ctx_per_seq:
+                end = "length"
+        if end is not None:
+            self._retire(s)
+        return s, tok, logprob, end
 
-    def _finish(self, s: Sequence, reason: FinishReason, flush: bool) -> RequestOutput:
-        """Free ``s``'s slot and KV at once; the returned output carries any held-back text if ``flush``."""
-        tail = ""
-        if flush:
+    def _emit(self, s: Sequence, tok: int, logprob: float | None, end: FinishReason | None) -> RequestOutput:
+        """The output for one sampled token: its text (stop strings held back), and the end if there is one."""
+        lps = None if logprob is None else [logprob]
+        text, hit = ("", False) if end == "stop" else s.stops.feed(s.detok.feed(self.model.pieces[tok]))
+        if hit:
+            if not s.done:
+                self._retire(s)
+            end = "stop"
+        elif end is not None:
             tail, _ = s.stops.feed(s.detok.flush())
-            tail += s.stops.flush()
+            text += tail + s.stops.flush()
+        return RequestOutput(s.request_id, text, [tok], lps, end is not None, end, s.n_prompt, s.n_generated)
+
+    def _finish(self, s: Sequence, reason: FinishReason) -> RequestOutput:
+        """End ``s`` without a new token (cancelled, or a failed decode)."""
+        self._retire(s)
+        return RequestOutput(s.request_id, "", [], None, True, reason, s.n_prompt, s.n_generated)
+
+    def _retire(self, s: Sequence) -> None:
+        """Take ``s`` out of the batch. Its slot and KV are freed now, or, while a pass is running (it may hold one
+        of ``s``'s tokens), right after that pass is collected."""
+        s.done = True
         self._running.remove(s)
+        if self._inflight is not None:
+            self._deferred.append(s)
+        else:
+            self._release(s)
+
+    def _release(self, s: Sequence) -> None:
         self.ctx.clear_sequence(s.slot)
         if self.ctx.backend_sampling and not s.in_graph:
             self.ctx.use_backend_greedy(s.slot, True)
@@ -258,7 +314,6 @@ class Engine:
         if s.chain is not None:
             s.chain.close()
             s.chain = None
-        return RequestOutput(s.request_id, tail, [], None, True, reason, s.n_prompt, s.n_generated)
 
     # -- convenience for in-process use -----------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> dict[str, Completion]:

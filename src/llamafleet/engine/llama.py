@@ -272,6 +272,7 @@ class Context(_Native):
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
+            lc.llama_synchronize(self.ptr)  # a launched pass may still be running
             lc.llama_free(self.ptr)
             self.ptr = None
         for ch in self._greedy:
@@ -297,16 +298,18 @@ class Context(_Native):
         """The token the in-graph sampler chose for batch position ``batch_index`` in the last decode."""
         return int(lc.llama_get_sampled_token_ith(self.ptr, batch_index))
 
-    def decode(self, batch: Batch) -> int:
-        """Run one forward pass over ``batch`` and wait for it; returns llama.cpp's status (0 = ok).
+    def launch(self, batch: Batch) -> int:
+        """Start one forward pass over ``batch``; returns llama.cpp's status (0 = ok).
 
-        On a GPU ``llama_decode`` returns before the graph has run; waiting here (the logits are read right after
-        anyway) makes the time spent in this call the real decode time.
+        On a GPU ``llama_decode`` returns once the graph is queued, before it has run: the caller can do host work
+        (the engine turns the previous step's tokens into text) and then :meth:`wait`. On the CPU it runs to the end.
         """
         batch.struct.n_tokens = batch.n_tokens
-        rc = int(lc.llama_decode(self.ptr, batch.struct))
+        return int(lc.llama_decode(self.ptr, batch.struct))
+
+    def wait(self) -> None:
+        """Block until the last :meth:`launch` has finished and its logits are on the host."""
         lc.llama_synchronize(self.ptr)
-        return rc
 
     def logits(self, n_outputs: int) -> npt.NDArray[np.float32]:
         """The output rows of the last decode, in batch order, as a zero-copy ``(n_outputs, n_vocab)`` view."""

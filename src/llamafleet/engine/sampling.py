@@ -8,6 +8,9 @@ chosen tokens come from the raw logits with one vectorised log-softmax, only for
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import numpy.typing as npt
 
@@ -30,9 +33,9 @@ def sample(
     logits = ctx.logits(n)
     greedy = [i for i, (s, _) in enumerate(outputs) if s.chain is None and not s.in_graph]
     if len(greedy) == n:
-        tokens[:] = np.argmax(logits, axis=1)
+        tokens[:] = argmax_rows(logits)
     elif greedy:
-        tokens[greedy] = np.argmax(logits[greedy], axis=1)
+        tokens[greedy] = argmax_rows(logits[greedy])
     for i, (s, bidx) in enumerate(outputs):
         if s.chain is not None:
             tokens[i] = s.chain.sample(ctx, bidx)
@@ -45,3 +48,34 @@ def sample(
     logprobs = np.zeros(n, dtype=np.float32)
     logprobs[want] = rows[np.arange(len(want)), tokens[want]] - lse
     return tokens, logprobs
+
+
+# Below this many logits one argmax call is cheaper than handing parts to threads.
+_PARALLEL_MIN = 1 << 20
+_pool: ThreadPoolExecutor | None = None
+
+
+def _threads() -> int:
+    return min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def argmax_rows(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
+    """Row-wise argmax. A big batch (128 rows x 32k vocab = 16 MB) is split over a few threads: numpy releases the
+    GIL inside argmax, the scan is memory-bound, and llama.cpp's own threads are idle while the host samples."""
+    global _pool
+    rows = logits.shape[0]
+    n = min(_threads(), rows)
+    if logits.size < _PARALLEL_MIN or n < 2:
+        single: npt.NDArray[np.int64] = np.argmax(logits, axis=1)
+        return single
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="argmax")
+    out = np.empty(rows, dtype=np.int64)
+    bounds = np.linspace(0, rows, n + 1).astype(int)
+
+    def part(i: int) -> None:
+        a, b = bounds[i], bounds[i + 1]
+        out[a:b] = np.argmax(logits[a:b], axis=1)
+
+    list(_pool.map(part, range(n)))
+    return out

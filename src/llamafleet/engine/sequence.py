@@ -19,6 +19,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt + generated
     n_cached: int = 0  # tokens already decoded into the KV cache
     n_generated: int = 0
+    done: bool = False  # out of the batch (finished or cancelled); its slot may still await release
     detok: Detokenizer = field(default_factory=Detokenizer)
     stops: StopMatcher = field(init=False)
 

@@ -96,6 +96,7 @@ class EngineConfig:
     flash_attn: bool | None = None
     kv_unified: bool = False
     backend_sampling: bool = False  # greedy requests sampled inside llama.cpp's graph (on the GPU); experimental
+    overlap: bool = True  # detokenize a step's tokens while the next decode runs (False: one pass at a time)
     llama_log_level: str = "warning"
 
 
@@ -111,8 +112,9 @@ class EngineStats:
     steps: int
     prompt_tokens_total: int
     generated_tokens_total: int
-    decode_seconds_total: float  # time inside llama_decode
+    decode_seconds_total: float  # inside llama_decode and waiting for its pass to finish
     step_seconds_total: float  # whole steps: decode + batch build + sampling + detokenizing
+    sample_seconds_total: float  # choosing the next tokens (reading logits, argmax, sampler chains)
 
 
 @dataclass
