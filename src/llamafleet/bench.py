@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from llamafleet.stream_client import Connection, Origin, StreamClientError
+
 
 class BenchError(RuntimeError):
     """The benchmark cannot run as asked (unreachable server, unknown model, unreadable prompt file)."""
@@ -210,6 +212,7 @@ class RequestResult:
 
     ok: bool = False
     error: str | None = None
+    sent_at: float = 0.0  # time.perf_counter() when the request was sent (to line requests up on one clock)
     latency: float = 0.0  # until the stream ended
     chunk_times: list[float] = field(default_factory=list)  # arrival of every chunk that carried content
     output_tokens: int = 0
@@ -225,6 +228,7 @@ class LevelRun:
     concurrency: int
     wall_seconds: float
     results: list[RequestResult]
+    client_cpu_share: float = 0.0  # this process's CPU time / wall time: near 1.0, the client limited the level
 
 
 def base_url(url: str) -> str:
@@ -237,22 +241,23 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: Prompt) -> RequestResult:
+async def send_one(conn: Connection, cfg: BenchConfig, prompt: Prompt) -> RequestResult:
     """Send one streaming request and time it. Never raises for server or network failures: they become
     ``error``."""
     path = "/v1/chat/completions" if cfg.chat else "/v1/completions"
     res = RequestResult()
-    t0 = time.perf_counter()
+    body = json.dumps(request_body(cfg, prompt)).encode()
+    t0 = res.sent_at = time.perf_counter()
     done = False
     try:
-        async with client.stream("POST", base_url(cfg.url) + path, json=request_body(cfg, prompt),
-                                 headers=_headers(cfg.api_key)) as resp:
-            if resp.status_code != 200:
-                detail = (await resp.aread()).decode("utf-8", "replace").strip()
-                res.error = f"HTTP {resp.status_code}: {detail[:300]}"
+        async with asyncio.timeout(cfg.timeout):
+            resp = await conn.post(path, body, _headers(cfg.api_key))
+            if resp.status != 200:
+                detail = (await resp.read()).decode("utf-8", "replace").strip()
+                res.error = f"HTTP {resp.status}: {detail[:300]}"
             else:
-                async for line in resp.aiter_lines():
-                    ev = parse_sse_line(line)
+                async for line in resp.lines():  # read to the end, so that the connection can be reused
+                    ev = None if done else parse_sse_line(line)
                     if ev is None:
                         continue
                     if ev.error is not None:
@@ -260,15 +265,18 @@ async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: Prompt) 
                         break
                     if ev.done:
                         done = True
-                        break
+                        continue
                     if ev.text:
                         res.chunk_times.append(time.perf_counter() - t0)
                     if ev.completion_tokens is not None:
                         res.output_tokens, res.usage_reported = ev.completion_tokens, True
                         res.prompt_tokens = ev.prompt_tokens
                     res.finish_reason = ev.finish_reason or res.finish_reason
-    except httpx.HTTPError as e:
-        res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    except StreamClientError as e:
+        res.error = str(e)
+    except TimeoutError:
+        res.error = f"no complete answer within --timeout {cfg.timeout:g} s"
+        await conn.close()
     res.latency = time.perf_counter() - t0
     if res.error is None and not done and res.finish_reason is None:
         res.error = "the stream ended without [DONE] or a finish_reason"
@@ -278,64 +286,80 @@ async def send_one(client: httpx.AsyncClient, cfg: BenchConfig, prompt: Prompt) 
     return res
 
 
-async def run_level(client: httpx.AsyncClient, cfg: BenchConfig, prompts: PromptSet, concurrency: int,
-                    first_index: int, on_result: Callable[[RequestResult], None]) -> LevelRun:
-    """``concurrency`` workers send requests back to back until the level's count or duration is used up."""
+async def run_level(cfg: BenchConfig, prompts: PromptSet, concurrency: int, first_index: int,
+                    on_result: Callable[[RequestResult], None]) -> LevelRun:
+    """``concurrency`` workers, each on its own keep-alive connection, send requests back to back until the
+    level's count or duration is used up."""
     limit = cfg.requests_for(concurrency)
     counter = itertools.count(first_index)
     results: list[RequestResult] = []
+    origin = Origin.parse(base_url(cfg.url))
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     deadline = t0 + cfg.duration if cfg.duration is not None else None
 
     async def worker() -> None:
-        while True:
-            i = next(counter)
-            if limit is not None and i - first_index >= limit:
-                return
-            if deadline is not None and time.perf_counter() >= deadline:
-                return
-            res = await send_one(client, cfg, prompts.get(i))
-            results.append(res)
-            on_result(res)
+        conn = Connection(origin, connect_timeout=min(cfg.timeout, 30.0))
+        try:
+            while True:
+                i = next(counter)
+                if limit is not None and i - first_index >= limit:
+                    return
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return
+                res = await send_one(conn, cfg, prompts.get(i))
+                results.append(res)
+                on_result(res)
+        finally:
+            await conn.close()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return LevelRun(concurrency, time.perf_counter() - t0, results)
+    wall = time.perf_counter() - t0
+    return LevelRun(concurrency, wall, results, client_cpu_share=(time.process_time() - cpu0) / wall if wall else 0.0)
 
 
 async def run_async(cfg: BenchConfig, prompts: PromptSet, progress: bool = True) -> list[LevelRun]:
     """Warm up, then run every concurrency level in order."""
-    timeout = httpx.Timeout(cfg.timeout, connect=min(cfg.timeout, 30.0))
-    limits = httpx.Limits(max_connections=max(cfg.concurrency), max_keepalive_connections=max(cfg.concurrency))
     runs: list[LevelRun] = []
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    conn = Connection(Origin.parse(base_url(cfg.url)), connect_timeout=min(cfg.timeout, 30.0))
+    try:
         for i in range(cfg.warmup):
-            res = await send_one(client, cfg, prompts.get(-1 - i))
+            res = await send_one(conn, cfg, prompts.get(-1 - i))
             if not res.ok:
                 hint = ("; this server refuses the extra field ignore_eos: run again with --no-ignore-eos"
                         if cfg.ignore_eos and "ignore_eos" in (res.error or "") else "")
                 raise BenchError(f"the warm-up request to {cfg.url} failed: {res.error}{hint}")
-        index = 0
-        for c in cfg.concurrency:
-            total = cfg.requests_for(c)
-            with tqdm(total=total, desc=f"concurrency {c}", unit="req", disable=not progress, leave=True) as bar:
-                errors = 0
+    finally:
+        await conn.close()
+    index = 0
+    for c in cfg.concurrency:
+        total = cfg.requests_for(c)
+        with tqdm(total=total, desc=f"concurrency {c}", unit="req", disable=not progress, leave=True) as bar:
+            errors = 0
 
-                def tick(res: RequestResult) -> None:
-                    nonlocal errors
-                    errors += not res.ok
-                    bar.update(1)
-                    if errors:
-                        bar.set_postfix(errors=errors)
+            def tick(res: RequestResult) -> None:
+                nonlocal errors
+                errors += not res.ok
+                bar.update(1)
+                if errors:
+                    bar.set_postfix(errors=errors)
 
-                run = await run_level(client, cfg, prompts, c, index, tick)
-            runs.append(run)
-            index += len(run.results)
+            run = await run_level(cfg, prompts, c, index, tick)
+        runs.append(run)
+        index += len(run.results)
     return runs
 
 
 def run(cfg: BenchConfig, prompts: PromptSet, progress: bool = True) -> list[LevelRun]:
-    """Blocking wrapper of :func:`run_async`."""
-    return asyncio.run(run_async(cfg, prompts, progress))
+    """Blocking wrapper of :func:`run_async`, on uvloop where it is installed (a cheaper event loop leaves more
+    of the client's one core for reading streams)."""
+    try:
+        import uvloop
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(run_async(cfg, prompts, progress))
 
 
 def resolve_model(url: str, api_key: str | None, timeout: float = 30.0) -> str:

@@ -3,6 +3,10 @@
 A run's numbers per concurrency level (all latencies in milliseconds, over successful requests):
 
 - ``output_tok_s``: generated tokens of all requests / the level's wall time (aggregate throughput);
+- ``steady_tok_s``: generated tokens per second while *all* of the level's streams were generating (between
+  their first and last chunks), i.e. with prompt prefill and the ramp up and down left out; the counterpart of
+  llama-batched-bench's S_TG. ``None`` when that state lasted under 10% of the wall time;
+- ``client_cpu``: the load generator's CPU time / wall time; near 1.0 the client, not the server, set the pace;
 - ``requests_s``: successful requests / wall time;
 - ``ttft_ms``: time to the first content chunk; ``e2e_ms``: time to the end of the stream;
 - ``itl_ms``: gaps between consecutive content chunks, pooled over all requests;
@@ -28,9 +32,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from llamafleet import __version__
-from llamafleet.bench import BenchConfig, LevelRun, PromptSet
+from llamafleet.bench import BenchConfig, LevelRun, PromptSet, RequestResult
 
 SCHEMA = "llamafleet.bench/1"
+CLIENT_BUSY = 0.8  # above this share of one core, the client may be what limits a level
 
 
 class Dist(TypedDict):
@@ -52,6 +57,8 @@ class Level(TypedDict):
     output_tokens: int
     prompt_tokens_mean: float | None
     output_tok_s: float
+    steady_tok_s: float | None
+    client_cpu: float
     requests_s: float
     ttft_ms: Dist | None
     itl_ms: Dist | None
@@ -77,6 +84,31 @@ def dist(values: Sequence[float]) -> Dist | None:
     a = np.asarray(values, dtype=np.float64)
     p50, p90, p99 = (float(x) for x in np.percentile(a, [50, 90, 99]))
     return Dist(mean=float(a.mean()), p50=p50, p90=p90, p99=p99)
+
+
+def steady_rate(results: Sequence[RequestResult], concurrency: int, wall: float) -> float | None:
+    """Tokens per second over the stretches of time in which ``concurrency`` requests were all between their
+    first and last content chunk; ``None`` if those stretches add up to under 10% of ``wall``."""
+    spans = [(r.sent_at + r.chunk_times[0], r.sent_at + r.chunk_times[-1]) for r in results if len(r.chunk_times) > 1]
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    stretches: list[tuple[float, float]] = []
+    active = 0
+    for i, (t, d) in enumerate(edges):
+        active += d
+        if active >= concurrency and i + 1 < len(edges) and edges[i + 1][0] > t:
+            stretches.append((t, edges[i + 1][0]))
+    length = sum(b - a for a, b in stretches)
+    if not stretches or length < 0.1 * wall:
+        return None
+    # every chunk, weighted by its request's tokens per chunk (1 where the server sends one token per chunk)
+    times = np.concatenate([r.sent_at + np.asarray(r.chunk_times) for r in results if r.chunk_times])
+    weights = np.concatenate([np.full(len(r.chunk_times), r.output_tokens / len(r.chunk_times))
+                              for r in results if r.chunk_times])
+    order = np.argsort(times)
+    times, cum = times[order], np.concatenate([[0.0], np.cumsum(weights[order])])
+    tokens = sum(cum[np.searchsorted(times, b, "right")] - cum[np.searchsorted(times, a, "right")]
+                 for a, b in stretches)
+    return float(tokens / length)
 
 
 def summarize(run: LevelRun, max_tokens: int) -> Level:
@@ -109,6 +141,8 @@ def summarize(run: LevelRun, max_tokens: int) -> Level:
         output_tokens=out_tokens,
         prompt_tokens_mean=float(np.mean(prompt_counts)) if prompt_counts else None,
         output_tok_s=out_tokens / wall if wall > 0 else 0.0,
+        steady_tok_s=steady_rate(ok, run.concurrency, wall),
+        client_cpu=run.client_cpu_share,
         requests_s=len(ok) / wall if wall > 0 else 0.0,
         ttft_ms=dist(ttft),
         itl_ms=dist(itl),
@@ -142,15 +176,16 @@ def markdown(report: Report) -> str:
         f"### {report['label']}: {cfg['model']} at {cfg['url']} ({cfg['endpoint']}, max_tokens {cfg['max_tokens']}, "
         f"prompts: {cfg['prompts']})",
         "",
-        "| concurrency | requests | errors | req/s | output tok/s | tok/s per stream p50 | TTFT ms p50/p90/p99 "
-        "| ITL ms p50/p90/p99 | E2E ms p50/p90/p99 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| concurrency | requests | errors | req/s | output tok/s | steady tok/s | tok/s per stream p50 "
+        "| TTFT ms p50/p90/p99 | ITL ms p50/p90/p99 | E2E ms p50/p90/p99 | client CPU |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for lv in report["levels"]:
         stream = "—" if lv["stream_tok_s"] is None else f"{lv['stream_tok_s']['p50']:.1f}"
+        steady = "—" if lv.get("steady_tok_s") is None else f"{lv['steady_tok_s']:.1f}"
         lines.append(f"| {lv['concurrency']} | {lv['requests']} | {lv['errors']} | {lv['requests_s']:.2f} | "
-                     f"{lv['output_tok_s']:.1f} | {stream} | {_ms(lv['ttft_ms'])} | {_ms(lv['itl_ms'])} | "
-                     f"{_ms(lv['e2e_ms'])} |")
+                     f"{lv['output_tok_s']:.1f} | {steady} | {stream} | {_ms(lv['ttft_ms'])} | "
+                     f"{_ms(lv['itl_ms'])} | {_ms(lv['e2e_ms'])} | {100 * lv.get('client_cpu', 0.0):.0f}% |")
     notes = [f"- concurrency {lv['concurrency']}: {lv['finished_early']} of {lv['ok']} answers ended before "
              "max_tokens (the server ignored ignore_eos); throughput counts the tokens actually generated"
              for lv in report["levels"] if lv["finished_early"]]
@@ -158,6 +193,9 @@ def markdown(report: Report) -> str:
               for lv in report["levels"] if lv["errors"]]
     notes += [f"- concurrency {lv['concurrency']}: token counts from counted chunks (the server sent no usage)"
               for lv in report["levels"] if lv["ok"] and lv["usage_reported"] < lv["ok"]]
+    notes += [f"- concurrency {lv['concurrency']}: the client was busy {100 * lv['client_cpu']:.0f}% of the time; "
+              "it may have limited this level (run the client on another machine or fewer levels at once)"
+              for lv in report["levels"] if lv.get("client_cpu", 0.0) > CLIENT_BUSY]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
@@ -228,6 +266,7 @@ def load_reports(paths: Sequence[Path]) -> list[Report]:
 # (metric path, name in the table, True when higher is better)
 COMPARED = (
     ("output_tok_s", "output tok/s", True),
+    ("steady_tok_s", "steady tok/s", True),
     ("requests_s", "requests/s", True),
     ("stream_tok_s.p50", "tok/s per stream p50", True),
     ("ttft_ms.p50", "TTFT p50 ms", False),
@@ -252,7 +291,8 @@ def ratio(base: float | None, other: float | None) -> float | None:
 
 
 def _fmt(v: float | None) -> str:
-    return "—" if v is None else f"{v:.1f}"
+    """Enough digits that the printed ratio can be checked from the printed values (TTFTs can be a few ms)."""
+    return "—" if v is None else f"{v:.2f}" if abs(v) >= 10 else f"{v:.3f}"
 
 
 def compare_markdown(reports: Sequence[Report]) -> str:

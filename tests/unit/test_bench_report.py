@@ -70,7 +70,7 @@ def test_level_with_only_failures_has_no_distributions() -> None:
     lv = bench_report.summarize(run, max_tokens=4)
     assert lv["ok"] == 0 and lv["errors"] == 4 and lv["output_tok_s"] == 0.0
     assert lv["ttft_ms"] is None and lv["stream_tok_s"] is None and lv["prompt_tokens_mean"] is None
-    assert "| 4 | 4 | 4 | 0.00 | 0.0 | — | — | — | — |" in bench_report.markdown(report_of([run]))
+    assert "| 4 | 4 | 4 | 0.00 | 0.0 | — | — | — | — | — | 0% |" in bench_report.markdown(report_of([run]))
 
 
 def report_of(runs: list[LevelRun], label: str = "A") -> bench_report.Report:
@@ -79,10 +79,28 @@ def report_of(runs: list[LevelRun], label: str = "A") -> bench_report.Report:
 
 def test_markdown_table_and_notes() -> None:
     md = bench_report.markdown(report_of([level_two()]))
-    assert "| 2 | 3 | 1 | 1.00 | 3.5 | 7.5 | 150.0 / 190.0 / 199.0 | 100.0 / 200.0 / 200.0 | 600.0 / 680.0 / 698.0 |" \
-        in md
+    row = next(line for line in md.splitlines() if line.startswith("| 2 | 3 | 1 | 1.00 | 3.5 | "))
+    assert row.endswith("| 7.5 | 150.0 / 190.0 / 199.0 | 100.0 / 200.0 / 200.0 | 600.0 / 680.0 / 698.0 | 0% |")
     assert "1 of 2 answers ended before max_tokens" in md
     assert "1 errors, e.g. HTTP 503: busy" in md
+
+
+def test_steady_rate_counts_only_while_every_stream_generates() -> None:
+    # stream 1 generates from t=1 to t=4, stream 2 (sent at 0.5) from 1.5 to 3.5: both run over (1.5, 3.5], where
+    # stream 1 delivers its chunks at 2 and 3 and stream 2 its chunks at 2.5 and 3.5: 4 tokens in 2 s
+    one = result([1.0, 2.0, 3.0, 4.0], 4, 4.0)
+    two = RequestResult(ok=True, sent_at=0.5, latency=3.0, chunk_times=[1.0, 2.0, 3.0], output_tokens=3)
+    assert bench_report.steady_rate([one, two], concurrency=2, wall=4.0) == pytest.approx(2.0)
+    # a stream whose 3 chunks carried 6 tokens weighs 2 tokens per chunk: (2 x 1 + 2 x 2) tokens in 2 s
+    three = RequestResult(ok=True, sent_at=0.5, chunk_times=[1.0, 2.0, 3.0], output_tokens=6)
+    assert bench_report.steady_rate([one, three], concurrency=2, wall=4.0) == pytest.approx(3.0)
+    assert bench_report.steady_rate([one, two], concurrency=3, wall=4.0) is None  # never 3 streams at once
+    assert bench_report.steady_rate([one, two], concurrency=2, wall=30.0) is None  # 2 s of 30: too short to tell
+
+
+def test_busy_client_is_flagged() -> None:
+    run = LevelRun(1, 1.0, [result([0.1, 0.2], 2, 0.3)], client_cpu_share=0.93)
+    assert "the client was busy 93% of the time" in bench_report.markdown(report_of([run]))
 
 
 def test_chunk_counted_tokens_are_flagged() -> None:
@@ -124,10 +142,11 @@ def test_compare_ratios_against_the_first() -> None:
     faster = report_of([LevelRun(1, 0.5, [result([0.05, 0.1, 0.15, 0.2], 4, 0.25)])], "double")
     md = bench_report.compare_markdown([base, faster])
     assert "| concurrency | metric | single | double | double / single |" in md
-    assert "| 1 | output tok/s ↑ | 4.0 | 8.0 | 2.00x |" in md
-    assert "| 1 | TTFT p50 ms ↓ | 100.0 | 50.0 | 0.50x |" in md
-    assert "| 1 | tok/s per stream p50 ↑ | 10.0 | 20.0 | 2.00x |" in md
-    assert "| 2 | output tok/s ↑ | 3.5 | — | — |" in md  # level 2 was not measured in the second run
+    assert "| 1 | output tok/s ↑ | 4.000 | 8.000 | 2.00x |" in md
+    assert "| 1 | TTFT p50 ms ↓ | 100.00 | 50.00 | 0.50x |" in md
+    per_stream = next(line for line in md.splitlines() if line.startswith("| 1 | tok/s per stream p50 ↑ |"))
+    assert per_stream.endswith("| 2.00x |")
+    assert "| 2 | output tok/s ↑ | 3.500 | — | — |" in md  # level 2 was not measured in the second run
     assert "| 2 | errors | 1 | — | |" in md
     with pytest.raises(ValueError, match="at least two"):
         bench_report.compare_markdown([base])
@@ -141,7 +160,7 @@ def test_compare_cli_writes_table_and_plots(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     assert rc == 0
     assert "| A (a) | A (b) | A (b) / A (a) |" in out  # same label twice: the folder names tell them apart
-    assert "| 2 | output tok/s ↑ | 3.5 | 7.0 | 2.00x |" in out
+    assert "| 2 | output tok/s ↑ | 3.500 | 7.000 | 2.00x |" in out
     assert (tmp_path / "cmp/compare.md").read_text() in out
     assert (tmp_path / "cmp/throughput.png").stat().st_size > 1000
 
