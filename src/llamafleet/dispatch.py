@@ -70,6 +70,7 @@ class Group:
         self._remaining = len(request_ids)
         self._timeout_s = timeout_s
         self._deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+        self.timed_out = False
 
     @property
     def finished(self) -> bool:
@@ -78,12 +79,14 @@ class Group:
 
     async def next(self) -> Event:
         """The next event; past the request's timeout, a final 504 :class:`Failure` (then close the group)."""
+        if self._deadline is None:
+            return self._count(*await self._queue.get())
         try:
             async with asyncio.timeout_at(self._deadline):
                 index, item = await self._queue.get()
         except TimeoutError:
             self._remaining = 0
-            self._dispatcher.metrics.sequences.inc("timeout")
+            self.timed_out = True  # its sequences still running are counted as "timeout" when their abort lands
             return 0, Failure(504, f"the request did not finish within {self._timeout_s:g}s (the server's "
                                    "request_timeout_s); ask for fewer tokens or retry when the server is less busy")
         return self._count(index, item)
@@ -118,6 +121,7 @@ class Dispatcher:
         self.router = router
         self.metrics = metrics or FleetMetrics()
         self._routes: dict[str, _Route] = {}
+        self._timed_out: set[str] = set()  # aborted for the request's timeout: counted as "timeout", not "cancelled"
 
     async def start(self) -> None:
         """Load the replicas (serially); see :meth:`ReplicaSet.start`."""
@@ -149,6 +153,8 @@ class Dispatcher:
                 continue  # already finished
             replica = self.router.replica_of(rid)
             if replica is not None:
+                if group.timed_out:
+                    self._timed_out.add(rid)
                 self.replicas.send(replica, Abort(rid))  # released when its "cancelled" output comes back
 
     # -- ReplicaListener ----------------------------------------------------------------------------------------
@@ -160,14 +166,15 @@ class Dispatcher:
         if lost:
             log.error("%d sequence(s) lost with replica %d", len(lost), replica)
         for rid in lost:
-            self.metrics.sequences.inc("lost")
+            self.metrics.sequences.inc("timeout" if rid in self._timed_out else "lost")
+            self._timed_out.discard(rid)
             self._deliver(rid, Failure(503, f"{reason}, while running this request; retry it"), final=True)
 
     def replica_output(self, replica: int, msg: StepOutputs) -> None:
         for rej in msg.rejected:
             self.router.release(rej.request_id)
             self.metrics.sequences.inc("rejected")
-            self._deliver(rej.request_id, Failure(400 if rej.client_error else 500, rej.message), final=True)
+            self._deliver(rej.request_id, Failure(rej.status, rej.message), final=True)
         for out in msg.outputs:
             rid = out.request_id
             self._observe(out)
@@ -193,7 +200,10 @@ class Dispatcher:
                 self.metrics.token_gap.observe((now - route.last_token) / len(out.token_ids))
             route.last_token = now
         if out.finished:
-            self.metrics.sequences.inc(out.finish_reason or "unknown")
+            timed_out = out.request_id in self._timed_out
+            self._timed_out.discard(out.request_id)
+            self.metrics.sequences.inc("timeout" if timed_out and out.finish_reason == "cancelled"
+                                       else out.finish_reason or "unknown")
             self.metrics.prompt_tokens.inc(amount=out.prompt_tokens)
             self.metrics.generated_tokens.inc(amount=out.completion_tokens)
 

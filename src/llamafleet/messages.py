@@ -76,11 +76,12 @@ class LoadFailed:
 
 @dataclass(frozen=True)
 class Rejected:
-    """A :class:`Submit` that never started. ``client_error``: the request itself is at fault (an HTTP 400)."""
+    """A :class:`Submit` that never started, with the HTTP status to answer: 400 (the request itself is at fault),
+    503 (the replica is shutting down: retry elsewhere or later) or 500 (the replica failed on it)."""
 
     request_id: str
     message: str
-    client_error: bool
+    status: int
 
 
 @dataclass(frozen=True)

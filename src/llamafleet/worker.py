@@ -95,10 +95,10 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | None:
             params = replace(params, max_tokens=max(1, min(params.max_tokens, room)))
         engine.add_request(Request(msg.request_id, tuple(ids), params))
     except ValueError as e:
-        return Rejected(msg.request_id, str(e), client_error=True)
+        return Rejected(msg.request_id, str(e), status=400)
     except Exception as e:  # a failure of this request alone (e.g. a chat template error): report it, keep serving
         log.exception("request %s could not be started", msg.request_id)
-        return Rejected(msg.request_id, f"{type(e).__name__}: {e}", client_error=False)
+        return Rejected(msg.request_id, f"{type(e).__name__}: {e}", status=500)
     return None
 
 
@@ -111,7 +111,7 @@ def _serve(engine: Engine, conn: Connection, inbox: _Inbox) -> None:
         for msg in inbox.take(block=not engine.has_work() and not stopping):
             if isinstance(msg, Submit):
                 refusal = (
-                    Rejected(msg.request_id, "the replica is shutting down", client_error=False)
+                    Rejected(msg.request_id, "the replica is shutting down; retry the request", status=503)
                     if stopping
                     else _admit(engine, msg)
                 )
