@@ -84,6 +84,7 @@ class FleetMetrics:
                                            "watchdog scans that found a GPU above the warning watermark", ("gpu",)))
         self.recoveries = r.add(Counter("llamafleet_watchdog_recoveries_total",
                                         "replicas restarted by the watchdog, by reason", ("replica", "reason")))
+        self._steps_seen: dict[str, tuple[int | None, int]] = {}  # replica -> (worker pid, its steps counted)
 
     def refresh(self, states: Iterable[ReplicaState], router: Router, gpus: Iterable[GpuSample],
                 overloaded: bool) -> None:
@@ -106,7 +107,12 @@ class FleetMetrics:
             self.kv_used.set(stats.kv_tokens_used if stats else 0, rep)
             if stats:
                 self.kv_total.set(stats.kv_tokens_total, rep)
-                self.steps.set_total(max(stats.steps, self.steps.get(rep)), rep)
+                # a worker counts its steps from 0; a restarted one (new pid) adds to what the old ones counted
+                pid, seen = self._steps_seen.get(rep, (st.pid, 0))
+                seen = seen if pid == st.pid else 0
+                if stats.steps > seen:
+                    self.steps.inc(rep, amount=stats.steps - seen)
+                self._steps_seen[rep] = (st.pid, max(seen, stats.steps))
         for gpu in gpus:
             labels = (str(gpu.index), gpu.name)
             self.gpu_used.set(gpu.used_bytes, *labels)

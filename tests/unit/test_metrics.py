@@ -72,3 +72,15 @@ def test_fleet_refresh_reflects_replicas_queue_and_gpus() -> None:
                  'llamafleet_gpu_utilization_ratio{gpu="0",name="H200"} 0.55', "llamafleet_overloaded 1"):
         assert line in text.splitlines(), line
     assert gpu.used_fraction == 0.75
+
+
+def test_engine_steps_keep_counting_across_a_replica_restart() -> None:
+    m, router = FleetMetrics(), Router(1, max_queue_per_replica=4)
+
+    def refresh(pid: int, steps: int) -> float:
+        st = ReplicaState(0, "GPU 0", status="ready", pid=pid,
+                          stats=EngineStats(1, 0, 0, 0, 512, steps, 0, 0, 0.0, 0.0, 0.0))
+        m.refresh([st], router, [], overloaded=False)
+        return m.steps.get("0")
+
+    assert [refresh(10, 9), refresh(10, 12), refresh(11, 3), refresh(11, 5)] == [9, 12, 15, 17]
