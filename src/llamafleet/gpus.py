@@ -114,7 +114,8 @@ def empty_inventory(note: str) -> Inventory:
     return Inventory(gpus=(), links=(), source="none", note=note, host_mem_mib=host_available_mib())
 
 
-def _text(value: str | bytes) -> str:
+def nvml_text(value: str | bytes) -> str:
+    """NVML returns bytes from older bindings, str from newer ones."""
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -149,10 +150,10 @@ def _read_nvml(nv: Any) -> Inventory:
         gpus.append(
             Gpu(
                 index=i,
-                name=_text(nv.nvmlDeviceGetName(h)),
+                name=nvml_text(nv.nvmlDeviceGetName(h)),
                 total_mib=int(mem.total) // 2**20,
                 free_mib=int(mem.free) // 2**20,
-                uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                uuid=nvml_text(nv.nvmlDeviceGetUUID(h)),
             )
         )
     links = [["self" if i == j else "pcie" for j in range(count)] for i in range(count)]
@@ -167,7 +168,7 @@ def _read_nvml(nv: Any) -> Inventory:
                 links[i][j] = links[j][i] = "nvlink"
     driver = cuda = None
     try:
-        driver = _text(nv.nvmlSystemGetDriverVersion())
+        driver = nvml_text(nv.nvmlSystemGetDriverVersion())
         v = int(nv.nvmlSystemGetCudaDriverVersion())
         cuda = f"{v // 1000}.{v % 1000 // 10}"
     except Exception as e:

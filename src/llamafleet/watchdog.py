@@ -22,16 +22,13 @@ import time
 from collections.abc import Iterable
 from types import ModuleType
 
+from llamafleet.gpus import nvml_text
 from llamafleet.replicas import ReplicaSpec, ReplicaState
 from llamafleet.router import Router
 from llamafleet.service import Service
 from llamafleet.telemetry import GpuSample
 
 log = logging.getLogger(__name__)
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class GpuMonitor:
@@ -59,7 +56,7 @@ class GpuMonitor:
                 util: float | None = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
             except nv.NVMLError:  # not supported on every device (e.g. MIG instances)
                 util = None
-            samples.append(GpuSample(i, _text(nv.nvmlDeviceGetName(h)), int(mem.used), int(mem.total), util))
+            samples.append(GpuSample(i, nvml_text(nv.nvmlDeviceGetName(h)), int(mem.used), int(mem.total), util))
         return samples
 
     def close(self) -> None:
