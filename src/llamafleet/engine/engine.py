@@ -213,18 +213,26 @@ class Engine:
         """Fill the batch from ``plan`` and start its ``llama_decode`` (see :meth:`Context.launch`); the error
         message if llama.cpp refused it."""
         b = self.batch
-        # A few array operations over the whole plan (no per-token Python work).
-        counts = np.fromiter((k for _, k in plan), dtype=np.int32, count=len(plan))
-        n = int(counts.sum())
-        b.token[:n] = list(itertools.chain.from_iterable(s.tokens[s.n_cached:s.n_cached + k] for s, k in plan))
-        first = np.cumsum(counts) - counts  # batch index of each entry's first token
-        starts = np.fromiter((s.n_cached for s, _ in plan), dtype=np.int32, count=len(plan))
-        b.pos[:n] = np.repeat(starts - first, counts) + np.arange(n, dtype=np.int32)
-        b.seq[:n] = np.repeat(np.fromiter((s.slot for s, _ in plan), dtype=np.int32, count=len(plan)), counts)
-        b.logits[:n] = 0
-        # an entry whose tokens reach the end of what it has produces logits at its last token
-        sampled = [(s, int(first[i] + k - 1)) for i, (s, k) in enumerate(plan) if s.n_cached + k == len(s.tokens)]
-        b.logits[[bi for _, bi in sampled]] = 1
+        n = len(plan)
+        if all(k == 1 and s.n_cached + 1 == len(s.tokens) for s, k in plan):  # one token each, each sampled
+            b.token[:n] = [s.tokens[s.n_cached] for s, _ in plan]
+            b.pos[:n] = [s.n_cached for s, _ in plan]
+            b.seq[:n] = [s.slot for s, _ in plan]
+            b.logits[:n] = 1
+            sampled = [(s, i) for i, (s, _) in enumerate(plan)]
+        else:  # prompt chunks too: a few array operations over the whole plan, no per-token Python work
+            counts = np.fromiter((k for _, k in plan), dtype=np.int32, count=len(plan))
+            n = int(counts.sum())
+            b.token[:n] = list(itertools.chain.from_iterable(s.tokens[s.n_cached:s.n_cached + k] for s, k in plan))
+            first = np.cumsum(counts) - counts  # batch index of each entry's first token
+            starts = np.fromiter((s.n_cached for s, _ in plan), dtype=np.int32, count=len(plan))
+            b.pos[:n] = np.repeat(starts - first, counts) + np.arange(n, dtype=np.int32)
+            b.seq[:n] = np.repeat(np.fromiter((s.slot for s, _ in plan), dtype=np.int32, count=len(plan)), counts)
+            b.logits[:n] = 0
+            # an entry whose tokens reach the end of what it has produces logits at its last token
+            sampled = [(s, int(first[i] + k - 1)) for i, (s, k) in enumerate(plan)
+                       if s.n_cached + k == len(s.tokens)]
+            b.logits[[bi for _, bi in sampled]] = 1
         b.n_tokens = n
         t0 = time.perf_counter()
         rc = self.ctx.launch(b)

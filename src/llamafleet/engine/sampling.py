@@ -8,6 +8,7 @@ chosen tokens come from the raw logits with one vectorised log-softmax, only for
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -55,6 +56,7 @@ _PARALLEL_MIN = 1 << 20
 _pool: ThreadPoolExecutor | None = None
 
 
+@functools.cache
 def _threads() -> int:
     return min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
