@@ -8,7 +8,8 @@
 #                llama-bench, llama-batched-bench, llama-server for the comparison, one build for both
 #   models       synthesize LLaMA-2-shaped GGUF files with random weights (llamafleet synth)
 #   llama        llama-bench (pp512, tg128) and llama-batched-bench (128 prompt + 128 answer, 1..128 sequences)
-#   engine       llamafleet's engine in-process: 1 and 128 concurrent requests, argmax vs backend sampling
+#   engine       llamafleet's engine in-process: 1 and 128 concurrent requests; decode overlapped with the text work
+#                (default), one pass at a time (--no-overlap), and sampling in llama.cpp's graph (--backend-sampling)
 #   serve        HTTP, one GPU: llamafleet serve vs llama-server, same slots and context, concurrency 1..128
 #   multi        (2+ GPUs) one llamafleet endpoint over one replica per GPU, against the one-GPU run
 #   split        (2+ GPUs) 70B Q4_0: tensor split vs layer split, single stream and 32 streams
@@ -20,7 +21,8 @@
 #   REPORT              output folder for logs, JSON and report.md (default: $WORK/report)
 #   CUDA_ARCHITECTURES  default: native
 #   PYTHON              interpreter with llamafleet's dependencies (default: python3)
-#   QUICK=1             fewer requests per level (a smoke run); REQS=N sets the requests per level
+#   QUICK=1             fewer requests per level (a smoke run); REQS=N sets the requests per level (default: the
+#                       bench's own, 4 x concurrency and at least 16)
 #   SKIP_LLAMA_SERVER=1 the serve phase measures llamafleet only; LEVELS=1,8,32 picks its concurrency levels
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +50,8 @@ if [ "$#" -gt 0 ]; then PHASES="$*"; else
   [ "$NGPU" -ge 2 ] && PHASES="$PHASES multi split consistency"
 fi
 has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
-LEVEL_REQ() { if [ "${QUICK:-0}" = 1 ]; then echo $(( $1 > 8 ? $1 : 8 )); else echo $(( $1 * 2 > 16 ? $1 * 2 : 16 )); fi; }
+if [ -n "${REQS:-}" ]; then REQ_ARGS=(--requests "$REQS"); elif [ "${QUICK:-0}" = 1 ]; then REQ_ARGS=(--requests 16)
+else REQ_ARGS=(); fi
 
 M7=$WORK/models/llama2-7b-q4_0.gguf
 M70=$WORK/models/llama2-70b-q4_0.gguf
@@ -94,14 +97,17 @@ fi
 
 # --- engine in-process ---------------------------------------------------------------------------------------------
 if has engine; then
-  for bs in off on; do
+  for variant in overlap serial backend; do
     for n in 1 128; do
-      log "engine in-process: $n requests x 128 tokens, backend sampling $bs"
-      extra=(); [ "$bs" = on ] && extra=(--backend-sampling)
+      log "engine in-process: $n requests x 128 tokens, $variant"
+      case $variant in serial) extra=(--no-overlap);; backend) extra=(--backend-sampling);; *) extra=();; esac
       CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli bench engine --model "$M7" --requests "$n" --max-tokens 128 \
-        "${extra[@]}" --json >"$REPORT/engine-$n-$bs.json" 2>>"$REPORT/engine.log"
+        "${extra[@]}" --json >"$REPORT/engine-$n-$variant.json" 2>>"$REPORT/engine.log"
     done
   done
+  log "decode probe: 128 sequences through the bindings alone"
+  CUDA_VISIBLE_DEVICES=0 "$PY" "$repo/scripts/decode_probe.py" "$M7" >"$REPORT/decode-probe.txt" 2>>"$REPORT/engine.log" \
+    || log "decode probe failed (see engine.log)"
 fi
 
 # --- HTTP, one GPU ------------------------------------------------------------------------------------------------
@@ -114,8 +120,7 @@ wait_ready() {  # readiness url (llamafleet: /ready, 200 once every replica is u
   return 1
 }
 bench_http() {  # label, url, levels
-  local reqs; reqs=${REQS:-$(LEVEL_REQ 64)}
-  "$PY" -m llamafleet.cli bench --url "$2" --concurrency "$3" --requests "$reqs" --prompt-tokens 128 \
+  "$PY" -m llamafleet.cli bench --url "$2" --concurrency "$3" "${REQ_ARGS[@]}" --prompt-tokens 128 \
     --max-tokens 128 --label "$1" --out "$REPORT/$1" --no-progress >>"$REPORT/bench.log" 2>&1 \
     || echo "bench $1: some requests failed (see bench.log)" | tee -a "$REPORT/run.log"
 }

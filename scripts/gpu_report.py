@@ -1,6 +1,6 @@
 """Summarise a scripts/gpu-bench.sh run folder into one markdown report (printed to stdout).
 
-Reads what the phases left: llama-bench.json, batched-bench.jsonl, engine-*.json, <label>/bench.json,
+Reads what the phases left: llama-bench.json, batched-bench.jsonl, engine-*.json, decode-probe.txt, <label>/bench.json,
 dmon-*.log, plan-*.txt, mem-*.csv and consistency/. Missing pieces are skipped, so a partial run still reports.
 """
 
@@ -28,6 +28,10 @@ def num(v: float | None, fmt: str = ".1f") -> str:
     return format(v, fmt) if v is not None else "—"
 
 
+def pct(v: float | None) -> str:
+    return f"{100 * v:.0f}%" if v is not None else "—"
+
+
 def llama_bench(d: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for e in load(d / "llama-bench.json") or []:
@@ -53,8 +57,14 @@ def batched_bench(d: Path) -> dict[int, dict[str, float]]:
     return out
 
 
-def engine(d: Path, n: int, bs: str) -> dict[str, Any] | None:
-    r = load(d / f"engine-{n}-{bs}.json")
+# engine-<n>-<variant>.json: how each variant was run (see the engine phase of gpu-bench.sh)
+ENGINE_VARIANTS = (("overlap", "argmax on the host, decode overlapped with text work (default)"),
+                   ("serial", "argmax on the host, one pass at a time (--no-overlap)"),
+                   ("backend", "sampling in llama.cpp's graph (--backend-sampling)"))
+
+
+def engine(d: Path, n: int, variant: str) -> dict[str, Any] | None:
+    r = load(d / f"engine-{n}-{variant}.json")
     if not r:
         return None
     conc = [p for p in r["phases"] if p["name"] == "concurrent"][0]
@@ -93,10 +103,10 @@ def main(d: Path) -> None:
     tg = lb.get("tg128")
     print(f"| llama-bench tg128 | {num(tg)} | 1.000 |")
     print(f"| llama-bench pp512 (prompt) | {num(lb.get('pp512'))} | |")
-    for bs in ("off", "on"):
-        e = engine(d, 1, bs)
+    for variant, what in ENGINE_VARIANTS:
+        e = engine(d, 1, variant)
         if e:
-            print(f"| llamafleet engine in-process, backend sampling {bs} | {num(e['tokens_per_s'])} | "
+            print(f"| llamafleet engine in-process, {what} | {num(e['tokens_per_s'])} | "
                   f"{ratio(e['tokens_per_s'], tg)} |")
     if 1 in lf:
         s = lf[1]["stream_tok_s"]["p50"] if lf[1].get("stream_tok_s") else None
@@ -106,34 +116,47 @@ def main(d: Path) -> None:
         print(f"| llama-server HTTP streaming, per-stream p50 | {num(s)} | {ratio(s, tg)} |")
 
     print("\n## 128 concurrent sequences (7B Q4_0, one GPU)\n")
-    print("| measure | generated tok/s | vs batched-bench S_TG | Python overhead share |\n|---|---:|---:|---:|")
+    print("| measure | generated tok/s | vs batched-bench S_TG | host time per step (of which sampling) |\n"
+          "|---|---:|---:|---:|")
     stg = bb.get(128, {}).get("S_TG")
     print(f"| llama-batched-bench S_TG (pp128/tg128, 128 seq) | {num(stg)} | 1.000 | |")
-    for bs in ("off", "on"):
-        e = engine(d, 128, bs)
+    for variant, what in ENGINE_VARIANTS:
+        e = engine(d, 128, variant)
         if e:
-            print(f"| llamafleet engine in-process, backend sampling {bs} | {num(e['tokens_per_s'])} | "
-                  f"{ratio(e['tokens_per_s'], stg)} | {100 * e['overhead_share']:.1f}% "
-                  f"({e['overhead_ms_per_step']:.2f} ms/step) |")
+            print(f"| llamafleet engine in-process, {what} | {num(e['tokens_per_s'])} | "
+                  f"{ratio(e['tokens_per_s'], stg)} | {e['overhead_ms_per_step']:.2f} ms "
+                  f"({e.get('sample_ms_per_step', 0.0):.2f} ms) |")
     for name, runs in (("llamafleet", lf), ("llama-server", ls)):
         if 128 in runs:
-            print(f"| {name} HTTP, 128 streams | {num(runs[128]['output_tok_s'])} | "
-                  f"{ratio(runs[128]['output_tok_s'], stg)} | |")
+            lv = runs[128]
+            print(f"| {name} HTTP, 128 streams, all of the run (prefill included) | {num(lv['output_tok_s'])} | "
+                  f"{ratio(lv['output_tok_s'], stg)} | |")
+            print(f"| {name} HTTP, 128 streams, steady (all streams generating) | {num(lv.get('steady_tok_s'))} | "
+                  f"{ratio(lv.get('steady_tok_s'), stg)} | |")
+    probe = d / "decode-probe.txt"
+    if probe.exists() and probe.read_text().strip():
+        print("\nDecode probe (scripts/decode_probe.py: llama.cpp's loop through llamafleet's bindings, no engine):\n")
+        print(probe.read_text().strip())
     if 128 in lf and 128 in ls:
         r = ratio(lf[128]["output_tok_s"], ls[128]["output_tok_s"])
-        print(f"\nllamafleet / llama-server at 128 streams: **{r}x**")
+        rs = ratio(lf[128].get("steady_tok_s"), ls[128].get("steady_tok_s"))
+        print(f"\nllamafleet / llama-server at 128 streams: **{r}x** over the whole run, **{rs}x** steady")
 
     if lf or ls:
         print("\n## Concurrency sweep over HTTP (7B Q4_0, one GPU, 128-token prompts, 128-token answers)\n")
-        print("| streams | llamafleet tok/s | llama-server tok/s | ratio | llamafleet TTFT p50 ms | "
-              "llama-server TTFT p50 ms | errors (lf/ls) |\n|---:|---:|---:|---:|---:|---:|---|")
+        print("| streams | llamafleet tok/s | llama-server tok/s | ratio | steady: llamafleet | llama-server | "
+              "ratio | TTFT p50 ms (lf/ls) | client CPU (lf/ls) | errors (lf/ls) |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
         for c in sorted(set(lf) | set(ls)):
             a, b = lf.get(c, {}), ls.get(c, {})
             ta = a.get("ttft_ms", {}) or {}
             tb = b.get("ttft_ms", {}) or {}
             print(f"| {c} | {num(a.get('output_tok_s'))} | {num(b.get('output_tok_s'))} | "
-                  f"{ratio(a.get('output_tok_s'), b.get('output_tok_s'))} | {num(ta.get('p50'))} | "
-                  f"{num(tb.get('p50'))} | {a.get('errors', '—')}/{b.get('errors', '—')} |")
+                  f"{ratio(a.get('output_tok_s'), b.get('output_tok_s'))} | {num(a.get('steady_tok_s'))} | "
+                  f"{num(b.get('steady_tok_s'))} | {ratio(a.get('steady_tok_s'), b.get('steady_tok_s'))} | "
+                  f"{num(ta.get('p50'), '.0f')}/{num(tb.get('p50'), '.0f')} | "
+                  f"{pct(a.get('client_cpu'))}/{pct(b.get('client_cpu'))} | "
+                  f"{a.get('errors', '—')}/{b.get('errors', '—')} |")
         print(f"\nGPU utilization (nvidia-smi dmon): llamafleet {dmon_util(d, 'llamafleet-1gpu')}; "
               f"llama-server {dmon_util(d, 'llama-server-1gpu')}")
 
@@ -141,10 +164,13 @@ def main(d: Path) -> None:
     for m in multi:
         runs = http(d, m.name)
         print(f"\n## Data parallel: {m.name} (one replica per GPU, one endpoint)\n")
-        print("| streams | tok/s | vs one GPU at 128 streams |\n|---:|---:|---:|")
-        base = lf.get(128, {}).get("output_tok_s")
+        print("| streams | tok/s | vs one GPU at 128 streams | steady tok/s | vs one GPU steady | client CPU |\n"
+              "|---:|---:|---:|---:|---:|---:|")
+        base, sbase = lf.get(128, {}).get("output_tok_s"), lf.get(128, {}).get("steady_tok_s")
         for c, lv in sorted(runs.items()):
-            print(f"| {c} | {num(lv['output_tok_s'])} | {ratio(lv['output_tok_s'], base)} |")
+            print(f"| {c} | {num(lv['output_tok_s'])} | {ratio(lv['output_tok_s'], base)} | "
+                  f"{num(lv.get('steady_tok_s'))} | {ratio(lv.get('steady_tok_s'), sbase)} | "
+                  f"{pct(lv.get('client_cpu'))} |")
         print(f"\nGPU utilization: {dmon_util(d, m.name)}")
 
     split = {mode: http(d, f"llamafleet-70b-{mode}") for mode in ("tensor", "layer")}
