@@ -48,10 +48,10 @@ def new_choices(group: Group) -> list[Choice]:
     return [Choice(Completion(rid)) for rid in group.request_ids]
 
 
-def usage(choices: list[Choice], n: int) -> Usage:
+def usage(choices: Sequence[Completion], n: int) -> Usage:
     """Token counts of a request whose choices are ``n`` per prompt (a prompt is counted once, not n times)."""
-    prompt = sum(c.completion.prompt_tokens for c in choices[::n])
-    completion = sum(c.completion.completion_tokens for c in choices)
+    prompt = sum(c.prompt_tokens for c in choices[::n])
+    completion = sum(c.completion_tokens for c in choices)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
@@ -114,7 +114,8 @@ async def respond(group: Group, render: Renderer, request: Request, stream: bool
     try:
         if not stream:
             choices = await collect(group, request)
-            return JSONResponse(render.whole(choices, usage(choices, n)).model_dump(), headers=headers)
+            return JSONResponse(render.whole(choices, usage([c.completion for c in choices], n)).model_dump(),
+                                headers=headers)
         with _watching(group, request):
             first = await group.next()
         if isinstance(first[1], Failure):
@@ -133,9 +134,10 @@ async def _events(group: Group, first: Event, render: Renderer, n: int, include_
     through the ASGI middlewares and the socket is the API process's largest cost, and this way it shrinks as
     the load grows instead of falling behind.
     """
-    choices = new_choices(group)
+    # a stream keeps only each choice's token counts (for usage); its text has gone to the client
+    counts = [Completion(rid) for rid in group.request_ids]
     try:
-        out = [sse(opening) for opening in render.opening(len(choices))]
+        out = [sse(opening) for opening in render.opening(len(counts))]
         batch = [first]
         while True:
             for index, item in batch:
@@ -143,7 +145,8 @@ async def _events(group: Group, first: Event, render: Renderer, n: int, include_
                     out.append(sse(_error(item).body()))
                     yield "".join(out)
                     return
-                choices[index].add(item)
+                counts[index].prompt_tokens = item.output.prompt_tokens
+                counts[index].completion_tokens = item.output.completion_tokens
                 chunk = render.chunk(index, item)
                 if chunk is not None:
                     out.append(sse(chunk))
@@ -155,7 +158,7 @@ async def _events(group: Group, first: Event, render: Renderer, n: int, include_
             batch = [await group.next()]
             batch += group.ready()
         if include_usage:
-            out.append(sse(render.usage_chunk(usage(choices, n))))
+            out.append(sse(render.usage_chunk(usage(counts, n))))
         out.append(SSE_DONE)
         yield "".join(out)
     finally:

@@ -41,6 +41,6 @@ async def generate(body: GenerateRequest, request: Request, response: Response,
         text=done.text,
         model=service.model_name,
         finish_reason=done.finish_reason,
-        usage=usage([choice], 1),
+        usage=usage([choice.completion], 1),
         timings=Timings(ttft_ms=1000 * (first - t0), total_ms=1000 * (t_end - t0), tokens_per_second=rate),
     )
