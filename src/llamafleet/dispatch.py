@@ -157,6 +157,16 @@ class Dispatcher:
                     self._timed_out.add(rid)
                 self.replicas.send(replica, Abort(rid))  # released when its "cancelled" output comes back
 
+    def abort_all(self, message: str) -> int:
+        """End every running sequence now with a 503 ``message`` (the server must stop); returns how many."""
+        rids = list(self._routes)
+        for rid in rids:
+            replica = self.router.replica_of(rid)
+            if replica is not None:
+                self.replicas.send(replica, Abort(rid))  # released when its "cancelled" output comes back
+            self._deliver(rid, Failure(503, message), final=True)
+        return len(rids)
+
     # -- ReplicaListener ----------------------------------------------------------------------------------------
     def replica_up(self, replica: int, ready: Ready) -> None:
         self.router.set_up(replica, ready.n_seq)

@@ -6,8 +6,9 @@ routes. The :class:`~llamafleet.watchdog.Watchdog` runs alongside while the serv
 
 :func:`run_server` serves on an already bound socket while the replicas load in the background (``/ready`` says 503
 until every replica is up; requests are served as soon as one is). On SIGINT/SIGTERM it stops accepting, gives
-in-flight requests :data:`DRAIN_S` seconds to finish, cancels the rest (their sequences are aborted on the
-workers), tells every worker to exit and waits up to :data:`WORKER_EXIT_S` for them, then returns 0.
+in-flight requests :data:`DRAIN_S` seconds to finish (a second signal ends them at once with a 503), cancels the
+rest (their sequences are aborted on the workers), tells every worker to exit and waits up to
+:data:`WORKER_EXIT_S` for them, then returns 0.
 """
 
 from __future__ import annotations
@@ -172,7 +173,23 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn's server, except that a signal that stopped it cleanly is not raised again afterwards (exit 0)."""
+    """uvicorn's server, except that a signal that stopped it cleanly is not raised again afterwards (exit 0), and
+    that a second signal during the drain ends the running requests at once (each gets a 503 error: a stream its
+    error event) instead of cancelling their tasks mid-write, which printed tracebacks. A third forces the exit."""
+
+    def __init__(self, config: uvicorn.Config, hurry: Callable[[], int]) -> None:
+        super().__init__(config)
+        self._hurry = hurry
+        self._hurried = False
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.should_exit and not self._hurried:
+            self._hurried = True
+            loop = asyncio.get_running_loop()
+            loop.call_soon_threadsafe(lambda: log.warning(
+                "%s again: ending %d running sequence(s) now", signal.Signals(sig).name, self._hurry()))
+            return
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -197,6 +214,7 @@ def run_server(service: Service, sock: socket.socket, log_level: str, on_ready: 
     app = create_app(service, on_ready, fatal)
     config = uvicorn.Config(app, log_config=None, log_level=log_level, access_log=log_level == "debug",
                             timeout_graceful_shutdown=int(DRAIN_S), lifespan="on")
-    server = _Uvicorn(config)
+    server = _Uvicorn(config, lambda: service.dispatcher.abort_all(
+        "the server is stopping now (a second stop signal); retry the request"))
     server.run(sockets=[sock])
     return rc

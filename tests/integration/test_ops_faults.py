@@ -158,3 +158,35 @@ def test_request_timeout_gives_504_and_frees_the_slot(launch_fleet: Callable[[li
     m = metrics(server)
     assert metric(m, "llamafleet_sequences_total", outcome="cancelled") == 0  # each sequence is counted once
     assert metric(m, "llamafleet_replica_slots_busy", replica="0") == 0
+
+
+def test_a_second_stop_signal_ends_running_streams_at_once(launch_fleet: Callable[[list[str]], FleetServer],
+                                                            model_path: Path) -> None:
+    """First SIGINT: drain. Second: running requests end now with a 503 error event, no traceback, exit 0."""
+    server = launch_fleet(["--model", str(model_path), "--replicas", "1", "--parallel", "2", "--ctx", "2048",
+                           "--threads", "1"])
+    model = server.wait_ready()["model"]
+    events: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        body = {"model": model, "prompt": COUNTING, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    started.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert started.wait(30), "the stream never started"
+    server.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert server.stop(signal.SIGINT, timeout=30) == 0
+    assert time.monotonic() - t0 < 8, "the second signal did not cut the drain short"
+    reader.join(10)
+    assert "second stop signal" in events[-1] and '"service_unavailable"' in events[-1], events[-1]
+    log = server.log()
+    assert "SIGINT again: ending 1 running sequence(s) now" in log and "Traceback" not in log
+    assert "context and model freed; replica 0 exits" in log
