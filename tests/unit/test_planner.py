@@ -131,6 +131,16 @@ def test_prefer_latency_uses_tensor_split_on_nvlink(models: dict[str, ModelInfo]
     assert layout(pcie) == DP2  # no NVLink: latency changes nothing
 
 
+def test_70b_on_four_h200s(models: dict[str, ModelInfo]) -> None:
+    """Issue 8's plans: Q8_0 fits one H200 (a replica per GPU); F16 does not, and throughput takes two 2-GPU tensor
+    splits over one 4-GPU split, which latency takes instead."""
+    cfg = {"parallel": 32, "context_length": 4096}
+    assert layout(plan_for(models, "70b-q8_0", "4x141gb-nvlink", **cfg)) == "0/none 1/none 2/none 3/none"
+    assert layout(plan_for(models, "70b-f16", "4x141gb-nvlink", **cfg)) == "0,1/tensor 2,3/tensor"
+    one = plan_for(models, "70b-f16", "4x141gb-nvlink", prefer="latency", **cfg)
+    assert layout(one) == "0,1,2,3/tensor" and one.replicas[0].tensor_split == (0.25, 0.25, 0.25, 0.25)
+
+
 def test_explicit_tensor_over_pcie_is_honoured_with_a_warning(models: dict[str, ModelInfo]) -> None:
     plan = plan_for(models, "13b-q4_0", "2x24gb-pcie", split_mode="tensor")
     assert layout(plan) == "0,1/tensor"
