@@ -126,6 +126,9 @@ def main(d: Path) -> None:
             print(f"| llamafleet engine in-process, {what} | {num(e['tokens_per_s'])} | "
                   f"{ratio(e['tokens_per_s'], stg)} | {e['overhead_ms_per_step']:.2f} ms "
                   f"({e.get('sample_ms_per_step', 0.0):.2f} ms) |")
+            if e.get("steady_tokens_per_s"):
+                print(f"| llamafleet engine in-process, {what}, steady (every sequence generating) | "
+                      f"{num(e['steady_tokens_per_s'])} | {ratio(e['steady_tokens_per_s'], stg)} | |")
     for name, runs in (("llamafleet", lf), ("llama-server", ls)):
         if 128 in runs:
             lv = runs[128]

@@ -42,10 +42,18 @@ class Phase:
     decode_seconds: float
     sample_seconds: float
     step_seconds: float
+    steady_tokens: int  # generated in steps where every request of its group produced a token
+    steady_seconds: float
 
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def steady_tokens_per_s(self) -> float:
+        """Tokens/s of the steps in which every sequence generated (no prefill, no ramp): the counterpart of
+        llama-batched-bench's S_TG and of ``llamafleet bench``'s steady_tok_s."""
+        return self.steady_tokens / self.steady_seconds if self.steady_seconds else 0.0
 
     @property
     def overhead_share(self) -> float:
@@ -62,17 +70,28 @@ class Phase:
 
 
 def _phase(eng: Engine, name: str, batches: list[list[Request]]) -> Phase:
+    """Run each group of requests together to its end, one group after another."""
     before = eng.stats()
     t0 = time.perf_counter()
-    gen = 0
+    gen = steady = 0
+    steady_s = 0.0
     for group in batches:
-        gen += sum(c.completion_tokens for c in eng.generate(group).values())
+        for r in group:
+            eng.add_request(r)
+        while eng.has_work():
+            t = time.perf_counter()
+            outs = eng.step()
+            dt = time.perf_counter() - t
+            tokens = sum(len(o.token_ids) for o in outs)
+            gen += tokens
+            if sum(1 for o in outs if o.token_ids) == len(group):
+                steady, steady_s = steady + tokens, steady_s + dt
     secs = time.perf_counter() - t0
     after = eng.stats()
     return Phase(name, sum(len(b) for b in batches), gen, secs, after.steps - before.steps,
                  after.decode_seconds_total - before.decode_seconds_total,
                  after.sample_seconds_total - before.sample_seconds_total,
-                 after.step_seconds_total - before.step_seconds_total)
+                 after.step_seconds_total - before.step_seconds_total, steady, steady_s)
 
 
 def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64) -> dict[str, object]:
@@ -94,18 +113,20 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64) -> dict[st
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "phases": [asdict(p) | {"tokens_per_s": p.tokens_per_s, "overhead_share": p.overhead_share,
                                 "overhead_ms_per_step": p.overhead_ms_per_step,
-                                "sample_ms_per_step": p.sample_ms_per_step} for p in (seq, conc)],
+                                "sample_ms_per_step": p.sample_ms_per_step,
+                                "steady_tokens_per_s": p.steady_tokens_per_s} for p in (seq, conc)],
         "speedup": conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0,
     }
 
 
 def markdown(result: dict[str, object]) -> str:
-    rows = ["| phase | requests | generated tok | seconds | tok/s | steps | Python overhead / step | share "
-            "| of which sampling |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| phase | requests | generated tok | seconds | tok/s | steady tok/s | steps | Python overhead / step "
+            "| share | of which sampling |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in result["phases"]:  # type: ignore[attr-defined]
         rows.append(f"| {p['name']} | {p['requests']} | {p['generated_tokens']} | {p['seconds']:.2f} | "
-                    f"{p['tokens_per_s']:.1f} | {p['steps']} | {p['overhead_ms_per_step']:.3f} ms | "
+                    f"{p['tokens_per_s']:.1f} | {p['steady_tokens_per_s']:.1f} | {p['steps']} | "
+                    f"{p['overhead_ms_per_step']:.3f} ms | "
                     f"{100 * p['overhead_share']:.1f}% | {p['sample_ms_per_step']:.3f} ms |")
     rows.append(f"\nconcurrent / sequential aggregate tokens/s: **{result['speedup']:.2f}x**")
     return "\n".join(rows)
