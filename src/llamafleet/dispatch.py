@@ -151,21 +151,23 @@ class Dispatcher:
         for rid in group.request_ids:
             if self._routes.pop(rid, None) is None:
                 continue  # already finished
-            replica = self.router.replica_of(rid)
-            if replica is not None:
-                if group.timed_out:
-                    self._timed_out.add(rid)
-                self.replicas.send(replica, Abort(rid))  # released when its "cancelled" output comes back
+            if self._abort(rid) and group.timed_out:
+                self._timed_out.add(rid)
 
     def abort_all(self, message: str) -> int:
         """End every running sequence now with a 503 ``message`` (the server must stop); returns how many."""
         rids = list(self._routes)
         for rid in rids:
-            replica = self.router.replica_of(rid)
-            if replica is not None:
-                self.replicas.send(replica, Abort(rid))  # released when its "cancelled" output comes back
+            self._abort(rid)
             self._deliver(rid, Failure(503, message), final=True)
         return len(rids)
+
+    def _abort(self, rid: str) -> bool:
+        """Tell the replica running ``rid`` to stop it (it is released when its "cancelled" output comes back)."""
+        replica = self.router.replica_of(rid)
+        if replica is not None:
+            self.replicas.send(replica, Abort(rid))
+        return replica is not None
 
     # -- ReplicaListener ----------------------------------------------------------------------------------------
     def replica_up(self, replica: int, ready: Ready) -> None:

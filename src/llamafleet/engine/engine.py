@@ -164,8 +164,9 @@ class Engine:
         fresh = self._collect() if self._inflight is not None else []
         self._admit()
         plan = schedule(self._running, self.cfg.n_batch, self._steps)
-        error = self._launch(plan) if plan else None
+        error = None
         if plan:
+            error = self._launch(plan)
             self._steps += 1
             if not self.cfg.overlap and self._inflight is not None:
                 fresh += self._collect()
