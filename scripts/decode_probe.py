@@ -4,8 +4,9 @@
 
 Each line times one setup of the same loop (llama_decode of 128 tokens, one per sequence, then wait): prompts of
 equal or of varying length, next tokens random (like llama-batched-bench) or the argmax of the logits (like a
-greedy engine). Next to llama-batched-bench's S_TG it separates what llama.cpp costs through ctypes from what the
-engine adds. gpu-bench.sh runs it in its engine phase.
+greedy engine; split over threads as the engine does, or in one thread to see what the threads gain). Next to
+llama-batched-bench's S_TG it separates what llama.cpp costs through ctypes from what the engine adds.
+gpu-bench.sh runs it in its engine phase.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def main(model: str) -> None:
     rng = np.random.default_rng(0)
     with L.Model(cfg) as m, L.Context(m, cfg) as c, L.Batch(512) as b:
 
-        def run(name: str, prompt_len: Callable[[int], int], greedy: bool) -> None:
+        def run(name: str, prompt_len: Callable[[int], int], greedy: bool, threaded: bool = True) -> None:
             c.clear_all()
             todo = [(s, p) for s in range(SEQS) for p in range(prompt_len(s))]
             for i in range(0, len(todo), 512):
@@ -55,7 +56,7 @@ def main(model: str) -> None:
                 c.wait()
                 t2 = time.perf_counter()
                 if greedy:
-                    tok = argmax_rows(c.logits(SEQS))
+                    tok = argmax_rows(c.logits(SEQS)) if threaded else np.argmax(c.logits(SEQS), axis=1)
                 dec, pick = dec + t2 - t1, pick + time.perf_counter() - t2
             wall = time.perf_counter() - t0
             print(f"| {name} | {SEQS * STEPS / wall:.1f} | {1e3 * dec / STEPS:.2f} | {1e3 * pick / STEPS:.2f} |",
@@ -66,6 +67,7 @@ def main(model: str) -> None:
         run("16-token prompts, random next tokens", lambda s: 16, False)
         run("16-token prompts, argmax next tokens", lambda s: 16, True)
         run("10..25-token prompts, argmax next tokens (the engine bench's shape)", lambda s: 10 + s % 16, True)
+        run("10..25-token prompts, argmax in one thread", lambda s: 10 + s % 16, True, threaded=False)
 
 
 if __name__ == "__main__":
