@@ -48,6 +48,10 @@ def check_level(lv: dict[str, Any]) -> None:
         assert 0 < d["p50"] <= d["p90"] <= d["p99"], name
     assert lv["ttft_ms"]["p50"] < lv["e2e_ms"]["p50"]
     assert lv["output_tok_s"] > 0 and lv["requests_s"] > 0
+    assert 0 < lv["client_cpu"] < 2  # the client measured its own CPU time
+    # while every stream generates the rate should not fall below the whole level's, which also holds prompts and
+    # ramps (half of it, as a generous margin for a shared 2-core machine)
+    assert lv["steady_tok_s"] is None or lv["steady_tok_s"] >= 0.5 * lv["output_tok_s"]
 
 
 def test_completions_run_report_and_files(runs: dict[str, Any], fleet: FleetServer) -> None:
