@@ -62,8 +62,9 @@ def _threads() -> int:
 
 
 def argmax_rows(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
-    """Row-wise argmax. A big batch (128 rows x 32k vocab = 16 MB) is split over a few threads: numpy releases the
-    GIL inside argmax, the scan is memory-bound, and llama.cpp's own threads are idle while the host samples."""
+    """Row-wise argmax. A big batch (128 rows x 32k vocab = 16 MB) is split over a few threads, since numpy releases
+    the GIL inside argmax. Whether that pays off right after a decode is not settled: on a 2-core machine it did not,
+    and scripts/decode_probe.py times both ways on a GPU (see docs/BENCHMARKS.md)."""
     global _pool
     rows = logits.shape[0]
     n = min(_threads(), rows)
