@@ -23,7 +23,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from llamafleet.models import default_model_path
+from llamafleet.model.demo import default_model_path
 
 READY_TIMEOUT_S = 240.0
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamafleet.router import RoutingPolicy
+from llamafleet.fleet.router import RoutingPolicy
 
 SplitMode = Literal["auto", "none", "layer", "tensor"]
 KvCacheType = Literal["f16", "q8_0", "q4_0"]
@@ -48,7 +48,7 @@ class FleetConfig(BaseModel):
     flash_attn: bool | None = Field(None, description="None = let llama.cpp decide")
     backend_sampling: bool = Field(False, description="sample greedy requests inside llama.cpp's graph (GPU)")
 
-    # GPU placement (see planner.py).
+    # GPU placement (see placement/planner.py).
     gpus: list[int] | None = Field(None, description="GPU indices to use; default = all")
     replicas: int | None = Field(None, ge=1, description="replica count; default = what the plan chooses")
     split_mode: SplitMode = "auto"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from llamafleet.consistency_prompts import builtin_prompts
+from llamafleet.consistency.prompts import builtin_prompts
 
 PROMPTS = [
     "A customer asks how long a refund takes. Answer briefly.",

@@ -11,7 +11,7 @@ import numpy as np  # isort: skip
 
 from llamafleet.engine.sampling import argmax_rows
 from llamafleet.engine.types import EngineConfig, Request, SamplingParams
-from llamafleet.models import default_model_path
+from llamafleet.model.demo import default_model_path
 
 PROMPTS = [
     "The capital of France is",

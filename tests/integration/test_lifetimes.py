@@ -9,7 +9,7 @@ import pytest
 
 from llamafleet.engine.llama import Context, Model
 from llamafleet.engine.types import EngineConfig
-from llamafleet.models import default_model_path
+from llamafleet.model.demo import default_model_path
 
 
 def rss_mib() -> float:

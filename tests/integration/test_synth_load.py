@@ -1,8 +1,8 @@
 """Synthetic models run in llama.cpp, and the planner's memory prediction matches what llama.cpp allocates (CPU).
 
 Each prediction is checked in a fresh worker-like process started with the environment and engine configuration
-that :func:`llamafleet.planner.launch_spec` gives; llama.cpp's own log lines (routed into Python logging by the
-engine) report the buffers it allocated.
+that :func:`llamafleet.placement.planner.launch_spec` gives; llama.cpp's own log lines (routed into Python logging by
+the engine) report the buffers it allocated.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from llamafleet.config import FleetConfig
-from llamafleet.gguf_info import read_model_info
-from llamafleet.gpus import Inventory
-from llamafleet.planner import launch_spec, make_plan
-from llamafleet.synth import SHAPES, find_vocab, write_model
+from llamafleet.model.header import read_model_info
+from llamafleet.model.synth import SHAPES, find_vocab, write_model
+from llamafleet.placement.gpus import Inventory
+from llamafleet.placement.planner import launch_spec, make_plan
 
 TOLERANCE = 0.10
 LOAD = """

@@ -1,14 +1,15 @@
 """Machines described for the check-env tests: a healthy 2xH200 server and the CPU/llama.cpp facts to vary.
 
-The GPUs come from a real inventory file read by :func:`llamafleet.gpus.load_inventory`; the rest are the facts
-:func:`llamafleet.envcheck_gather.gather` would read on such a machine (system info strings as llama.cpp prints them).
+The GPUs come from a real inventory file read by :func:`llamafleet.placement.gpus.load_inventory`; the rest are the
+facts :func:`llamafleet.envcheck.gather.gather` would read on such a machine (system info strings as llama.cpp prints
+them).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from llamafleet.envcheck_facts import (
+from llamafleet.envcheck.facts import (
     CheckResult,
     DeviceFacts,
     DriverFacts,
@@ -19,7 +20,7 @@ from llamafleet.envcheck_facts import (
     PackageFact,
     PythonFacts,
 )
-from llamafleet.gpus import Inventory, load_inventory
+from llamafleet.placement.gpus import Inventory, load_inventory
 
 GIB = 2**30
 

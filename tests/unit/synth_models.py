@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet.gguf_info import ModelInfo, read_model_info
-from llamafleet.synth import SHAPES, find_vocab, write_model
+from llamafleet.model.header import ModelInfo, read_model_info
+from llamafleet.model.synth import SHAPES, find_vocab, write_model
 
 SIZES = ("7b", "13b", "70b")
 QUANTS = ("q4_0", "q8_0", "f16")

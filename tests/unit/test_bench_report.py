@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from llamafleet import bench_report
-from llamafleet.bench import (
+from llamafleet.bench import report as bench_report
+from llamafleet.bench.loadgen import (
     BenchConfig,
     BenchError,
     LevelRun,

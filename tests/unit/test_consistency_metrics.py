@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from llamafleet.consistency import (
+from llamafleet.consistency.compare import (
     CPU_THRESHOLDS,
     Answer,
     Thresholds,

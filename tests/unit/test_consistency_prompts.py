@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet.bench import BenchError
-from llamafleet.consistency import CPU_THRESHOLDS, Answer, compare_all, summarize
-from llamafleet.consistency_prompts import BUILTIN, builtin_prompts, load_prompts
-from llamafleet.consistency_report import ConfigResult, Report, to_json, to_markdown
+from llamafleet.bench.loadgen import BenchError
+from llamafleet.consistency.compare import CPU_THRESHOLDS, Answer, compare_all, summarize
+from llamafleet.consistency.prompts import BUILTIN, builtin_prompts, load_prompts
+from llamafleet.consistency.report import ConfigResult, Report, to_json, to_markdown
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 

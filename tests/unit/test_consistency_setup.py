@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llamafleet.config import FleetConfig
-from llamafleet.consistency_run import (
+from llamafleet.consistency.run import (
     DEFAULT_CONFIGS,
     CheckOptions,
     ConfigNameError,
@@ -19,9 +19,9 @@ from llamafleet.consistency_run import (
     setups,
     usable_inventory,
 )
-from llamafleet.gguf_info import ModelInfo, read_model_info
-from llamafleet.gpus import Inventory, empty_inventory, load_inventory
-from llamafleet.models import default_model_path
+from llamafleet.model.demo import default_model_path
+from llamafleet.model.header import ModelInfo, read_model_info
+from llamafleet.placement.gpus import Inventory, empty_inventory, load_inventory
 
 INVENTORIES = Path(__file__).resolve().parents[2] / "examples" / "inventories"
 

@@ -27,10 +27,10 @@ from envcheck_machines import (
 
 from llamafleet.cli import main
 from llamafleet.config import ConfigError
-from llamafleet.envcheck import exit_code, format_json, format_text, run_checks
-from llamafleet.envcheck_facts import CheckResult, Facts, HostFacts, LlamaBuild, PackageFact, PythonFacts, Status
-from llamafleet.envcheck_gather import elf_needed, gather, model_facts, resolve_model
-from llamafleet.models import default_model_path
+from llamafleet.envcheck.facts import CheckResult, Facts, HostFacts, LlamaBuild, PackageFact, PythonFacts, Status
+from llamafleet.envcheck.gather import elf_needed, gather, model_facts, resolve_model
+from llamafleet.envcheck.run import exit_code, format_json, format_text, run_checks
+from llamafleet.model.demo import default_model_path
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_GPU = Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
@@ -244,7 +244,7 @@ def test_exit_code_ladder() -> None:
 def test_probe_runs_in_a_child_process() -> None:
     """The probe must work from a fresh interpreter: that is how gather() calls it."""
     proc = subprocess.run(
-        [sys.executable, "-c", "from llamafleet.envcheck_gather import run_probe; run_probe()"],
+        [sys.executable, "-c", "from llamafleet.envcheck.gather import run_probe; run_probe()"],
         capture_output=True,
         text=True,
         timeout=300,

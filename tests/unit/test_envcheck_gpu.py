@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from envcheck_machines import CUDA_LIBS, GIB, H200X2, PORTABLE_CPU, by_name, h200x2_facts, healthy, write_inventory
 
-from llamafleet.envcheck import exit_code, run_checks
-from llamafleet.envcheck_facts import CheckResult, DeviceFacts, DriverFacts, Facts, LlamaBuild
-from llamafleet.envcheck_gpu import visible_gpus
+from llamafleet.envcheck.facts import CheckResult, DeviceFacts, DriverFacts, Facts, LlamaBuild
+from llamafleet.envcheck.gpu import visible_gpus
+from llamafleet.envcheck.run import exit_code, run_checks
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from llamafleet.gguf_info import GgufError, read_fields, read_header, read_model_info
-from llamafleet.synth import SHAPES, find_vocab, write_model
+from llamafleet.model.header import GgufError, read_fields, read_header, read_model_info
+from llamafleet.model.synth import SHAPES, find_vocab, write_model
 
 MIB = 2**20
 

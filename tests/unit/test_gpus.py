@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llamafleet.gpus import (
+from llamafleet.placement.gpus import (
     Gpu,
     Inventory,
     InventoryError,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from synth_models import sparse_models
 
-from llamafleet.gguf_info import ModelInfo, read_model_info
-from llamafleet.memory import (
+from llamafleet.model.header import ModelInfo, read_model_info
+from llamafleet.placement.memory import (
     HOST,
     ContextShape,
     compute_bytes,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from llamafleet.engine.types import EngineStats
-from llamafleet.metrics import Counter, Gauge, Histogram, Registry
-from llamafleet.replicas import ReplicaState
-from llamafleet.router import Router
-from llamafleet.telemetry import FleetMetrics, GpuSample
+from llamafleet.fleet.metrics import Counter, Gauge, Histogram, Registry
+from llamafleet.fleet.replicas import ReplicaState
+from llamafleet.fleet.router import Router
+from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
 
 
 def test_counter_and_gauge_render_with_help_type_and_escaped_labels() -> None:

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from llamafleet.auth import ApiKeysError, load_api_keys
+from llamafleet.api.app import create_app
+from llamafleet.api.middleware import ApiKeysError, load_api_keys
+from llamafleet.api.service import Service
+from llamafleet.api.watchdog import leaking
 from llamafleet.config import FleetConfig
-from llamafleet.dispatch import Dispatcher
 from llamafleet.engine.types import EngineConfig, EngineStats
-from llamafleet.replicas import ReplicaSet, ReplicaSpec, ReplicaState
-from llamafleet.router import QueueFullError, Router
-from llamafleet.server import create_app
-from llamafleet.service import Service
-from llamafleet.watchdog import leaking
+from llamafleet.fleet.dispatch import Dispatcher
+from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec, ReplicaState
+from llamafleet.fleet.router import QueueFullError, Router
 
 MODEL = "tiny-model"
 
@@ -117,10 +117,10 @@ def test_keys_load_from_env_and_file(tmp_path: Path) -> None:
 
 
 def test_watchdog_refuses_only_for_the_fleets_own_gpus() -> None:
+    from llamafleet.api.watchdog import fleet_gpus, refusal
     from llamafleet.engine.types import EngineConfig
-    from llamafleet.replicas import ReplicaSpec
-    from llamafleet.telemetry import GpuSample
-    from llamafleet.watchdog import fleet_gpus, refusal
+    from llamafleet.fleet.replicas import ReplicaSpec
+    from llamafleet.fleet.telemetry import GpuSample
 
     cfg = EngineConfig(model_path="m.gguf")
     specs = [ReplicaSpec({"CUDA_VISIBLE_DEVICES": "1,2"}, cfg, "GPUs 1,2"),

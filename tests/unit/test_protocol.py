@@ -12,13 +12,13 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from llamafleet.dispatch import Dispatcher
+from llamafleet.api.app import create_app
+from llamafleet.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from llamafleet.api.service import Service
 from llamafleet.engine.types import EngineConfig
-from llamafleet.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from llamafleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.router import Router
-from llamafleet.server import create_app
-from llamafleet.service import Service
+from llamafleet.fleet.dispatch import Dispatcher
+from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.fleet.router import Router
 
 MODEL = "tiny-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}

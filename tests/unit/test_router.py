@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamafleet.router import NoReplicaError, Router
+from llamafleet.fleet.router import NoReplicaError, Router
 
 
 def _router(slots: list[int], policy: str = "least_outstanding") -> Router:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llamafleet.stream_client import Connection, Origin, StreamClientError
+from llamafleet.bench.client import Connection, Origin, StreamClientError
 
 
 @dataclass

@@ -11,8 +11,8 @@ import pytest
 from gguf.quants import dequantize
 
 from llamafleet.cli import main
-from llamafleet.gguf_info import read_fields, read_header, read_model_info
-from llamafleet.synth import QUANTS, SHAPES, SynthError, find_vocab, tensor_specs, write_model
+from llamafleet.model.header import read_fields, read_header, read_model_info
+from llamafleet.model.synth import QUANTS, SHAPES, SynthError, find_vocab, tensor_specs, write_model
 
 # Parameter counts of Meta's LLaMA-2 checkpoints.
 LLAMA2_PARAMS = {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192}

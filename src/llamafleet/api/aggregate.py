@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
-from llamafleet.dispatch import Delta, Event, Failure, Group
+from llamafleet.api.protocol import SSE_DONE, ApiError, Usage, sse
 from llamafleet.engine.types import Completion
-from llamafleet.protocol import SSE_DONE, ApiError, Usage, sse
+from llamafleet.fleet.dispatch import Delta, Event, Failure, Group
 
 REPLICAS_HEADER = "x-llamafleet-replicas"  # which replica ran each choice, in order (for operators and tests)
 DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is still there

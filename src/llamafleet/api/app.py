@@ -1,8 +1,8 @@
 """The API process: the FastAPI app (routes, OpenAI error bodies, ``/health``, ``/ready``, ``/metrics``) and its life.
 
-Every request passes, outermost first: :class:`~llamafleet.telemetry.HttpMetrics` (counts and times every answer),
-CORS (only when ``cors_origins`` is set), :class:`~llamafleet.auth.Gate` (API keys, body size limit), then the
-routes. The :class:`~llamafleet.watchdog.Watchdog` runs alongside while the server is up.
+Every request passes, outermost first: :class:`~llamafleet.fleet.telemetry.HttpMetrics` (counts and times every answer),
+CORS (only when ``cors_origins`` is set), :class:`~llamafleet.api.middleware.Gate` (API keys, body size limit), then the
+routes. The :class:`~llamafleet.api.watchdog.Watchdog` runs alongside while the server is up.
 
 :func:`run_server` serves on an already bound socket while the replicas load in the background (``/ready`` says 503
 until every replica is up; requests are served as soon as one is). On SIGINT/SIGTERM it stops accepting, gives
@@ -28,14 +28,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from llamafleet import __version__, api_generate, api_openai
-from llamafleet.auth import Gate
-from llamafleet.metrics import CONTENT_TYPE
-from llamafleet.protocol import ApiError, error_response
-from llamafleet.replicas import LoadError
-from llamafleet.service import Service, ServiceDep
-from llamafleet.telemetry import HttpMetrics
-from llamafleet.watchdog import Watchdog
+from llamafleet import __version__
+from llamafleet.api import generate, openai
+from llamafleet.api.middleware import Gate, HttpMetrics
+from llamafleet.api.protocol import ApiError, error_response
+from llamafleet.api.service import Service, ServiceDep
+from llamafleet.api.watchdog import Watchdog
+from llamafleet.fleet.metrics import CONTENT_TYPE
+from llamafleet.fleet.replicas import LoadError
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,8 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
 
     app = FastAPI(title="llamafleet", version=__version__, lifespan=lifespan)
     app.state.service = service
-    app.include_router(api_openai.router)
-    app.include_router(api_generate.router)
+    app.include_router(openai.router)
+    app.include_router(generate.router)
     cfg = service.config
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes)
     if cfg.cors_origins:

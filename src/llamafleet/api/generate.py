@@ -11,11 +11,11 @@ import uuid
 
 from fastapi import APIRouter, Request, Response
 
-from llamafleet.aggregate import REPLICAS_HEADER, collect, usage
+from llamafleet.api.aggregate import REPLICAS_HEADER, collect, usage
+from llamafleet.api.protocol import GenerateRequest, GenerateResponse, Timings
+from llamafleet.api.service import ServiceDep
 from llamafleet.engine.types import SamplingParams
-from llamafleet.messages import Submit
-from llamafleet.protocol import GenerateRequest, GenerateResponse, Timings
-from llamafleet.service import ServiceDep
+from llamafleet.fleet.messages import Submit
 
 router = APIRouter()
 

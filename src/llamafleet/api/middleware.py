@@ -1,4 +1,5 @@
-"""API keys and request body limits: the checks every HTTP request passes before any route sees it.
+"""Every ASGI layer a request passes before a route sees it: :class:`HttpMetrics` (outermost: counts and times every
+answer), then :class:`Gate` (API keys, request body limits).
 
 Keys come from the ``LLAMAFLEET_API_KEYS`` environment variable (comma-separated) and/or the configured
 ``api_keys_file`` (one key per line, ``#`` starts a comment); with no key anywhere, authentication is off. Clients
@@ -14,11 +15,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import time
 from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llamafleet.protocol import ApiError, error_response
+from llamafleet.api.protocol import ApiError, error_response
+from llamafleet.fleet.telemetry import FleetMetrics
 
 KEYS_ENV = "LLAMAFLEET_API_KEYS"
 OPEN_PATHS = frozenset({"/health", "/ready"})
@@ -126,3 +129,46 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
+
+
+def route_label(scope: Scope) -> str:
+    """The route template a request matched (``/v1/models/{model_id:path}``), or ``other`` (unknown paths, and
+    requests refused before routing), so that random paths cannot multiply the metric's series."""
+    return str(getattr(scope.get("route"), "path", "other"))
+
+
+class HttpMetrics:
+    """ASGI middleware (the outermost): counts every answer by route and status, and times it to its last byte."""
+
+    def __init__(self, app: ASGIApp, metrics: FleetMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 0
+        counted = False
+
+        def count() -> None:
+            nonlocal counted
+            if not counted:  # at the last byte, or when the app ends without one (a client that left mid-stream)
+                counted = True
+                route = route_label(scope)  # known once the app has routed the request
+                self.metrics.http_requests.inc(route, scope["method"], str(status or 500))
+                self.metrics.http_seconds.observe(time.perf_counter() - t0, route)
+
+        async def send_and_count(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                count()
+
+        try:
+            await self.app(scope, receive, send_and_count)
+        finally:
+            count()

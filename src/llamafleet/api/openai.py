@@ -1,7 +1,7 @@
 """The OpenAI-compatible routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``.
 
 Each request becomes one sequence per choice and prompt (``n`` x prompts, index ``prompt * n + choice`` as OpenAI
-numbers them), fanned out over the replicas by the dispatcher and put back together by :mod:`llamafleet.aggregate`.
+numbers them), fanned out over the replicas by the dispatcher and put back together by :mod:`llamafleet.api.aggregate`.
 The renderers here only decide the JSON shapes.
 """
 
@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from llamafleet.aggregate import Choice, respond
-from llamafleet.dispatch import Delta
-from llamafleet.messages import Submit
-from llamafleet.protocol import (
+from llamafleet.api.aggregate import Choice, respond
+from llamafleet.api.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -35,7 +33,9 @@ from llamafleet.protocol import (
     TokenLogprob,
     Usage,
 )
-from llamafleet.service import Service, ServiceDep
+from llamafleet.api.service import Service, ServiceDep
+from llamafleet.fleet.dispatch import Delta
+from llamafleet.fleet.messages import Submit
 
 router = APIRouter()
 

@@ -14,12 +14,12 @@ from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
+from llamafleet.api.protocol import ApiError
 from llamafleet.config import FleetConfig
-from llamafleet.dispatch import Dispatcher, Group
-from llamafleet.messages import Submit
-from llamafleet.protocol import ApiError
-from llamafleet.router import NoReplicaError, QueueFullError
-from llamafleet.telemetry import FleetMetrics, GpuSample
+from llamafleet.fleet.dispatch import Dispatcher, Group
+from llamafleet.fleet.messages import Submit
+from llamafleet.fleet.router import NoReplicaError, QueueFullError
+from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
 

@@ -10,7 +10,7 @@ Every ``watchdog_interval_s`` it
   sequence in flight there. If that lasts ``slot_leak_s``, the replica is restarted (its worker is killed and
   loaded again, as after a crash) and the recovery is counted.
 
-Everything it sees is exported by ``GET /metrics`` (see :mod:`llamafleet.telemetry`).
+Everything it sees is exported by ``GET /metrics`` (see :mod:`llamafleet.fleet.telemetry`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import time
 from collections.abc import Iterable
 from types import ModuleType
 
-from llamafleet.gpus import nvml_text
-from llamafleet.replicas import ReplicaSpec, ReplicaState
-from llamafleet.router import Router
-from llamafleet.service import Service
-from llamafleet.telemetry import GpuSample
+from llamafleet.api.service import Service
+from llamafleet.fleet.replicas import ReplicaSpec, ReplicaState
+from llamafleet.fleet.router import Router
+from llamafleet.fleet.telemetry import GpuSample
+from llamafleet.placement.gpus import nvml_text
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ with ``stream_options.include_usage``) or, where a server sends none, from the n
 Requests are greedy (``temperature`` 0) and send ``"ignore_eos": true`` (unless told not to, for servers that refuse
 unknown fields) so every answer runs to ``max_tokens`` where the server honours it (llamafleet, llama-server and
 vLLM do); answers that still end early are counted, so runs stay comparable. Statistics and files are
-:mod:`llamafleet.bench_report`'s job; this module only measures.
+:mod:`llamafleet.bench.report`'s job; this module only measures.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from llamafleet.stream_client import Connection, Origin, StreamClientError
+from llamafleet.bench.client import Connection, Origin, StreamClientError
 
 
 class BenchError(RuntimeError):

@@ -32,7 +32,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from llamafleet import __version__
-from llamafleet.bench import BenchConfig, LevelRun, PromptSet, RequestResult
+from llamafleet.bench.loadgen import BenchConfig, LevelRun, PromptSet, RequestResult
 
 SCHEMA = "llamafleet.bench/1"
 CLIENT_BUSY = 0.8  # above this share of one core, the client may be what limits a level

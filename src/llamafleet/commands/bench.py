@@ -3,9 +3,9 @@
 Three forms share one parser:
 
 - ``llamafleet bench [http] --url URL ...``: a concurrency sweep against any OpenAI-compatible endpoint; prints the
-  table and writes ``bench.json``, ``bench.md``, ``throughput.png``, ``ttft.png`` (see :mod:`llamafleet.bench`);
-- ``llamafleet bench --compare A.json B.json ...``: the ratio table between runs (see :mod:`llamafleet.bench_report`);
-- ``llamafleet bench engine ...``: the in-process engine benchmark (see :mod:`llamafleet.enginebench`).
+  table and writes ``bench.json``, ``bench.md``, ``throughput.png``, ``ttft.png`` (see :mod:`llamafleet.bench.loadgen`);
+- ``llamafleet bench --compare A.json B.json ...``: the ratio table between runs (see :mod:`llamafleet.bench.report`);
+- ``llamafleet bench engine ...``: the in-process engine benchmark (see :mod:`llamafleet.bench.engine`).
 
 A flag that belongs to another form is refused with its name, rather than silently ignored.
 """
@@ -19,8 +19,9 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from llamafleet import bench, bench_report
-from llamafleet.models import ModelFetchError, default_model_path
+from llamafleet.bench import loadgen
+from llamafleet.bench import report as bench_report
+from llamafleet.model.demo import ModelFetchError, default_model_path
 
 # Flags that only one form reads (dest -> flag); the shared ones (--model, --requests, --max-tokens) are not here.
 HTTP_ONLY = {"url": "--url", "concurrency": "--concurrency", "duration": "--duration",
@@ -72,17 +73,17 @@ def _run_http(args: argparse.Namespace) -> int:
     if (err := _refuse(args, ENGINE_ONLY, "`llamafleet bench http`", "engine-only")):
         return _fail(err)
     try:
-        prompts = bench.load_prompts(Path(args.prompts)) if args.prompts else bench.PromptSet(
+        prompts = loadgen.load_prompts(Path(args.prompts)) if args.prompts else loadgen.PromptSet(
             words=args.prompt_tokens or 128)
         url = args.url or "http://127.0.0.1:8080"
-        model = args.model or bench.resolve_model(url, args.api_key)
-        cfg = bench.BenchConfig(url=url, model=model, concurrency=args.concurrency or (1, 8, 32),
+        model = args.model or loadgen.resolve_model(url, args.api_key)
+        cfg = loadgen.BenchConfig(url=url, model=model, concurrency=args.concurrency or (1, 8, 32),
                                 requests=args.requests, duration=args.duration, max_tokens=args.max_tokens or 128,
                                 chat=args.chat, api_key=args.api_key, timeout=args.timeout or 600.0,
                                 warmup=1 if args.warmup is None else args.warmup,
                                 ignore_eos=not args.no_ignore_eos)
-        runs = bench.run(cfg, prompts, progress=not args.no_progress)
-    except (bench.BenchError, ValueError) as e:
+        runs = loadgen.run(cfg, prompts, progress=not args.no_progress)
+    except (loadgen.BenchError, ValueError) as e:
         return _fail(str(e))
     label = args.label or model
     report = bench_report.build_report(cfg, prompts, runs, label)
@@ -117,7 +118,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 def _run_engine(args: argparse.Namespace) -> int:
     if (err := _refuse(args, HTTP_ONLY | {"out": "--out"}, "`llamafleet bench engine`", "http-only")):
         return _fail(err)
-    from llamafleet import enginebench  # loads llama.cpp: only this form needs it
+    from llamafleet.bench import engine as enginebench  # loads llama.cpp: only this form needs it
     from llamafleet.engine.types import EngineConfig
 
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from llamafleet.config import ConfigError
-from llamafleet.envcheck import check_environment, exit_code, format_json, format_text
+from llamafleet.envcheck.run import check_environment, exit_code, format_json, format_text
 
 EPILOG = """exit codes: 0 every check passed (or was skipped), 1 warnings, 2 failures (or a bad --config).
 See docs/CHECK_ENV.md for what each check means and how to fix it."""

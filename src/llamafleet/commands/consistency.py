@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llamafleet.bench import BenchError
+from llamafleet.bench.loadgen import BenchError
 from llamafleet.config import ConfigError, load_config
-from llamafleet.consistency import CPU_THRESHOLDS, GPU_THRESHOLDS, Thresholds
-from llamafleet.consistency_prompts import builtin_prompts, load_prompts
-from llamafleet.consistency_report import to_json, to_markdown
-from llamafleet.consistency_run import (
+from llamafleet.consistency.compare import CPU_THRESHOLDS, GPU_THRESHOLDS, Thresholds
+from llamafleet.consistency.prompts import builtin_prompts, load_prompts
+from llamafleet.consistency.report import to_json, to_markdown
+from llamafleet.consistency.run import (
     DEFAULT_CONFIGS,
     CheckOptions,
     ConfigNameError,
@@ -26,9 +26,9 @@ from llamafleet.consistency_run import (
     run_check,
     usable_inventory,
 )
-from llamafleet.gguf_info import GgufError, read_model_info
-from llamafleet.gpus import detect_inventory
-from llamafleet.models import ModelFetchError, default_model_path
+from llamafleet.model.demo import ModelFetchError, default_model_path
+from llamafleet.model.header import GgufError, read_model_info
+from llamafleet.placement.gpus import detect_inventory
 
 
 def _gpu_build() -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from llamafleet.models import ModelFetchError, default_model_path
+from llamafleet.model.demo import ModelFetchError, default_model_path
 
 
 def _run(args: argparse.Namespace) -> int:

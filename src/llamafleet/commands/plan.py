@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 from llamafleet.config import ConfigError, FleetConfig, load_config
-from llamafleet.gguf_info import GgufError, ModelInfo, read_model_info
-from llamafleet.gpus import Inventory, InventoryError, describe_inventory, detect_inventory, load_inventory
-from llamafleet.models import ModelFetchError, default_model_path
-from llamafleet.planner import Plan, make_plan
+from llamafleet.model.demo import ModelFetchError, default_model_path
+from llamafleet.model.header import GgufError, ModelInfo, read_model_info
+from llamafleet.placement.gpus import Inventory, InventoryError, describe_inventory, detect_inventory, load_inventory
+from llamafleet.placement.planner import Plan, make_plan
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -14,17 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llamafleet.auth import ApiKeysError, load_api_keys
+from llamafleet.api.app import run_server
+from llamafleet.api.middleware import ApiKeysError, load_api_keys
+from llamafleet.api.service import Service
 from llamafleet.config import ConfigError, FleetConfig, load_config
-from llamafleet.dispatch import Dispatcher
-from llamafleet.gguf_info import GgufError, read_model_info
-from llamafleet.gpus import detect_inventory
-from llamafleet.models import ModelFetchError, default_model_path
-from llamafleet.planner import launch_spec, make_plan
-from llamafleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.router import ROUTING_POLICIES, Router
-from llamafleet.server import run_server
-from llamafleet.service import Service
+from llamafleet.fleet.dispatch import Dispatcher
+from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.fleet.router import ROUTING_POLICIES, Router
+from llamafleet.model.demo import ModelFetchError, default_model_path
+from llamafleet.model.header import GgufError, read_model_info
+from llamafleet.placement.gpus import detect_inventory
+from llamafleet.placement.planner import launch_spec, make_plan
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from llamafleet.synth import QUANTS, SHAPES, SynthError, find_vocab, write_model
+from llamafleet.model.synth import QUANTS, SHAPES, SynthError, find_vocab, write_model
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamafleet import bench
-from llamafleet.messages import ChatTurn
+from llamafleet.bench import loadgen
+from llamafleet.fleet.messages import ChatTurn
 
 BUILTIN: tuple[tuple[str, str], ...] = (  # (area, question)
     ("customer support", "A customer says their order arrived damaged. Write a short, polite reply that offers a "
@@ -59,8 +59,8 @@ def builtin_prompts() -> list[Prompt]:
 
 
 def load_prompts(path: str | Path) -> list[Prompt]:
-    """Read a prompt file in ``llamafleet bench``'s formats (:func:`llamafleet.bench.load_prompts`); a text prompt
-    becomes one user turn. Raises :class:`~llamafleet.bench.BenchError` naming the line and the fix."""
+    """Read a prompt file in ``llamafleet bench``'s formats (:func:`llamafleet.bench.loadgen.load_prompts`); a text
+    prompt becomes one user turn. Raises :class:`~llamafleet.bench.loadgen.BenchError` naming the line and the fix."""
     p = Path(path)
-    found = bench.load_prompts(p).prompts
+    found = loadgen.load_prompts(p).prompts
     return [Prompt(f"{p.name} #{i}", q.messages or (("user", q.text),)) for i, q in enumerate(found, start=1)]

@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from llamafleet.consistency import Comparison, Summary, Thresholds
-from llamafleet.consistency_prompts import Prompt
+from llamafleet.consistency.compare import Comparison, Summary, Thresholds
+from llamafleet.consistency.prompts import Prompt
 
 Status = Literal["reference", "pass", "fail", "skipped", "error"]
 

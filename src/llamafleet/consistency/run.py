@@ -1,10 +1,10 @@
 """Running the consistency check: the configurations, their workers, and the report.
 
-Every configuration runs in real worker processes (:class:`~llamafleet.replicas.ReplicaSet` over
-:func:`~llamafleet.worker.worker_main`), exactly the path ``llamafleet serve`` takes: the worker tokenizes the chat
-prompt through the model's template, the engine generates greedily with log-probabilities, outputs come back once
-per step. Starting each configuration in a fresh process also means its environment (``CUDA_VISIBLE_DEVICES``) is
-set before llama.cpp loads, and its memory is given back in full before the next one loads.
+Every configuration runs in real worker processes (:class:`~llamafleet.fleet.replicas.ReplicaSet` over
+:func:`~llamafleet.fleet.worker.worker_main`), exactly the path ``llamafleet serve`` takes: the worker tokenizes the
+chat prompt through the model's template, the engine generates greedily with log-probabilities, outputs come back once
+per step. Starting each configuration in a fresh process also means its environment (``CUDA_VISIBLE_DEVICES``) is set
+before llama.cpp loads, and its memory is given back in full before the next one loads.
 
 Configurations (``--configs``):
 
@@ -15,10 +15,11 @@ Configurations (``--configs``):
   replica answers the prompts one at a time, one replica after another (so CPU replicas never compete for cores).
 * ``layer`` / ``tensor``: one replica whose weights are split over every GPU by layer or by tensor. GPU only.
 
-Placement comes from the planner (:func:`~llamafleet.planner.make_plan` and :func:`~llamafleet.planner.launch_spec`),
-as for ``serve``: on GPUs the reference and its single-replica variants go where the planner puts one replica (the
-main GPU), replicas one per GPU, splits over every selected GPU. The GPU splits are skipped, with the reason, where
-fewer than two GPUs can be used (no GPU, or a CPU-only build of llama.cpp). Every worker gets the same thread count.
+Placement comes from the planner (:func:`~llamafleet.placement.planner.make_plan` and
+:func:`~llamafleet.placement.planner.launch_spec`), as for ``serve``: on GPUs the reference and its single-replica
+variants go where the planner puts one replica (the main GPU), replicas one per GPU, splits over every selected GPU. The
+GPU splits are skipped, with the reason, where fewer than two GPUs can be used (no GPU, or a CPU-only build of
+llama.cpp). Every worker gets the same thread count.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llamafleet.config import FleetConfig
-from llamafleet.consistency import Answer, Thresholds, compare_all, judge, summarize
-from llamafleet.consistency_prompts import Prompt
-from llamafleet.consistency_report import ConfigResult, Report
+from llamafleet.consistency.compare import Answer, Thresholds, compare_all, judge, summarize
+from llamafleet.consistency.prompts import Prompt
+from llamafleet.consistency.report import ConfigResult, Report
 from llamafleet.engine.types import Completion, EngineConfig, SamplingParams
-from llamafleet.gguf_info import ModelInfo
-from llamafleet.gpus import Inventory, empty_inventory
-from llamafleet.messages import Ready, StepOutputs, Submit
-from llamafleet.planner import launch_spec, make_plan
-from llamafleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.fleet.messages import Ready, StepOutputs, Submit
+from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.model.header import ModelInfo
+from llamafleet.placement.gpus import Inventory, empty_inventory
+from llamafleet.placement.planner import launch_spec, make_plan
 
 log = logging.getLogger(__name__)
 

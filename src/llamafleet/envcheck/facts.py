@@ -1,7 +1,7 @@
 """The facts ``llamafleet check-env`` judges, and the verdict of one check: plain frozen data, no I/O.
 
-:func:`llamafleet.envcheck_gather.gather` fills :class:`Facts` from the real machine. Tests build them by hand (the
-GPU part with :func:`llamafleet.gpus.load_inventory`) to describe machines we do not have: a GPU server with a
+:func:`llamafleet.envcheck.gather.gather` fills :class:`Facts` from the real machine. Tests build them by hand (the
+GPU part with :func:`llamafleet.placement.gpus.load_inventory`) to describe machines we do not have: a GPU server with a
 CPU-only wheel, a container started without ``--gpus all``, a driver older than the CUDA llama.cpp was built with.
 """
 
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from llamafleet.gpus import Inventory
+from llamafleet.placement.gpus import Inventory
 
 Status = Literal["pass", "warn", "fail", "skip"]
 LLAMA_PACKAGE = "llama-cpp-python"  # the one requirement pinned exactly: binding names drift between versions
@@ -177,7 +177,7 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class Facts:
-    """Everything the checks judge; see :func:`llamafleet.envcheck.run_checks`."""
+    """Everything the checks judge; see :func:`llamafleet.envcheck.run.run_checks`."""
 
     inventory: Inventory
     driver: DriverFacts

@@ -27,7 +27,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 
 from llamafleet.config import load_config
-from llamafleet.envcheck_facts import (
+from llamafleet.envcheck.facts import (
     LLAMA_PACKAGE,
     DeviceFacts,
     DriverFacts,
@@ -38,9 +38,9 @@ from llamafleet.envcheck_facts import (
     PackageFact,
     PythonFacts,
 )
-from llamafleet.gpus import detect_inventory
-from llamafleet.models import demo_model_file
+from llamafleet.model.demo import demo_model_file
 from llamafleet.paths import cache_dir
+from llamafleet.placement.gpus import detect_inventory
 
 PROBE_MARK = "llamafleet-envcheck-probe:"
 PROBE_TIMEOUT_S = 180  # CUDA initialisation on many GPUs can take a while
@@ -211,7 +211,7 @@ def run_probe() -> None:
 
 
 def _probe(base: LlamaBuild) -> LlamaBuild:
-    cmd = [sys.executable, "-c", "from llamafleet.envcheck_gather import run_probe; run_probe()"]
+    cmd = [sys.executable, "-c", "from llamafleet.envcheck.gather import run_probe; run_probe()"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:

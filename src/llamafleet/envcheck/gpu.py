@@ -1,7 +1,7 @@
 """The GPU half of ``llamafleet check-env``: driver, GPUs, device files, GPU offload, CUDA versions, interconnect.
 
-Each check is a pure function of :class:`~llamafleet.envcheck_facts.Facts` returning one
-:class:`~llamafleet.envcheck_facts.CheckResult`, so any machine can be described in a test. When one problem has a
+Each check is a pure function of :class:`~llamafleet.envcheck.facts.Facts` returning one
+:class:`~llamafleet.envcheck.facts.CheckResult`, so any machine can be described in a test. When one problem has a
 cause reported by an earlier check (no GPU, llama.cpp did not load), later checks say ``skip`` instead of failing
 again, so each problem is counted once.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from llamafleet.envcheck_facts import CheckResult, Facts, Finding, combine, size_text
-from llamafleet.gpus import Gpu, Inventory
+from llamafleet.envcheck.facts import CheckResult, Facts, Finding, combine, size_text
+from llamafleet.placement.gpus import Gpu, Inventory
 
 REBUILD_CUDA = "rebuild llama.cpp with CUDA: LLAMAFLEET_BACKEND=cuda scripts/install.sh"
 BUSY_SHARE = 0.10  # a GPU with more than this share of its memory already taken gets a warning

@@ -1,7 +1,7 @@
 """The host half of ``llamafleet check-env``: Python and packages, llama.cpp loading, CPU features, model, RAM, disk.
 
-Pure functions of :class:`~llamafleet.envcheck_facts.Facts`, each returning one
-:class:`~llamafleet.envcheck_facts.CheckResult`.
+Pure functions of :class:`~llamafleet.envcheck.facts.Facts`, each returning one
+:class:`~llamafleet.envcheck.facts.CheckResult`.
 
 The CPU check guards the SIGILL trap: llama.cpp compiled with ``-march=native`` uses every instruction the build
 machine advertised (AVX-512, AMX). A virtual machine can advertise AMX in ``/proc/cpuinfo`` without granting it, and a
@@ -17,7 +17,7 @@ import signal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from llamafleet.envcheck_facts import LLAMA_PACKAGE, CheckResult, Facts, Finding, combine, size_text
+from llamafleet.envcheck.facts import LLAMA_PACKAGE, CheckResult, Facts, Finding, combine, size_text
 
 INSTALL = "run scripts/install.sh (LLAMAFLEET_BACKEND=cuda on a GPU machine)"
 REBUILD_PORTABLE = "rebuild llama.cpp portable: scripts/install.sh (LLAMAFLEET_BACKEND=cpu, or cuda; never native)"

@@ -1,6 +1,6 @@
 """``llamafleet check-env``: is this machine ready to serve, and if not, what to fix.
 
-Gather once (:func:`llamafleet.envcheck_gather.gather`), judge with pure functions (:func:`run_checks`), report
+Gather once (:func:`llamafleet.envcheck.gather.gather`), judge with pure functions (:func:`run_checks`), report
 one line per check. Exit code (:func:`exit_code`): 0 every check passed or was skipped, 1 warnings, 2 failures.
 
 The checks, in report order: python, packages, llama.cpp (loads, backends), cpu (build vs CPU, the AMX/SIGILL
@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from llamafleet.envcheck_facts import SEVERITY, CheckResult, Facts
-from llamafleet.envcheck_gather import gather
-from llamafleet.envcheck_gpu import (
+from llamafleet.envcheck.facts import SEVERITY, CheckResult, Facts
+from llamafleet.envcheck.gather import gather
+from llamafleet.envcheck.gpu import (
     check_cuda,
     check_devices,
     check_driver,
@@ -24,7 +24,7 @@ from llamafleet.envcheck_gpu import (
     check_interconnect,
     check_offload,
 )
-from llamafleet.envcheck_host import (
+from llamafleet.envcheck.host import (
     check_cpu,
     check_disk,
     check_llama,

@@ -1,7 +1,7 @@
 """The dispatcher: fans a request's sequences out to replicas and brings their outputs back, in the event loop.
 
 An HTTP request becomes a :class:`Group` of sequences (``n`` choices x prompts); each sequence is routed on its own
-(:mod:`llamafleet.router`), so one request's choices spread over replicas. Worker messages arrive once per engine
+(:mod:`llamafleet.fleet.router`), so one request's choices spread over replicas. Worker messages arrive once per engine
 step per replica; the dispatcher hands each output to its group's queue tagged with the sequence's index in the
 group, so handlers aggregate in input order however the replicas interleave.
 
@@ -10,7 +10,7 @@ its replica died, the server is stopping, the request ran past its timeout). Clo
 aborts its unfinished sequences on the replicas that run them.
 
 The dispatcher also times every sequence (submitted -> first token, gaps between tokens) and counts its tokens and
-how it ended, into :class:`~llamafleet.telemetry.FleetMetrics`.
+how it ended, into :class:`~llamafleet.fleet.telemetry.FleetMetrics`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 
 from llamafleet.engine.types import RequestOutput
-from llamafleet.messages import Abort, Ready, StepOutputs, Submit
-from llamafleet.replicas import ReplicaSet
-from llamafleet.router import Router
-from llamafleet.telemetry import FleetMetrics
+from llamafleet.fleet.messages import Abort, Ready, StepOutputs, Submit
+from llamafleet.fleet.replicas import ReplicaSet
+from llamafleet.fleet.router import Router
+from llamafleet.fleet.telemetry import FleetMetrics
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,8 @@ class Dispatcher:
     def submit(self, msgs: list[Submit], timeout_s: float | None = None) -> Group:
         """Send every sequence of one request to a replica; its events stop after ``timeout_s``.
 
-        :class:`~llamafleet.router.NoReplicaError` if none is up, :class:`~llamafleet.router.QueueFullError` if
-        the queues are full (then nothing was sent)."""
+        :class:`~llamafleet.fleet.router.NoReplicaError` if none is up, :class:`~llamafleet.fleet.router.QueueFullError`
+        if the queues are full (then nothing was sent)."""
         try:
             placed = [self.router.assign(m.request_id) for m in msgs]
         except BaseException:

@@ -1,7 +1,7 @@
 """Starting and supervising the worker processes, one per replica, from the API process's event loop.
 
 * Workers are started with multiprocessing's ``spawn`` (a fresh interpreter: the replica's environment is applied
-  before llama.cpp is imported, see :mod:`llamafleet.worker`) and talk over one duplex pipe each.
+  before llama.cpp is imported, see :mod:`llamafleet.fleet.worker`) and talk over one duplex pipe each.
 * Model loads are serialized: one replica loads at a time, at start-up and on every restart (concurrent CUDA
   context creation is a known crash).
 * The pipe is watched with ``loop.add_reader``: a worker's messages are handled as they arrive, and a worker that
@@ -24,8 +24,8 @@ from multiprocessing.process import BaseProcess
 from typing import Literal, Protocol
 
 from llamafleet.engine.types import EngineConfig, EngineStats
-from llamafleet.messages import LoadFailed, LoadProgress, Ready, Shutdown, StepOutputs, ToWorker
-from llamafleet.worker import worker_main
+from llamafleet.fleet.messages import LoadFailed, LoadProgress, Ready, Shutdown, StepOutputs, ToWorker
+from llamafleet.fleet.worker import worker_main
 
 log = logging.getLogger(__name__)
 

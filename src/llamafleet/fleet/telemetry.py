@@ -1,24 +1,21 @@
 """The fleet's metrics: what they are, how HTTP traffic is counted, and how replica and GPU state is read at scrape.
 
 Only the API process exports metrics. Workers report their engine's stats inside every
-:class:`~llamafleet.messages.StepOutputs` (kept on each :class:`~llamafleet.replicas.ReplicaState`); the dispatcher
-times every sequence (time to first token, time between tokens) and counts tokens and outcomes; the
-:class:`HttpMetrics` middleware counts every HTTP answer, including those refused before routing (401, 413);
-the watchdog records GPU memory. :meth:`FleetMetrics.refresh` copies the state-like values into gauges just before
-``GET /metrics`` renders them.
+:class:`~llamafleet.fleet.messages.StepOutputs` (kept on each :class:`~llamafleet.fleet.replicas.ReplicaState`); the
+dispatcher times every sequence (time to first token, time between tokens) and counts tokens and outcomes; the
+:class:`~llamafleet.api.middleware.HttpMetrics` middleware counts every HTTP answer, including those refused before
+routing (401, 413); the watchdog records GPU memory. :meth:`FleetMetrics.refresh` copies the state-like values into
+gauges just before ``GET /metrics`` renders them.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from llamafleet.metrics import Counter, Gauge, Histogram, Registry
-from llamafleet.replicas import ReplicaState
-from llamafleet.router import Router
+from llamafleet.fleet.metrics import Counter, Gauge, Histogram, Registry
+from llamafleet.fleet.replicas import ReplicaState
+from llamafleet.fleet.router import Router
 
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -120,45 +117,3 @@ class FleetMetrics:
             if gpu.utilization_pct is not None:
                 self.gpu_util.set(gpu.utilization_pct / 100, *labels)
 
-
-def route_label(scope: Scope) -> str:
-    """The route template a request matched (``/v1/models/{model_id:path}``), or ``other`` (unknown paths, and
-    requests refused before routing), so that random paths cannot multiply the metric's series."""
-    return str(getattr(scope.get("route"), "path", "other"))
-
-
-class HttpMetrics:
-    """ASGI middleware (the outermost): counts every answer by route and status, and times it to its last byte."""
-
-    def __init__(self, app: ASGIApp, metrics: FleetMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        status = 0
-        counted = False
-
-        def count() -> None:
-            nonlocal counted
-            if not counted:  # at the last byte, or when the app ends without one (a client that left mid-stream)
-                counted = True
-                route = route_label(scope)  # known once the app has routed the request
-                self.metrics.http_requests.inc(route, scope["method"], str(status or 500))
-                self.metrics.http_seconds.observe(time.perf_counter() - t0, route)
-
-        async def send_and_count(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                count()
-
-        try:
-            await self.app(scope, receive, send_and_count)
-        finally:
-            count()

@@ -1,13 +1,13 @@
 """The worker process of one replica: owns one :class:`~llamafleet.engine.engine.Engine`, driven by one thread.
 
-Started by :mod:`llamafleet.replicas` with multiprocessing's ``spawn``; :func:`worker_main` is the whole life of the
-process. It sets the replica's environment (``CUDA_VISIBLE_DEVICES`` and friends) *before* llama.cpp is imported,
-loads the engine while reporting progress, answers with :class:`~llamafleet.messages.Ready` (the readiness
-handshake), then loops: take the commands that arrived, run one engine step, send that step's outputs of every
-sequence as one :class:`~llamafleet.messages.StepOutputs`. A second thread only reads the pipe, so the API process
-can always send while the engine decodes; the engine itself is touched by the main thread alone.
+Started by :mod:`llamafleet.fleet.replicas` with multiprocessing's ``spawn``; :func:`worker_main` is the whole life of
+the process. It sets the replica's environment (``CUDA_VISIBLE_DEVICES`` and friends) *before* llama.cpp is imported,
+loads the engine while reporting progress, answers with :class:`~llamafleet.fleet.messages.Ready` (the readiness
+handshake), then loops: take the commands that arrived, run one engine step, send that step's outputs of every sequence
+as one :class:`~llamafleet.fleet.messages.StepOutputs`. A second thread only reads the pipe, so the API process can
+always send while the engine decodes; the engine itself is touched by the main thread alone.
 
-The worker ends when told (:class:`~llamafleet.messages.Shutdown`: in-flight requests are cancelled and reported)
+The worker ends when told (:class:`~llamafleet.fleet.messages.Shutdown`: in-flight requests are cancelled and reported)
 or when the API process disappears (its end of the pipe closes), so a killed server leaves no orphan workers.
 Ctrl-C in a terminal reaches the whole process group; workers ignore SIGINT and let the server shut them down.
 """
@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from llamafleet.engine.types import EngineConfig, Request
-from llamafleet.messages import (
+from llamafleet.fleet.messages import (
     Abort,
     FromWorker,
     LoadFailed,

@@ -28,7 +28,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 from tqdm import tqdm
 
-from llamafleet.gguf_info import read_fields
+from llamafleet.model.header import read_fields
 from llamafleet.paths import LLAMA_CPP_VERSION, cache_dir, llama_cpp_sdist_dir
 
 log = logging.getLogger(__name__)

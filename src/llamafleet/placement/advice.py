@@ -6,9 +6,17 @@ import math
 from collections.abc import Sequence
 
 from llamafleet.config import FleetConfig
-from llamafleet.gguf_info import ModelInfo
-from llamafleet.gpus import Gpu
-from llamafleet.memory import CTX_PAD, MIB, ContextShape, DeviceNeed, compute_bytes, kv_bytes_per_token, replica_needs
+from llamafleet.model.header import ModelInfo
+from llamafleet.placement.gpus import Gpu
+from llamafleet.placement.memory import (
+    CTX_PAD,
+    MIB,
+    ContextShape,
+    DeviceNeed,
+    compute_bytes,
+    kv_bytes_per_token,
+    replica_needs,
+)
 
 Q4_0_BITS = 4.5  # bits per weight of a Q4_0 file
 LOPSIDED = 0.15  # flag a split whose GPUs' fill levels differ by more than this

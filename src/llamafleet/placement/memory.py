@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llamafleet.gguf_info import ModelInfo
+from llamafleet.model.header import ModelInfo
 
 MIB = 1 << 20
 CTX_PAD = 256

@@ -1,7 +1,7 @@
 """Decide where a model runs: replica groups, split mode, ``tensor_split``, context sizes, and the memory budget.
 
-:func:`make_plan` is a pure function of the model's header (:mod:`llamafleet.gguf_info`), the machine's GPUs
-(:mod:`llamafleet.gpus`) and the configuration; it loads nothing and refuses a plan that cannot fit *before*
+:func:`make_plan` is a pure function of the model's header (:mod:`llamafleet.model.header`), the machine's GPUs
+(:mod:`llamafleet.placement.gpus`) and the configuration; it loads nothing and refuses a plan that cannot fit *before*
 anything loads, with the numbers and what would make it fit. Policy (measured facts in docs/PLANNER.md):
 
 * A model that fits one GPU with its KV cache and buffers runs as **one replica per GPU** (data parallel: two
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
-from llamafleet.gguf_info import ModelInfo
-from llamafleet.gpus import Gpu, Inventory
-from llamafleet.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
-from llamafleet.plan_advice import how_to_fit, mib, ratio_warning
-from llamafleet.plan_types import Budget, Device, Plan, ReplicaPlan
+from llamafleet.model.header import ModelInfo
+from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
+from llamafleet.placement.gpus import Gpu, Inventory
+from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
+from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
 
 __all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "launch_spec", "make_plan"]
 

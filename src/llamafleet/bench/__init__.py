@@ -1,0 +1,1 @@
+"""``llamafleet bench``: the HTTP load generator, its streaming client and reports, and the in-process engine bench."""

@@ -1,0 +1,1 @@
+"""``llamafleet consistency``: run the same prompts through several configurations and compare the answers."""

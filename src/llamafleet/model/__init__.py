@@ -1,0 +1,1 @@
+"""GGUF model files: read a header, write a synthetic model, fetch the demo model."""
