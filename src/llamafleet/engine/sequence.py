@@ -4,10 +4,13 @@ text is produced (detokenizer, stop strings)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from llamafleet.engine.llama import SamplerChain
 from llamafleet.engine.text import Detokenizer, StopMatcher
 from llamafleet.engine.types import Request
+
+if TYPE_CHECKING:  # only a type here: the scheduler and its tests import this module without loading llama.cpp
+    from llamafleet.engine.llama import SamplerChain
 
 
 @dataclass(eq=False)
