@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from llamafleet.api.protocol import SSE_DONE, ApiError, Usage, sse
-from llamafleet.engine.types import Completion
+from llamafleet.engine.types import Generation
 from llamafleet.fleet.dispatch import Delta, Event, Failure, Group
 
 REPLICAS_HEADER = "x-llamafleet-replicas"  # which replica ran each choice, in order (for operators and tests)
@@ -32,23 +32,23 @@ DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its cli
 class Choice:
     """One sequence's result so far: the engine's completion plus, with logprobs, each token's text."""
 
-    completion: Completion
+    generation: Generation
     pieces: list[bytes] = field(default_factory=list)
     first_token_at: float | None = None  # time.perf_counter() when its first token arrived
 
     def add(self, delta: Delta) -> None:
         if self.first_token_at is None and delta.output.token_ids:
             self.first_token_at = time.perf_counter()
-        self.completion.add(delta.output)
+        self.generation.add(delta.output)
         if delta.pieces:
             self.pieces.extend(delta.pieces)
 
 
 def new_choices(group: Group) -> list[Choice]:
-    return [Choice(Completion(rid)) for rid in group.request_ids]
+    return [Choice(Generation(rid)) for rid in group.request_ids]
 
 
-def usage(choices: Sequence[Completion], n: int) -> Usage:
+def usage(choices: Sequence[Generation], n: int) -> Usage:
     """Token counts of a request whose choices are ``n`` per prompt (a prompt is counted once, not n times)."""
     prompt = sum(c.prompt_tokens for c in choices[::n])
     completion = sum(c.completion_tokens for c in choices)
@@ -114,7 +114,7 @@ async def respond(group: Group, render: Renderer, request: Request, stream: bool
     try:
         if not stream:
             choices = await collect(group, request)
-            return JSONResponse(render.whole(choices, usage([c.completion for c in choices], n)).model_dump(),
+            return JSONResponse(render.whole(choices, usage([c.generation for c in choices], n)).model_dump(),
                                 headers=headers)
         with _watching(group, request):
             first = await group.next()
@@ -135,7 +135,7 @@ async def _events(group: Group, first: Event, render: Renderer, n: int, include_
     the load grows instead of falling behind.
     """
     # a stream keeps only each choice's token counts (for usage); its text has gone to the client
-    counts = [Completion(rid) for rid in group.request_ids]
+    counts = [Generation(rid) for rid in group.request_ids]
     try:
         out = [sse(opening) for opening in render.opening(len(counts))]
         batch = [first]

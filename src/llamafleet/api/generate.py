@@ -33,7 +33,7 @@ async def generate(body: GenerateRequest, request: Request, response: Response,
     finally:
         group.close()
     t_end = time.perf_counter()
-    done = choice.completion
+    done = choice.generation
     first = choice.first_token_at or t_end
     decode_s = t_end - first
     rate = (done.completion_tokens - 1) / decode_s if done.completion_tokens > 1 and decode_s > 0 else 0.0
@@ -41,6 +41,6 @@ async def generate(body: GenerateRequest, request: Request, response: Response,
         text=done.text,
         model=service.model_name,
         finish_reason=done.finish_reason,
-        usage=usage([choice.completion], 1),
+        usage=usage([choice.generation], 1),
         timings=Timings(ttft_ms=1000 * (first - t0), total_ms=1000 * (t_end - t0), tokens_per_second=rate),
     )

@@ -33,7 +33,7 @@ from llamafleet.api.protocol import (
     TokenLogprob,
     Usage,
 )
-from llamafleet.api.service import Service, ServiceDep
+from llamafleet.api.service import ServiceDep
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
 
@@ -100,9 +100,9 @@ class ChatRenderer(_Renderer):
         return ChatCompletion(
             id=self.cid, created=self.created, model=self.model, usage=usage,
             choices=[
-                ChatChoice(index=i, message=AssistantMessage(content=c.completion.text),
-                           finish_reason=c.completion.finish_reason,
-                           logprobs=_chat_logprobs(c.pieces, c.completion.logprobs) if self.logprobs else None)
+                ChatChoice(index=i, message=AssistantMessage(content=c.generation.text),
+                           finish_reason=c.generation.finish_reason,
+                           logprobs=_chat_logprobs(c.pieces, c.generation.logprobs) if self.logprobs else None)
                 for i, c in enumerate(choices)
             ],
         )
@@ -135,26 +135,20 @@ class TextRenderer(_Renderer):
         return Completion(
             id=self.cid, created=self.created, model=self.model, usage=usage,
             choices=[
-                CompletionChoice(index=i, text=c.completion.text, finish_reason=c.completion.finish_reason,
-                                 logprobs=_text_logprobs(c.pieces, c.completion.logprobs) if self.logprobs else None)
+                CompletionChoice(index=i, text=c.generation.text, finish_reason=c.generation.finish_reason,
+                                 logprobs=_text_logprobs(c.pieces, c.generation.logprobs) if self.logprobs else None)
                 for i, c in enumerate(choices)
             ],
         )
-
-
-def _token_budget(service: Service, limit: int | None) -> tuple[int, bool]:
-    """(max_tokens, fit_max_tokens): no limit from the client means "the rest of the context"."""
-    return (service.n_ctx_per_seq, True) if limit is None else (limit, False)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion)
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
     service.check_model(body.model)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    max_tokens, fit = _token_budget(service, body.token_limit())
     turns = tuple(m.turn() for m in body.messages)
     group = service.submit([
-        Submit(f"{cid}-{c}", body.sampling(max_tokens, c, body.logprobs), chat=turns, fit_max_tokens=fit)
+        Submit(f"{cid}-{c}", body.sampling(body.token_limit(), c, body.logprobs), chat=turns)
         for c in range(body.n)
     ])
     render = ChatRenderer(cid, created, service.model_name, body.logprobs)
@@ -165,11 +159,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
     service.check_model(body.model)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    max_tokens, fit = _token_budget(service, body.max_tokens)
     want_logprobs = body.logprobs is not None
     group = service.submit([
-        Submit(f"{cid}-{p * body.n + c}", body.sampling(max_tokens, c, want_logprobs), prompt=prompt,
-               fit_max_tokens=fit)
+        Submit(f"{cid}-{p * body.n + c}", body.sampling(body.max_tokens, c, want_logprobs), prompt=prompt)
         for p, prompt in enumerate(body.prompts())
         for c in range(body.n)
     ])

@@ -131,7 +131,7 @@ class SamplingRequest(_Strict):
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
-    def sampling(self, max_tokens: int, choice: int, logprobs: bool) -> SamplingParams:
+    def sampling(self, max_tokens: int | None, choice: int, logprobs: bool) -> SamplingParams:
         """Engine parameters for choice number ``choice`` (seeded choices get ``seed + choice``, so they differ)."""
         return SamplingParams(
             max_tokens=max_tokens,

@@ -50,7 +50,7 @@ class Service:
 
     def submit(self, msgs: list[Submit]) -> Group:
         for m in msgs:
-            if not m.fit_max_tokens and m.params.max_tokens >= self.n_ctx_per_seq:
+            if m.params.max_tokens is not None and m.params.max_tokens >= self.n_ctx_per_seq:
                 raise ApiError(400, f"max_tokens ({m.params.max_tokens}) leaves no room for a prompt in the context "
                                     f"per sequence ({self.n_ctx_per_seq}); lower max_tokens", param="max_tokens")
         if self.overloaded is not None:

@@ -36,7 +36,7 @@ from llamafleet.config import FleetConfig
 from llamafleet.consistency.compare import Answer, Thresholds, compare_all, judge, summarize
 from llamafleet.consistency.prompts import Prompt
 from llamafleet.consistency.report import ConfigResult, Report
-from llamafleet.engine.types import Completion, EngineConfig, SamplingParams
+from llamafleet.engine.types import EngineConfig, Generation, SamplingParams
 from llamafleet.fleet.messages import Ready, StepOutputs, Submit
 from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
 from llamafleet.model.header import ModelInfo
@@ -173,15 +173,15 @@ def setups(opts: CheckOptions, model: ModelInfo, inventory: Inventory) -> tuple[
 
 
 class _Collector:
-    """The replica set's listener: gathers each request's outputs into a :class:`Completion` and resolves it."""
+    """The replica set's listener: gathers each request's outputs into a :class:`Generation` and resolves it."""
 
     def __init__(self) -> None:
-        self._pending: dict[str, tuple[int, Completion, asyncio.Future[Completion]]] = {}
+        self._pending: dict[str, tuple[int, Generation, asyncio.Future[Generation]]] = {}
         self.pids: dict[int, int] = {}  # replica -> its worker's pid
 
-    def expect(self, replica: int, request_id: str) -> asyncio.Future[Completion]:
-        fut: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (replica, Completion(request_id), fut)
+    def expect(self, replica: int, request_id: str) -> asyncio.Future[Generation]:
+        fut: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (replica, Generation(request_id), fut)
         return fut
 
     def _fail(self, request_id: str, why: str) -> None:

@@ -28,15 +28,16 @@ from typing import Self
 
 import numpy as np
 
+from llamafleet.engine.chat import chat_tokens
 from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
 from llamafleet.engine.sampling import sample
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import (
-    Completion,
     EngineConfig,
     EngineStats,
     FinishReason,
+    Generation,
     Request,
     RequestOutput,
 )
@@ -107,8 +108,9 @@ class Engine:
         return self.model.apply_chat_template(messages, add_generation_prompt)
 
     def tokenize_chat(self, messages: Seq[dict[str, str]]) -> list[int]:
-        """Chat messages -> prompt tokens (template applied; its special tokens parsed as such)."""
-        return self.tokenize(self.apply_chat_template(messages), add_special=True, parse_special=True)
+        """Chat messages -> prompt tokens: the template's markup parsed as special tokens, message contents never
+        (see :mod:`llamafleet.engine.chat`)."""
+        return chat_tokens(messages, self.apply_chat_template, self.tokenize)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def check_request(self, req: Request) -> None:
@@ -117,9 +119,13 @@ class Engine:
         limit = self.cfg.n_ctx_per_seq
         if n == 0:
             raise ValueError("the prompt is empty: it must contain at least one token")
-        if n + req.params.max_tokens > limit:
+        max_tokens = req.params.max_tokens
+        if max_tokens is None and n >= limit:
+            raise ValueError(f"the prompt ({n} tokens) leaves no room for an answer in the context per sequence "
+                             f"({limit} tokens); shorten the prompt")
+        if max_tokens is not None and n + max_tokens > limit:
             raise ValueError(
-                f"prompt ({n} tokens) + max_tokens ({req.params.max_tokens}) = {n + req.params.max_tokens} tokens "
+                f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} tokens "
                 f"exceeds the context per sequence ({limit}); shorten the prompt or lower max_tokens"
             )
         bad = [t for t in req.prompt_tokens if not 0 <= t < self.model.n_vocab]
@@ -281,7 +287,7 @@ class Engine:
             end = "stop"  # the EOS token is not part of the answer
         else:
             s.tokens.append(tok)
-            if s.n_generated >= p.max_tokens or len(s.tokens) >= self.cfg.n_ctx_per_seq:
+            if len(s.tokens) >= self.cfg.n_ctx_per_seq or (p.max_tokens is not None and s.n_generated >= p.max_tokens):
                 end = "length"
         if end is not None:
             self._retire(s)
@@ -325,12 +331,12 @@ class Engine:
             s.chain = None
 
     # -- convenience for in-process use -----------------------------------------------------------------------
-    def generate(self, requests: Iterable[Request]) -> dict[str, Completion]:
+    def generate(self, requests: Iterable[Request]) -> dict[str, Generation]:
         """Run ``requests`` together (continuous batching) to completion; results keyed by request id."""
-        results: dict[str, Completion] = {}
+        results: dict[str, Generation] = {}
         for r in requests:
             self.add_request(r)
-            results[r.request_id] = Completion(r.request_id)
+            results[r.request_id] = Generation(r.request_id)
         while self.has_work():
             for out in self.step():
                 results[out.request_id].add(out)

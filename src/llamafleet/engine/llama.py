@@ -155,7 +155,7 @@ class Model(_Native):
         return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        raw = text.encode("utf-8")
+        raw = _utf8(text)
         cap = len(raw) + 8
         arr = (lc.llama_token * cap)()
         n = lc.llama_tokenize(self.vocab, raw, len(raw), arr, cap, add_special, parse_special)
@@ -175,7 +175,7 @@ class Model(_Native):
         if tmpl is None:
             tmpl = "llama2" if self.meta("general.architecture") == "llama" and self.n_vocab == 32000 else "chatml"
             log.info("model has no chat template; using llama.cpp's built-in '%s' template", tmpl)
-        keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
+        keep = [(_utf8(m["role"]), _utf8(m["content"])) for m in messages]
         arr = (lc.llama_chat_message * len(keep))(*[lc.llama_chat_message(r, c) for r, c in keep])
         cap = max(256, 2 * sum(len(r) + len(c) for r, c in keep) + 256)
         for _ in range(2):
@@ -187,6 +187,16 @@ class Model(_Native):
                 return buf.raw[:n].decode("utf-8", errors="replace")
             cap = n + 1
         raise RuntimeError("chat template output kept growing")
+
+
+def _utf8(text: str) -> bytes:
+    """``text`` as UTF-8; text that has none (a lone surrogate, which JSON's ``\\ud800`` escapes can carry) is
+    refused with a ``ValueError`` naming where, instead of an encoding error."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the text is not valid Unicode: a lone surrogate (U+{ord(text[e.start]):04X}) at character "
+                         f"{e.start}; send well-formed UTF-8") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------

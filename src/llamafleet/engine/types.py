@@ -15,9 +15,13 @@ KvType = Literal["f16", "q8_0", "q4_0"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling, with OpenAI's meanings. ``temperature == 0`` means greedy."""
+    """Per-request sampling, with OpenAI's meanings. ``temperature == 0`` means greedy.
 
-    max_tokens: int = 256
+    ``max_tokens=None`` (OpenAI's "not given") means: until the end of the context per sequence. This is the one
+    place that meaning lives; the engine applies it, nothing upstream resolves it.
+    """
+
+    max_tokens: int | None = None
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -33,7 +37,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1"),
             (0.0 <= self.temperature <= 100.0, "temperature must be between 0 and 100"),
             (self.top_k >= 0, "top_k must be >= 0 (0 = off)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
@@ -118,8 +122,8 @@ class EngineStats:
 
 
 @dataclass
-class Completion:
-    """A whole request's result, gathered from its outputs (see :func:`Completion.add`)."""
+class Generation:
+    """A whole request's result, gathered from its outputs (see :func:`Generation.add`)."""
 
     request_id: str
     text: str = ""

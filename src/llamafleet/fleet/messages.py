@@ -20,18 +20,12 @@ ChatTurn = tuple[str, str]  # (role, content)
 # -- API process -> worker -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Submit:
-    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``.
-
-    ``fit_max_tokens``: ``params.max_tokens`` is an upper bound that the worker lowers to what the context has left
-    after the prompt (OpenAI's "no max_tokens given" meaning); otherwise a prompt + max_tokens that does not fit is
-    rejected with the numbers.
-    """
+    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``."""
 
     request_id: str
     params: SamplingParams
     prompt: str = ""
     chat: tuple[ChatTurn, ...] | None = None
-    fit_max_tokens: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
@@ -89,11 +88,7 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | None:
             ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat])
         else:
             ids = engine.tokenize(msg.prompt, add_special=True)
-        params = msg.params
-        if msg.fit_max_tokens:
-            room = engine.n_ctx_per_seq - len(ids)
-            params = replace(params, max_tokens=max(1, min(params.max_tokens, room)))
-        engine.add_request(Request(msg.request_id, tuple(ids), params))
+        engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
     except ValueError as e:
         return Rejected(msg.request_id, str(e), status=400)
     except Exception as e:  # a failure of this request alone (e.g. a chat template error): report it, keep serving
