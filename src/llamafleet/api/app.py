@@ -113,8 +113,8 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
 
     app = FastAPI(title="llamafleet", version=__version__, lifespan=lifespan)
     app.state.service = service
-    app.include_router(openai.router)
-    app.include_router(generate.router)
+    app.include_router(openai.routes)
+    app.include_router(generate.routes)
     cfg = service.config
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes)
     if cfg.cors_origins:

@@ -17,10 +17,10 @@ from llamafleet.api.service import ServiceDep
 from llamafleet.engine.types import SamplingParams
 from llamafleet.fleet.messages import Submit
 
-router = APIRouter()
+routes = APIRouter()
 
 
-@router.post("/api/generate")
+@routes.post("/api/generate")
 async def generate(body: GenerateRequest, request: Request, response: Response,
                    service: ServiceDep) -> GenerateResponse:
     t0 = time.perf_counter()

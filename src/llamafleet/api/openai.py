@@ -37,7 +37,7 @@ from llamafleet.api.service import ServiceDep
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
 
-router = APIRouter()
+routes = APIRouter()
 
 
 def _token_text(piece: bytes) -> str:
@@ -142,7 +142,7 @@ class TextRenderer(_Renderer):
         )
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletion)
+@routes.post("/v1/chat/completions", response_model=ChatCompletion)
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
     service.check_model(body.model)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -155,7 +155,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     return await respond(group, render, request, body.stream, body.n, body.include_usage)
 
 
-@router.post("/v1/completions", response_model=Completion)
+@routes.post("/v1/completions", response_model=Completion)
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
     service.check_model(body.model)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -169,12 +169,12 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     return await respond(group, render, request, body.stream, body.n, body.include_usage)
 
 
-@router.get("/v1/models")
+@routes.get("/v1/models")
 async def list_models(service: ServiceDep) -> ModelList:
     return ModelList(data=[ModelCard(id=service.model_name, created=service.created)])
 
 
-@router.get("/v1/models/{model_id:path}")
+@routes.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, service: ServiceDep) -> ModelCard:
     service.check_model(model_id)
     return ModelCard(id=service.model_name, created=service.created)

@@ -45,7 +45,7 @@ class _Notes:
 
 
 @dataclass(frozen=True)
-class _Group:
+class _Candidate:
     """A candidate replica: GPUs, mode, ratios and what each GPU would need."""
 
     gpus: tuple[Gpu, ...]
@@ -162,20 +162,20 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
 
 
 def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], one: DeviceNeed, cfg: FleetConfig,
-                   notes: _Notes) -> list[_Group]:
+                   notes: _Notes) -> list[_Candidate]:
     need = mib(one.total) + cfg.vram_margin_mib
     if not holders:
         best = max(gpus, key=lambda g: g.free_mib)
         notes.reasons.append(f"split_mode none keeps each replica on one GPU, and none holds one ({need} MiB); "
                              "split_mode: auto would split it over several GPUs")
-        return [_Group((best,), "none", (), (one,))]
+        return [_Candidate((best,), "none", (), (one,))]
     # main_gpu first when it can hold a replica, then the GPUs with the most free memory.
     order = sorted(holders, key=lambda g: (g.index != cfg.main_gpu, -g.free_mib, g.index))
     n = cfg.replicas or len(order)
     if n > len(order):
         notes.refuse(f"replicas: {n} needs {n} GPUs that each hold the model ({need} MiB), but only "
                      f"{len(order)} can: lower replicas, or raise parallel for more slots per replica")
-        return [_Group((g,), "none", (), (one,)) for g in sorted(order, key=lambda g: g.index)]
+        return [_Candidate((g,), "none", (), (one,)) for g in sorted(order, key=lambda g: g.index)]
     chosen = order[:n]
     notes.reasons.append(f"the model with its KV cache and buffers needs {need} MiB, which fits one GPU: "
                          f"{n} replica(s), one per GPU (data parallel, the fastest way to use several GPUs)")
@@ -185,11 +185,11 @@ def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], 
                                   f"({need} MiB); it stays unused")
         elif g not in chosen:
             notes.warnings.append(f"GPU {g.index} stays unused (replicas: {n})")
-    return [_Group((g,), "none", (), (one,)) for g in sorted(chosen, key=lambda g: g.index)]
+    return [_Candidate((g,), "none", (), (one,)) for g in sorted(chosen, key=lambda g: g.index)]
 
 
 def _split(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
-           notes: _Notes, latency: bool) -> list[_Group]:
+           notes: _Notes, latency: bool) -> list[_Candidate]:
     margin = cfg.vram_margin_mib * MIB
     k: int | None = None
     if cfg.split_ratio is not None:
@@ -207,7 +207,7 @@ def _split(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetCo
     elif latency:
         k = len(gpus)
 
-    def groups_of(size: int) -> list[_Group]:
+    def groups_of(size: int) -> list[_Candidate]:
         return [_fit_group(model, inv, members, cfg, ctx) for members in _partition(inv, gpus, size)]
 
     if k is not None:
@@ -249,10 +249,10 @@ def _partition(inv: Inventory, gpus: tuple[Gpu, ...], k: int) -> list[tuple[Gpu,
 
 
 def _fit_group(model: ModelInfo, inv: Inventory, members: tuple[Gpu, ...], cfg: FleetConfig,
-               ctx: ContextShape) -> _Group:
+               ctx: ContextShape) -> _Candidate:
     if len(members) == 1:
         (need,), _ = replica_needs(model, ctx, "none", (1.0,), cfg.n_gpu_layers)
-        return _Group(members, "none", (), (need,))
+        return _Candidate(members, "none", (), (need,))
     mode: SplitModeName
     if cfg.split_mode in ("layer", "tensor"):
         mode = "tensor" if cfg.split_mode == "tensor" else "layer"
@@ -261,7 +261,7 @@ def _fit_group(model: ModelInfo, inv: Inventory, members: tuple[Gpu, ...], cfg: 
         mode = "tensor" if nvlink and cfg.flash_attn is not False else "layer"
     if cfg.split_ratio is not None:
         ratios = _normalize(cfg.split_ratio)
-        return _Group(members, mode, ratios, replica_needs(model, ctx, mode, ratios, cfg.n_gpu_layers)[0])
+        return _Candidate(members, mode, ratios, replica_needs(model, ctx, mode, ratios, cfg.n_gpu_layers)[0])
     return _balance(model, members, mode, cfg, ctx)
 
 
@@ -271,7 +271,7 @@ def _normalize(shares: list[float] | tuple[float, ...]) -> tuple[float, ...]:
 
 
 def _balance(model: ModelInfo, members: tuple[Gpu, ...], mode: SplitModeName, cfg: FleetConfig,
-             ctx: ContextShape) -> _Group:
+             ctx: ContextShape) -> _Candidate:
     """Ratios proportional to what each GPU can hold for the parts that scale with the ratio (layers, KV).
 
     Whole layers (and whole KV heads under tensor split) can still tip one GPU over; its share is then lowered by
@@ -281,14 +281,14 @@ def _balance(model: ModelInfo, members: tuple[Gpu, ...], mode: SplitModeName, cf
     even = replica_needs(model, ctx, mode, _normalize([1.0] * len(members)), cfg.n_gpu_layers)[0]
     head = [model.output_bytes if mode == "layer" and i == len(members) - 1 else 0 for i in range(len(members))]
     room = [f - n.compute - h for f, n, h in zip(free, even, head, strict=True)]
-    best: _Group | None = None
+    best: _Candidate | None = None
     best_over = 0
     for _ in range(4 * len(members) + 8):
         ratios = _normalize([max(r, 1) for r in room])
         needs = replica_needs(model, ctx, mode, ratios, cfg.n_gpu_layers)[0]
         over = [n.total - f for n, f in zip(needs, free, strict=True)]
         if best is None or max(over) < best_over:
-            best, best_over = _Group(members, mode, ratios, needs), max(over)
+            best, best_over = _Candidate(members, mode, ratios, needs), max(over)
         if max(over) <= 0:
             break
         room = [r - max(o, 0) - (MIB if o > 0 else 0) for r, o in zip(room, over, strict=True)]
@@ -296,7 +296,7 @@ def _balance(model: ModelInfo, members: tuple[Gpu, ...], mode: SplitModeName, cf
     return best
 
 
-def _explain(model: ModelInfo, inv: Inventory, g: _Group, cfg: FleetConfig, notes: _Notes, latency: bool) -> None:
+def _explain(model: ModelInfo, inv: Inventory, g: _Candidate, cfg: FleetConfig, notes: _Notes, latency: bool) -> None:
     ids = ", ".join(str(x.index) for x in g.gpus)
     if g.mode == "none":
         notes.reasons.append(f"one replica on GPU {ids} (one GPU per replica)")
@@ -321,7 +321,7 @@ def _explain(model: ModelInfo, inv: Inventory, g: _Group, cfg: FleetConfig, note
             notes.warnings.append(warning)
 
 
-def _layout(groups: list[_Group], gpus: tuple[Gpu, ...], cfg: FleetConfig) -> tuple[tuple[ReplicaPlan, ...],
+def _layout(groups: list[_Candidate], gpus: tuple[Gpu, ...], cfg: FleetConfig) -> tuple[tuple[ReplicaPlan, ...],
                                                                                       tuple[Budget, ...]]:
     replicas = []
     where: dict[int, tuple[int | None, DeviceNeed]] = {}
