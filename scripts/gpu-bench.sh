@@ -33,7 +33,8 @@ mkdir -p "$WORK" "$REPORT"
 log() { printf '\n=== %s  %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$REPORT/run.log"; }
 
 # --- source ------------------------------------------------------------------------------------------------------
-SRC=${SRC:-${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/sdist/llama_cpp_python-0.3.36.tar.gz}
+LLAMA_CPP_VERSION=$(sed -n 's/^ *"llama-cpp-python==\([^"]*\)".*/\1/p' "$repo/pyproject.toml")  # the pin, written once
+SRC=${SRC:-${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/sdist/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz}
 if [ -f "$SRC" ]; then
   if [ ! -d "$WORK/src" ]; then mkdir -p "$WORK/src" && tar xzf "$SRC" -C "$WORK/src" --strip-components=1; fi
   SRC=$WORK/src

@@ -15,7 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LLAMA_CPP_VERSION=0.3.36
+# the pin is written once, in pyproject.toml
+LLAMA_CPP_VERSION=$(sed -n 's/^ *"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
+[ -n "$LLAMA_CPP_VERSION" ] || { echo "install.sh: no \"llama-cpp-python==VERSION\" line in pyproject.toml" >&2; exit 2; }
 BACKEND=${LLAMAFLEET_BACKEND:-cpu}
 PORTABLE="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 case "$BACKEND" in
@@ -29,7 +31,7 @@ FLAGS="$FLAGS -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=O
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
-  echo "==> creating .venv with $($PY --version)"
+  echo "==> creating .venv with $($PY --version), then upgrading pip in it"
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
 fi
@@ -43,7 +45,7 @@ else
   cache=${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/wheels/$key
   wheel=$(ls "$cache"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
   if [ -z "$wheel" ]; then
-    echo "==> compiling llama-cpp-python $LLAMA_CPP_VERSION ($BACKEND build; several minutes on 2 cores)"
+    echo "==> building llama-cpp-python $LLAMA_CPP_VERSION ($BACKEND build), once; later installs reuse it"
     echo "    flags: $FLAGS"
     mkdir -p "$cache"
     src=${LLAMA_CPP_SOURCE:-}
@@ -52,10 +54,13 @@ else
       sdist_dir=${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/sdist
       src=$sdist_dir/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz
       if [ ! -f "$src" ]; then
+        echo "==> downloading the llama-cpp-python $LLAMA_CPP_VERSION source (about 77 MB, with llama.cpp inside)"
+        echo "    from PyPI into $sdist_dir"
         mkdir -p "$sdist_dir"
-        $VPY -m pip download -q --no-deps --no-binary :all: -d "$sdist_dir" "llama-cpp-python==$LLAMA_CPP_VERSION"
+        $VPY -m pip download --no-deps --no-binary :all: -d "$sdist_dir" "llama-cpp-python==$LLAMA_CPP_VERSION"
       fi
     fi
+    echo "==> compiling llama.cpp: about 13 minutes on 2 cores (less with more); pip shows only a spinner meanwhile"
     CMAKE_ARGS="$FLAGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
       $VPY -m pip wheel --no-deps --no-binary llama-cpp-python --no-cache-dir -w "$cache" "$src"
     wheel=$(ls "$cache"/llama_cpp_python-*.whl | head -n1)
@@ -69,6 +74,7 @@ else
   touch "$stamp"
 fi
 
-echo "==> installing llamafleet"
+echo "==> installing llamafleet and its Python dependencies (FastAPI, numpy, matplotlib, ...; pip runs quietly:"
+echo "    a minute or two of downloads the first time, seconds once they are installed)"
 $VPY -m pip install -q -e ".[${LLAMAFLEET_EXTRAS:-dev}]"
-echo "==> done: .venv/bin/llamafleet"
+echo "==> done: run .venv/bin/llamafleet (or 'source .venv/bin/activate', then llamafleet)"

@@ -1,4 +1,9 @@
-"""``llamafleet`` command line: one sub-command per module in :mod:`llamafleet.commands`."""
+"""``llamafleet`` command line: one sub-command per module in :mod:`llamafleet.commands`.
+
+Building the parser imports every command module, so those import only what their flags need (argparse, the config
+and :mod:`llamafleet.flags`); each loads its heavy modules (FastAPI, matplotlib, numpy, llama.cpp) inside its
+``run``. So ``llamafleet serve`` never loads matplotlib, and ``llamafleet check-env`` can report a missing package.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import sys
 
 from llamafleet import __version__
 
-# Each module defines ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
+# Each module defines ``register(sub)``, which adds its parser and sets ``func``, its ``run(args) -> int``.
 COMMANDS = ("serve", "plan", "synth", "bench", "consistency", "check_env", "model")
 # Commands that load a model in this process: llama.cpp must be loaded before the commands import numpy
 # (see engine/llama.py's docstring).
@@ -50,7 +55,15 @@ def _main(argv: list[str] | None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    rc: int = args.func(args)
+    try:
+        rc: int = args.func(args)
+    except ModuleNotFoundError as e:
+        package = (e.name or "llamafleet").split(".")[0]
+        if package == "llamafleet":
+            raise
+        print(f"error: the Python package {package!r} is not installed, and `llamafleet {args.command}` needs it; "
+              "`llamafleet check-env` lists what is missing, and scripts/install.sh installs it", file=sys.stderr)
+        return 2
     return rc
 
 

@@ -1,21 +1,27 @@
 """The fleet's YAML configuration, validated with pydantic.
 
-One file describes what to serve and how: the seed's keys (``model_path``, ``main_gpu``, ``split_ratio``,
-``context_length``, ``batch_size``, ``threads``) load unchanged and mean what they say there; everything else has a
-sensible default. Unknown keys and wrong types are refused before anything loads, with the key named and the fix.
-Command-line flags override the file (see :func:`load_config`).
+One file describes what to serve and how: ``model_path``, ``main_gpu``, ``split_ratio``, ``context_length``,
+``batch_size`` and ``threads`` (the keys of the original single-model service, which load unchanged and keep their
+meaning) and everything else, each with a sensible default. Unknown keys (with the nearest valid one suggested) and
+wrong types are refused before anything loads, with the key named and the fix. Keys that are valid but cannot apply
+on this machine (:func:`inapplicable`) are said, not silently taken. Command-line flags override the file (see
+:func:`load_config` and :mod:`llamafleet.flags`).
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llamafleet.fleet.router import RoutingPolicy
+
+if TYPE_CHECKING:
+    from llamafleet.placement.gpus import Inventory
 
 SplitMode = Literal["auto", "none", "layer", "tensor"]
 KvCacheType = Literal["f16", "q8_0", "q4_0"]
@@ -43,7 +49,7 @@ class FleetConfig(BaseModel):
     parallel: int = Field(8, ge=1, le=256, description="sequence slots per replica (continuous batching width)")
     batch_size: int = Field(512, ge=1, description="n_batch: tokens decoded per llama_decode step")
     ubatch_size: int | None = Field(None, ge=1, description="n_ubatch: physical micro-batch; default = batch_size")
-    threads: int | None = Field(None, ge=1, description="CPU threads per replica; default = physical cores")
+    threads: int | None = Field(None, ge=1, description="CPU threads per replica; default = every core")
     kv_cache_type: KvCacheType = "f16"
     flash_attn: bool | None = Field(None, description="None = let llama.cpp decide")
     backend_sampling: bool = Field(False, description="sample greedy requests inside llama.cpp's graph (GPU)")
@@ -125,13 +131,18 @@ def read_yaml(path: Path, what: str, error: type[ValueError]) -> Any:
 
 
 def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str] = ()) -> str:
-    """One line per pydantic error, naming the key; with ``known_keys``, an unknown key lists them."""
+    """One line per pydantic error, naming the key; with ``known_keys``, an unknown key gets the nearest known one
+    ("did you mean"), or the whole list when none is near."""
     known = sorted(known_keys)
     lines = [header]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden" and known:
-            lines.append(f"  - unknown key '{key}': remove it or use one of: {', '.join(known)}")
+            near = difflib.get_close_matches(key, known, n=1)
+            if near:
+                lines.append(f"  - unknown key '{key}': did you mean '{near[0]}'?")
+            else:
+                lines.append(f"  - unknown key '{key}': remove it or use one of: {', '.join(known)}")
         else:
             lines.append(f"  - '{key}': {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)
@@ -157,3 +168,21 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         return FleetConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(describe_errors(e, f"invalid configuration in {source}:", FleetConfig.model_fields)) from None
+
+
+def inapplicable(cfg: FleetConfig, inventory: Inventory, cores: int | None) -> list[str]:
+    """Keys that are valid but cannot apply here, each with what to do: GPU placement keys on a machine with no GPU
+    in ``inventory``, ``threads`` above ``cores`` (``None``: not known, not checked). The planner takes such keys
+    without effect; the commands print these lines so that nobody believes a setting is in force when it is not."""
+    out = []
+    if not inventory.gpus:
+        why = inventory.note or "no GPU found"
+        gpu_keys = [k for k in ("main_gpu", "split_ratio") if getattr(cfg, k) is not None]
+        if cfg.split_mode in ("layer", "tensor"):
+            gpu_keys.append("split_mode")
+        out += [f"{k} is set but this machine has no GPU ({why}): it does nothing on the CPU; remove it, or run "
+                "`llamafleet check-env` if a GPU should be there" for k in gpu_keys]
+    if cfg.threads is not None and cores is not None and cfg.threads > cores:
+        out.append(f"threads {cfg.threads} is more than this machine's {cores} CPU cores: the extra threads only "
+                   f"contend for the same cores; set threads to {cores} or fewer, or leave it unset")
+    return out

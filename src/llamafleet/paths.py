@@ -1,11 +1,39 @@
-"""Where llamafleet keeps files it fetches or builds: one cache folder, overridable with ``LLAMAFLEET_CACHE``."""
+"""Where llamafleet keeps files it fetches or builds: one cache folder, overridable with ``LLAMAFLEET_CACHE``.
+
+Also the llama-cpp-python version llamafleet is pinned to. pyproject.toml is the one place it is written:
+installed, it is read back from the package metadata; in a source tree that was never installed, from
+pyproject.toml itself (scripts/install.sh and scripts/gpu-bench.sh read that file too).
+"""
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
+import re
+import tomllib
 from pathlib import Path
 
-LLAMA_CPP_VERSION = "0.3.36"
+_PIN = re.compile(r"^llama[-_.]cpp[-_.]python\s*==\s*([\w.]+)", re.IGNORECASE)
+
+
+def llama_cpp_pin(requirements: list[str]) -> str:
+    """The version of the ``llama-cpp-python==X`` requirement among ``requirements``."""
+    for text in requirements:
+        if m := _PIN.match(text.strip()):
+            return m.group(1)
+    raise RuntimeError("llamafleet's requirements have no llama-cpp-python==VERSION pin (see pyproject.toml)")
+
+
+def _requirements() -> list[str]:
+    try:
+        return md.requires("llamafleet") or []
+    except md.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        deps: list[str] = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]
+        return deps
+
+
+LLAMA_CPP_VERSION = llama_cpp_pin(_requirements())
 
 
 def cache_dir() -> Path:

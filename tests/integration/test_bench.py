@@ -95,7 +95,7 @@ def test_compare_prints_ratios(runs: dict[str, Any], capsys: pytest.CaptureFixtu
 
 def test_unknown_model_stops_at_the_warmup_with_the_servers_answer(
         fleet: FleetServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = bench(capsys, "--url", fleet.url, "--model", "no-such-model", "--concurrency", "1", "--requests",
+    rc, _, err = bench(capsys, "--url", fleet.url, "--model-name", "no-such-model", "--concurrency", "1", "--requests",
                        "1", "--max-tokens", "1", "--no-progress", "--out", str(tmp_path))
     assert rc == 1
     assert "the warm-up request" in err and "HTTP 4" in err and "no-such-model" in err

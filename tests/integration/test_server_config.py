@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from conftest import FleetServer, free_port
+from llamafleet.placement.gpus import detect_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_MODEL = "/data/models/llama-2-13b-chat.Q8_0.gguf"
@@ -41,6 +42,12 @@ def test_seed_yaml_serves_and_ctrl_c_stops_cleanly(launch_fleet: Callable[[list[
     assert model == model_path.stem
     log = server.log()
     assert server.url in log and "/v1/chat/completions" in log and "/api/generate" in log
+    # keys that cannot apply here are said (the file sets main_gpu: 0, split_ratio and threads: 8)
+    if not detect_inventory().gpus:
+        assert "warning: main_gpu is set but this machine has no GPU" in log
+        assert "warning: split_ratio is set but this machine has no GPU" in log
+    if (os.cpu_count() or 1) < 8:
+        assert f"warning: threads 8 is more than this machine's {os.cpu_count()} CPU cores" in log
 
     too_long = httpx.post(f"{server.url}/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 5000},
                           timeout=60)
@@ -81,3 +88,10 @@ def test_missing_model_file_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "llamafleet.cli", "serve", "--model", str(missing),
                            "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "model file not found" in proc.stderr and str(missing) in proc.stderr
+
+
+def test_the_server_never_loads_matplotlib(fleet: FleetServer) -> None:
+    """The real server, serving: none of matplotlib's compiled modules is mapped into its process."""
+    maps = Path(f"/proc/{fleet.proc.pid}/maps").read_text()
+    assert "/numpy/" in maps  # compiled modules of the packages it imported do show here
+    assert "/matplotlib/" not in maps

@@ -165,14 +165,55 @@ def test_compare_cli_writes_table_and_plots(tmp_path: Path, capsys: pytest.Captu
     assert (tmp_path / "cmp/throughput.png").stat().st_size > 1000
 
 
-def test_cli_refuses_flags_of_another_form(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench_cli("engine", "--concurrency", "4", "--chat") == 1
-    assert "--concurrency, --chat cannot be used with `llamafleet bench engine`" in capsys.readouterr().err
-    assert bench_cli("--json") == 1
-    assert "--json cannot be used with `llamafleet bench http`" in capsys.readouterr().err
+def test_each_form_takes_only_its_own_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):  # engine has a parser of its own: HTTP flags are unknown there
+        bench_cli("engine", "--concurrency", "4", "--chat")
+    assert "unrecognized arguments: --concurrency 4 --chat" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_cli("--json")
+    assert "unrecognized arguments: --json" in capsys.readouterr().err
+    assert bench_cli("--chat", "engine") == 1  # given before 'engine': parsed by the HTTP form, then refused
+    assert "--chat cannot be used with `llamafleet bench engine`" in capsys.readouterr().err
+    assert bench_cli("--compare", "a.json", "b.json", "--chat") == 1
+    assert "--chat cannot be used with --compare" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench_cli("--concurrency", "1,zero")
     assert "expected comma-separated positive integers" in capsys.readouterr().err
+
+
+def test_bench_engine_help_shows_only_engine_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_cli("engine", "--help")
+    out = capsys.readouterr().out
+    assert "--model FILE" in out and "GGUF model file" in out and "--batch" in out and "--no-overlap" in out
+    assert not any(flag in out for flag in ("--url", "--concurrency", "--chat", "--model-name", "--compare"))
+
+
+def http_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="llamafleet")
+    bench_command.register(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+def test_http_form_names_the_served_model_with_model_name(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    assert bench_command.served_model_name(http_args("--model-name", "m1")) == "m1"
+    assert bench_command.served_model_name(http_args("http", "--model-name", "m1")) == "m1"
+    assert capsys.readouterr().err == ""
+    # the older spelling still works, and says what it is now called
+    assert bench_command.served_model_name(http_args("--url", "http://x", "--model", "m2")) == "m2"
+    assert "--model-name m2" in capsys.readouterr().err
+    # a GGUF file there is a mix-up with `bench engine --model FILE`, said as such
+    gguf = tmp_path / "model.gguf"
+    with pytest.raises(ValueError, match="bench engine --model FILE"):
+        bench_command.served_model_name(http_args("--model", str(gguf)))
+    with pytest.raises(ValueError, match="keep --model-name"):
+        bench_command.served_model_name(http_args("--model", "a", "--model-name", "b"))
+
+
+def test_flags_before_http_are_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    args = http_args("--url", "http://x", "--chat", "http", "--requests", "3")
+    assert (args.url, args.chat, args.requests, args.form) == ("http://x", True, 3, "http")
 
 
 def test_parse_sse_lines() -> None:

@@ -214,7 +214,7 @@ def test_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     cfg = tmp_path / "fleet.yaml"
     cfg.write_text("threads: many\n")
     assert main(["check-env", "--config", str(cfg)]) == 2
-    assert "'threads'" in capsys.readouterr().out
+    assert "'threads'" in capsys.readouterr().err
 
 
 def test_report_formats(h200x2: Facts) -> None:

@@ -1,13 +1,16 @@
 """``llamafleet bench``: measure a server over HTTP, compare runs, or time the engine in-process.
 
-Three forms share one parser:
+Three forms:
 
 - ``llamafleet bench [http] --url URL ...``: a concurrency sweep against any OpenAI-compatible endpoint; prints the
   table and writes ``bench.json``, ``bench.md``, ``throughput.png``, ``ttft.png`` (see :mod:`llamafleet.bench.loadgen`);
 - ``llamafleet bench --compare A.json B.json ...``: the ratio table between runs (see :mod:`llamafleet.bench.report`);
-- ``llamafleet bench engine ...``: the in-process engine benchmark (see :mod:`llamafleet.bench.engine`).
+- ``llamafleet bench engine ...``: the in-process engine benchmark (see :mod:`llamafleet.bench.engine`), a
+  sub-parser of its own, so its ``--help`` lists only what applies to it.
 
-A flag that belongs to another form is refused with its name, rather than silently ignored.
+``--model`` is a GGUF file here as in every other command (``bench engine --model FILE``); the HTTP form names the
+served model with ``--model-name``, and still takes ``--model NAME`` the way it used to, with a note. The load
+generator (httpx), the report (matplotlib) and the engine (llama.cpp) load only when their form runs.
 """
 
 from __future__ import annotations
@@ -19,18 +22,15 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from llamafleet.bench import loadgen
-from llamafleet.bench import report as bench_report
-from llamafleet.model.demo import ModelFetchError, default_model_path
+from llamafleet.config import ConfigError, load_config
+from llamafleet.flags import add_flags, overrides
 
-# Flags that only one form reads (dest -> flag); the shared ones (--model, --requests, --max-tokens) are not here.
-HTTP_ONLY = {"url": "--url", "concurrency": "--concurrency", "duration": "--duration",
-             "prompt_tokens": "--prompt-tokens", "prompts": "--prompts", "chat": "--chat", "api_key": "--api-key",
-             "label": "--label", "timeout": "--timeout", "warmup": "--warmup", "no_progress": "--no-progress",
-             "no_ignore_eos": "--no-ignore-eos"}
-ENGINE_ONLY = {"threads": "--threads", "json": "--json", "batch": "--batch", "backend_sampling": "--backend-sampling",
-               "kv_unified": "--kv-unified", "no_overlap": "--no-overlap"}
-SHARED = {"model": "--model", "requests": "--requests", "max_tokens": "--max-tokens"}
+# The HTTP form's flags (dest -> flag), refused with --compare (which only reads reports) and before `engine`.
+HTTP_FLAGS = {"url": "--url", "model_name": "--model-name", "model_alias": "--model", "requests": "--requests",
+              "duration": "--duration", "max_tokens": "--max-tokens", "concurrency": "--concurrency",
+              "prompt_tokens": "--prompt-tokens", "prompts": "--prompts", "chat": "--chat", "api_key": "--api-key",
+              "label": "--label", "timeout": "--timeout", "warmup": "--warmup", "no_progress": "--no-progress",
+              "no_ignore_eos": "--no-ignore-eos"}
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -59,7 +59,7 @@ def _number(kind: type[int] | type[float], allow_zero: bool = False) -> Callable
 
 def _refuse(args: argparse.Namespace, flags: dict[str, str], form: str, why: str) -> str | None:
     """An error naming every flag of ``flags`` that was given, or ``None``."""
-    given = [flag for dest, flag in flags.items() if getattr(args, dest) not in (None, False)]
+    given = [flag for dest, flag in flags.items() if getattr(args, dest, None) not in (None, False)]
     if not given:
         return None
     return f"{', '.join(given)} cannot be used with {form} ({why}); remove {'it' if len(given) == 1 else 'them'}"
@@ -69,14 +69,37 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
 
 
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def served_model_name(args: argparse.Namespace) -> str | None:
+    """``--model-name``, or the older ``--model NAME`` of this form (with a note); a GGUF file there is refused."""
+    name: str | None = args.model_name
+    alias: str | None = args.model_alias
+    if alias is None:
+        return name
+    if name is not None:
+        raise ValueError("--model and --model-name both name the served model; keep --model-name")
+    if alias.endswith(".gguf") or Path(alias).is_file():
+        raise ValueError(f"--model {alias} looks like a GGUF file, but `llamafleet bench` measures a "
+                         "server that is already running: pass the name it serves as --model-name, or time the file "
+                         "in-process with `llamafleet bench engine --model FILE`")
+    print(f"note: `llamafleet bench --model NAME` is now --model-name {alias} (--model is a GGUF file in the other "
+          "commands)", file=sys.stderr)
+    return alias
+
+
 def _run_http(args: argparse.Namespace) -> int:
-    if (err := _refuse(args, ENGINE_ONLY, "`llamafleet bench http`", "engine-only")):
-        return _fail(err)
+    from llamafleet.bench import loadgen
+    from llamafleet.bench import report as bench_report
+
     try:
         prompts = loadgen.load_prompts(Path(args.prompts)) if args.prompts else loadgen.PromptSet(
             words=args.prompt_tokens or 128)
         url = args.url or "http://127.0.0.1:8080"
-        model = args.model or loadgen.resolve_model(url, args.api_key)
+        model = served_model_name(args) or loadgen.resolve_model(url, args.api_key)
         cfg = loadgen.BenchConfig(url=url, model=model, concurrency=args.concurrency or (1, 8, 32),
                                 requests=args.requests, duration=args.duration, max_tokens=args.max_tokens or 128,
                                 chat=args.chat, api_key=args.api_key, timeout=args.timeout or 600.0,
@@ -98,7 +121,9 @@ def _run_http(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    if (err := _refuse(args, HTTP_ONLY | ENGINE_ONLY | SHARED, "--compare", "it reads reports; only --out applies")):
+    from llamafleet.bench import report as bench_report
+
+    if (err := _refuse(args, HTTP_FLAGS, "--compare", "it reads reports; only --out applies")):
         return _fail(err)
     try:
         reports = bench_report.load_reports([Path(p) for p in args.compare])
@@ -115,91 +140,96 @@ def _run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_engine(args: argparse.Namespace) -> int:
-    if (err := _refuse(args, HTTP_ONLY | {"out": "--out"}, "`llamafleet bench engine`", "http-only")):
+def run(args: argparse.Namespace) -> int:
+    """The HTTP form, or --compare."""
+    return _run_compare(args) if args.compare else _run_http(args)
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    """``llamafleet bench engine``."""
+    before = {k: v for k, v in HTTP_FLAGS.items() if k not in ("requests", "max_tokens")}  # engine has its own
+    if (err := _refuse(args, before | {"out": "--out", "compare": "--compare"}, "`llamafleet bench engine`",
+                       "they were given before 'engine' and belong to the HTTP form")):
         return _fail(err)
     from llamafleet.bench import engine as enginebench  # loads llama.cpp: only this form needs it
     from llamafleet.engine.types import EngineConfig
+    from llamafleet.model.demo import ModelFetchError, default_model_path
 
     try:
-        model = Path(args.model) if args.model else default_model_path(progress=True)
-    except ModelFetchError as e:
+        cfg = load_config(None, overrides(args))
+        model = Path(cfg.model_path) if cfg.model_path else default_model_path(progress=True)
+    except (ConfigError, ModelFetchError) as e:
         return _fail(str(e))
     if not model.is_file():
         return _fail(f"--model: no GGUF file at {model}")
-    n, max_tokens = args.requests or 8, args.max_tokens or 64
+    n, max_tokens = args.requests, args.max_tokens
     # the built-in prompts are a few dozen tokens; 128 tokens of headroom per sequence holds any of them
-    cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + 128, n_threads=args.threads,
-                       n_batch=args.batch or 512, n_ubatch=min(args.batch or 512, 512),
-                       backend_sampling=bool(args.backend_sampling), kv_unified=bool(args.kv_unified),
-                       overlap=not args.no_overlap)
-    result = enginebench.run(cfg, n_requests=n, max_tokens=max_tokens)
+    engine_cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + 128, n_threads=cfg.threads,
+                              n_batch=cfg.batch_size, n_ubatch=min(cfg.batch_size, 512),
+                              backend_sampling=cfg.backend_sampling, kv_unified=bool(args.kv_unified),
+                              overlap=not args.no_overlap)
+    result = enginebench.run(engine_cfg, n_requests=n, max_tokens=max_tokens)
     print(enginebench.to_json(result) if args.json else enginebench.markdown(result))
     return 0
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 1
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.compare:
-        if args.mode != "http":
-            return _fail("--compare compares bench.json reports of `llamafleet bench http`; drop 'engine'")
-        return _run_compare(args)
-    return _run_engine(args) if args.mode == "engine" else _run_http(args)
-
-
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "bench", help="benchmark a server over HTTP (default), compare runs, or time the engine in-process",
-        description="llamafleet bench [http] --url URL ... | llamafleet bench --compare A.json B.json ... | "
-                    "llamafleet bench engine [--model FILE] ...",
-    )
-    p.add_argument("mode", nargs="?", choices=["http", "engine"], default="http",
-                   help="http: load-test an OpenAI-compatible endpoint (default); engine: in-process engine bench")
-    p.add_argument("--model", help="http: model name to request (default: the first in /v1/models); "
-                                   "engine: GGUF file (default: the built-in demo model)")
+def _add_http_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="server base URL (default http://127.0.0.1:8080; a trailing /v1 is fine)")
+    p.add_argument("--model-name", metavar="NAME",
+                   help="served model name sent in every request (default: the first in /v1/models)")
+    p.add_argument("--model", dest="model_alias", help=argparse.SUPPRESS)  # the older spelling of --model-name
     count = p.add_mutually_exclusive_group()
-    count.add_argument("--requests", type=_number(int), metavar="N", help="http: requests per concurrency level "
-                   "(default: 4 x concurrency, at least 16); engine: requests per phase (default 8)")
-    p.add_argument("--max-tokens", type=_number(int), metavar="N",
-                   help="tokens to generate per request (http 128, engine 64)")
-
-    h = p.add_argument_group("http")
-    h.add_argument("--url", help="server base URL (default http://127.0.0.1:8080; a trailing /v1 is fine)")
-    h.add_argument("--concurrency", type=_levels, metavar="LIST",
+    count.add_argument("--requests", type=_number(int), metavar="N",
+                       help="requests per concurrency level (default: 4 x concurrency, at least 16)")
+    count.add_argument("--duration", type=_number(float), metavar="S", help="seconds per level instead of a count")
+    p.add_argument("--max-tokens", type=_number(int), metavar="N", help="tokens to generate per request (default 128)")
+    p.add_argument("--concurrency", type=_levels, metavar="LIST",
                    help="comma-separated concurrency levels (default 1,8,32)")
-    count.add_argument("--duration", type=_number(float), metavar="S",
-                       help="http: seconds per level instead of a request count")
-    source = h.add_mutually_exclusive_group()
+    source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt-tokens", type=_number(int), metavar="N",
                         help="synthetic prompts of about N tokens (default 128)")
     source.add_argument("--prompts", metavar="FILE", help="prompt file: .jsonl ({\"prompt\"}, {\"messages\"} or "
                                                      "strings) or text, one prompt per line")
-    h.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
-    h.add_argument("--api-key", metavar="KEY", help="sent as 'Authorization: Bearer KEY' (never written to the report)")
-    h.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP); "
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
+    p.add_argument("--api-key", metavar="KEY", help="sent as 'Authorization: Bearer KEY' (never written to the report)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP); "
                                                 "with --compare: also write compare.md and plots there")
-    h.add_argument("--label", help="this run's name in tables and plots (default: the model name)")
-    h.add_argument("--timeout", type=_number(float), metavar="S", help="seconds one request may take (default 600)")
-    h.add_argument("--warmup", type=_number(int, allow_zero=True), metavar="N",
+    p.add_argument("--label", help="this run's name in tables and plots (default: the model name)")
+    p.add_argument("--timeout", type=_number(float), metavar="S", help="seconds one request may take (default 600)")
+    p.add_argument("--warmup", type=_number(int, allow_zero=True), metavar="N",
                    help="untimed requests sent first (default 1)")
-    h.add_argument("--no-ignore-eos", action="store_true",
+    p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send \"ignore_eos\": true (for servers that refuse unknown fields)")
-    h.add_argument("--no-progress", action="store_true", help="no progress bar")
-    h.add_argument("--compare", nargs="+", metavar="REPORT", help="print the ratio table of bench.json files, "
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--compare", nargs="+", metavar="REPORT", help="print the ratio table of bench.json files, "
                                                                   "each against the first")
 
-    e = p.add_argument_group("engine")
-    e.add_argument("--threads", type=_number(int), metavar="N", help="CPU threads (default: all cores)")
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark a server over HTTP (default), compare runs, or time the engine in-process",
+        description="llamafleet bench [http] --url URL ... | llamafleet bench --compare A.json B.json ... | "
+                    "llamafleet bench engine [--model FILE] ... (see `llamafleet bench engine --help`)",
+    )
+    _add_http_flags(p)
+    forms = p.add_subparsers(dest="form", title="forms", metavar="{http,engine}")
+    # `bench http ...` is `bench ...`: SUPPRESS keeps flags given before 'http' from being reset by its defaults
+    _add_http_flags(forms.add_parser(
+        "http", argument_default=argparse.SUPPRESS, help="load-test an OpenAI-compatible endpoint (the default form)",
+        description="Load-test an OpenAI-compatible endpoint; `llamafleet bench http ...` is `llamafleet bench ...`."))
+    e = forms.add_parser(
+        "engine", help="time the engine in-process on a GGUF file: sequential vs concurrent requests",
+        description="Load a GGUF model in this process and time N greedy requests one after another, then the same "
+                    "N at once, through llamafleet's engine (no HTTP).")
+    add_flags(e, "bench engine")
+    e.add_argument("--requests", type=_number(int), default=8, metavar="N",
+                   help="requests per phase (default %(default)s)")
+    e.add_argument("--max-tokens", type=_number(int), default=64, metavar="N",
+                   help="tokens to generate per request (default %(default)s)")
     e.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    e.add_argument("--batch", type=_number(int), metavar="N", help="n_batch: tokens per llama_decode (default 512)")
-    e.add_argument("--backend-sampling", action="store_true",
-                   help="sample greedy requests inside llama.cpp's graph instead of on the host")
     e.add_argument("--kv-unified", action="store_true",
                    help="one KV cache shared by all sequences instead of one stream per sequence")
     e.add_argument("--no-overlap", action="store_true",
                    help="wait for each decode before detokenizing (default: text work overlaps the next decode)")
-    p.set_defaults(func=_run)
+    e.set_defaults(func=run_engine)
+    p.set_defaults(func=run)

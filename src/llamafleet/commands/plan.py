@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from llamafleet.config import ConfigError, FleetConfig, load_config
-from llamafleet.model.demo import ModelFetchError, default_model_path
-from llamafleet.model.header import GgufError, ModelInfo, read_model_info
-from llamafleet.placement.gpus import Inventory, InventoryError, describe_inventory, detect_inventory, load_inventory
-from llamafleet.placement.planner import Plan, make_plan
+from llamafleet.config import ConfigError, inapplicable, load_config
+from llamafleet.flags import add_config_flag, add_flags, overrides
+
+if TYPE_CHECKING:
+    from llamafleet.model.header import ModelInfo
+    from llamafleet.placement.gpus import Inventory
+    from llamafleet.placement.planner import Plan
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -21,6 +26,8 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
     """The plan as a few readable sections: verdict, replicas, context, memory per device, reasons, warnings."""
+    from llamafleet.placement.gpus import describe_inventory
+
     lines = [
         f"model: {model.path}",
         f"  {model.name}: {model.architecture}, {model.file_type}, {model.n_layer} layers, {model.n_embd} embd, "
@@ -57,24 +64,23 @@ def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
     return "\n".join(lines)
 
 
-def _model_path(args: argparse.Namespace, cfg: FleetConfig) -> Path:
-    if args.model:
-        return Path(args.model)
-    if cfg.model_path:
-        return Path(cfg.model_path)
-    return default_model_path()
+def run(args: argparse.Namespace) -> int:
+    # the GGUF reader and the planner (numpy) load here, not when the parser is built for another command
+    from llamafleet.model.demo import ModelFetchError, default_model_path
+    from llamafleet.model.header import GgufError, read_model_info
+    from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
+    from llamafleet.placement.planner import make_plan
 
-
-def _run(args: argparse.Namespace) -> int:
-    overrides = {"context_length": args.ctx, "parallel": args.parallel, "replicas": args.replicas,
-                 "split_mode": args.split_mode, "prefer": args.prefer}
     try:
-        cfg = load_config(args.config, overrides)
-        model = read_model_info(_model_path(args, cfg))
+        cfg = load_config(args.config, overrides(args))
+        model = read_model_info(Path(cfg.model_path) if cfg.model_path else default_model_path())
         inventory = load_inventory(args.inventory) if args.inventory else detect_inventory()
     except (ConfigError, GgufError, InventoryError, ModelFetchError) as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    # a described inventory is another machine's: its core count is not known
+    for line in inapplicable(cfg, inventory, None if args.inventory else os.cpu_count()):
+        print(f"warning: {line}", file=sys.stderr)
     plan = make_plan(model, inventory, cfg)
     if args.json:
         print(json.dumps({**plan.to_json(), "model_path": model.path, "inventory": inventory.source}, indent=2))
@@ -83,21 +89,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "plan",
         help="show how a model would be placed on the GPUs (replicas, split, memory per GPU); exit 1 if it won't fit",
         description="Plan a model's placement from its GGUF header and the GPU inventory; nothing is loaded.",
         epilog="exit codes: 0 the plan fits, 1 it does not (the reasons say what would), 2 bad input.",
     )
-    p.add_argument("--model", metavar="FILE", help="GGUF file (default: the config's model_path, else the demo model)")
     p.add_argument("--inventory", metavar="FILE", help="plan for the GPUs described in this YAML instead of this "
                    "machine's (see examples/inventories/)")
-    p.add_argument("--config", metavar="FLEET_YAML", help="fleet configuration (flags below override it)")
-    p.add_argument("--ctx", type=int, metavar="N", help="context length per sequence (context_length)")
-    p.add_argument("--parallel", type=int, metavar="N", help="sequence slots per replica")
-    p.add_argument("--replicas", type=int, metavar="N", help="replica count")
-    p.add_argument("--split-mode", choices=["auto", "none", "layer", "tensor"], help="how to split a replica")
-    p.add_argument("--prefer", choices=["throughput", "latency"], help="what auto placement optimises")
+    add_config_flag(p)
+    add_flags(p, "plan")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)

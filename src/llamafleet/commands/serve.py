@@ -9,66 +9,31 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from llamafleet.api.app import run_server
-from llamafleet.api.middleware import ApiKeysError, load_api_keys
-from llamafleet.api.service import Service
-from llamafleet.config import ConfigError, FleetConfig, load_config
-from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.fleet.router import ROUTING_POLICIES, Router
-from llamafleet.model.demo import ModelFetchError, default_model_path
-from llamafleet.model.header import GgufError, read_model_info
-from llamafleet.placement.gpus import detect_inventory
-from llamafleet.placement.planner import launch_spec, make_plan
+from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
+from llamafleet.flags import add_config_flag, add_flags, overrides
+
+if TYPE_CHECKING:
+    from llamafleet.fleet.replicas import ReplicaSpec
 
 log = logging.getLogger(__name__)
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser(
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
         "serve",
         help="serve a GGUF model behind an OpenAI-compatible API (default: the demo model on 127.0.0.1:8080)",
         description="Serve a GGUF model on every GPU of this machine (or the CPU) behind an OpenAI-compatible "
         "HTTP API. Flags override the --config file.",
     )
-    p.add_argument("--config", metavar="FILE", help="fleet YAML file (see examples/fleet.yaml)")
-    p.add_argument("--model", metavar="PATH", help="GGUF file to serve (default: the built-in demo model)")
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to listen on (default 8080)")
-    p.add_argument("--replicas", type=int, metavar="N", help="number of replicas (default: what the plan picks)")
-    p.add_argument("--parallel", type=int, metavar="N", help="sequence slots per replica (default 8)")
-    p.add_argument("--ctx", type=int, metavar="TOKENS", help="context per sequence, prompt + answer (default 4096)")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads per replica")
-    p.add_argument("--batch", type=int, metavar="TOKENS", help="n_batch: tokens per llama_decode step (default 512)")
-    p.add_argument("--backend-sampling", action="store_true", default=None,
-                   help="sample greedy requests inside llama.cpp's graph (on the GPU) instead of on the host")
-    p.add_argument("--routing", choices=ROUTING_POLICIES,
-                   help="how requests are spread over replicas (default least_outstanding)")
-    p.add_argument("--max-queue-per-replica", type=int, metavar="N",
-                   help="sequences waiting beyond a replica's slots before it refuses more with 429 (default 32)")
-    p.add_argument("--max-queue", type=int, metavar="N",
-                   help="sequences waiting beyond slots on all replicas together before 429 (default 128)")
-    p.add_argument("--request-timeout", type=float, metavar="S", help="a request running longer fails with 504 "
-                   "(default 600)")
-    p.add_argument("--api-keys-file", metavar="FILE", help="API keys, one per line; LLAMAFLEET_API_KEYS adds more "
-                   "(comma-separated); with any key set, requests need 'Authorization: Bearer <key>'")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
+    add_config_flag(p)
+    add_flags(p, "serve")
     p.set_defaults(func=run)
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "model_path": args.model, "host": args.host, "port": args.port, "replicas": args.replicas,
-        "parallel": args.parallel, "context_length": args.ctx, "threads": args.threads, "log_level": args.log_level,
-        "batch_size": args.batch, "backend_sampling": args.backend_sampling, "routing": args.routing,
-        "max_queue_per_replica": args.max_queue_per_replica, "max_queue": args.max_queue,
-        "request_timeout_s": args.request_timeout, "api_keys_file": args.api_keys_file,
-    }
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -116,7 +81,15 @@ def _banner(cfg: FleetConfig, model_name: str, n_replicas: int) -> str:
 
 def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | None:
     """Plan the model onto this machine; None (after printing why) if it cannot fit."""
-    plan = make_plan(read_model_info(model_path), detect_inventory(), cfg)
+    from llamafleet.fleet.replicas import ReplicaSpec
+    from llamafleet.model.header import read_model_info
+    from llamafleet.placement.gpus import detect_inventory
+    from llamafleet.placement.planner import launch_spec, make_plan
+
+    inventory = detect_inventory()
+    for line in inapplicable(cfg, inventory, os.cpu_count()):
+        print(f"  warning: {line}", file=sys.stderr)
+    plan = make_plan(read_model_info(model_path), inventory, cfg)
     out = sys.stdout if plan.fits else sys.stderr
     for reason in plan.reasons:
         print(f"  plan: {reason}", file=out)
@@ -134,8 +107,14 @@ def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | No
 
 
 def run(args: argparse.Namespace) -> int:
+    # Heavy modules (FastAPI, uvicorn, the fleet, the planner) load in here, when serve runs, so that building the
+    # parser for another command never loads them.
+    from llamafleet.api.middleware import ApiKeysError, load_api_keys
+    from llamafleet.model.demo import ModelFetchError, default_model_path
+    from llamafleet.model.header import GgufError
+
     try:
-        cfg = load_config(args.config, _overrides(args))
+        cfg = load_config(args.config, overrides(args))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -160,6 +139,12 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"error: cannot listen on {cfg.host}:{cfg.port} ({e.strerror}); pass another --port", file=sys.stderr)
         return 1
+    from llamafleet.api.app import run_server
+    from llamafleet.api.service import Service
+    from llamafleet.fleet.dispatch import Dispatcher
+    from llamafleet.fleet.replicas import ReplicaSet
+    from llamafleet.fleet.router import Router
+
     model_name = cfg.model_name or model_path.stem
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
     service = Service(Dispatcher(ReplicaSet(specs, cfg.log_level), router), model_name,

@@ -1,37 +1,64 @@
-"""``llamafleet synth``: write a LLaMA-2-shaped GGUF with random weights and the real LLaMA-2 tokenizer."""
+"""``llamafleet synth``: write a LLaMA-2-shaped GGUF with random weights and the real LLaMA-2 tokenizer.
+
+The writer (:mod:`llamafleet.model.synth`) imports numpy and gguf, so its shape and weight-type names are read only
+when synth's own arguments are parsed or shown (:class:`_Names`), never when the parser is built for another
+command.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
+from collections.abc import Iterator
 
-from llamafleet.model.synth import QUANTS, SHAPES, SynthError, find_vocab, write_model
+
+class _Names:
+    """argparse ``choices`` taken from a mapping in :mod:`llamafleet.model.synth` on first use."""
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+
+    def _names(self) -> list[str]:
+        return sorted(getattr(importlib.import_module("llamafleet.model.synth"), self.attr))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    from llamafleet.model.synth import SHAPES, SynthError, find_vocab, write_model
+
     try:
         vocab = find_vocab(args.vocab)
         path = write_model(args.output, SHAPES[args.shape], args.quant, vocab, sparse=args.sparse, seed=args.seed,
                            progress=not args.quiet)
     except SynthError as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        print(f"error: cannot write {args.output}: {e}")
+        print(f"error: cannot write {args.output}: {e}", file=sys.stderr)
         return 1
     size = path.stat().st_size / 2**30
     print(f"{path} ({size:.2f} GiB{', sparse: no data written' if args.sparse else ''})")
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "synth",
         help="write a LLaMA-2-shaped GGUF with random weights (for planning and speed tests)",
         description="Write a LLaMA-2-shaped model with random weights that llama.cpp loads and runs, with the real "
         "LLaMA-2 tokenizer. Its answers are noise; its speed and memory are those of the real model.",
     )
-    p.add_argument("--shape", choices=sorted(SHAPES), required=True, help="model shape")
-    p.add_argument("--quant", choices=sorted(QUANTS), default="q4_0", help="weight type (default q4_0)")
+    # a metavar keeps argparse from listing the choices (and importing the writer) while the parser is built
+    p.add_argument("--shape", choices=_Names("SHAPES"), required=True, metavar="SHAPE",
+                   help="model shape: %(choices)s")
+    p.add_argument("--quant", choices=_Names("QUANTS"), default="q4_0", metavar="TYPE",
+                   help="weight type: %(choices)s (default %(default)s)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the .gguf")
     p.add_argument("--sparse", action="store_true",
                    help="write only the header and leave the weights as a file hole (instant; for planning only)")
@@ -39,4 +66,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "sdist, fetched if absent)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)
