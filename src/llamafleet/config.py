@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llamafleet.fleet.replicas import HEARTBEAT_TIMEOUT_S
 from llamafleet.fleet.router import RoutingPolicy
 
 if TYPE_CHECKING:
@@ -92,6 +93,9 @@ class FleetConfig(BaseModel):
     )
     slot_leak_s: float = Field(
         30.0, gt=0, description="busy slots with no request in flight for this long: the replica is restarted"
+    )
+    heartbeat_timeout_s: float = Field(
+        HEARTBEAT_TIMEOUT_S, gt=0, description="a loaded worker that sends nothing for this long is killed as hung"
     )
 
     # Logging.

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
     model_name = cfg.model_name or model_path.stem
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
-    service = Service(Dispatcher(ReplicaSet(specs, cfg.log_level), router), model_name,
+    service = Service(Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router), model_name,
                       specs[0].engine.n_ctx_per_seq, cfg, api_keys)
     if not api_keys and not _loopback(cfg.host):
         log.warning("listening on %s with no API key: anyone who can reach it can use it (set LLAMAFLEET_API_KEYS "

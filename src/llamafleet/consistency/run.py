@@ -237,7 +237,7 @@ async def _run_setup(setup: Setup, prompts: list[Prompt], opts: CheckOptions
     """Load ``setup``'s workers, collect every replica's answers, stop the workers. Failures become errors."""
     params = SamplingParams(max_tokens=opts.max_tokens, temperature=0.0, logprobs=True)
     col = _Collector()
-    rs = ReplicaSet(list(setup.specs), opts.fleet.log_level)
+    rs = ReplicaSet(list(setup.specs), opts.fleet.log_level, opts.fleet.heartbeat_timeout_s)
     results = [ConfigResult(name, "error", spec.label, engine=_engine_facts(spec.engine))
                for name, spec in zip(setup.names, setup.specs, strict=True)]
     answers: list[list[Answer]] = []

@@ -142,7 +142,7 @@ class Dispatcher:
         now = time.perf_counter()
         for index, m in enumerate(msgs):
             self._routes[m.request_id] = _Route(group, index, now)
-        # Routes first: a pipe found dead while sending reports its replica down, which fails all of its sequences
+        # Routes first: a replica found gone while sending is reported down, which fails all of its sequences
         for replica, m in zip(placed, msgs, strict=True):
             self.replicas.send(replica, m)
         return group

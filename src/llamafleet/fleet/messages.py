@@ -1,11 +1,14 @@
 """Every message that crosses the boundary between the API process and a worker process, in one place.
 
-Messages are small frozen dataclasses sent whole (pickled) over one duplex pipe per worker. Direction:
+Messages are frozen dataclasses sent whole, pickled in length-prefixed frames, over one duplex pipe per worker (see
+:mod:`llamafleet.fleet.pipe`; a message may be of any size). Direction:
 
 * API -> worker: :class:`Submit`, :class:`Abort`, :class:`Shutdown`.
 * worker -> API: :class:`LoadProgress` and then :class:`Ready` or :class:`LoadFailed` while loading (the readiness
   handshake), then one :class:`StepOutputs` per engine step that produced anything: every sequence's new tokens of
-  that step travel together, with the engine's stats riding along (never one message per token per request).
+  that step travel together, with the engine's stats riding along (never one message per token per request), and a
+  :class:`Heartbeat` whenever the engine loop has sent nothing for its beat interval: silence past the server's
+  ``heartbeat_timeout_s`` means the worker is hung.
 """
 
 from __future__ import annotations
@@ -92,4 +95,9 @@ class StepOutputs:
     stats: EngineStats
 
 
-FromWorker = LoadProgress | Ready | LoadFailed | StepOutputs
+@dataclass(frozen=True)
+class Heartbeat:
+    """The engine loop is alive and has had nothing else to send for one beat interval."""
+
+
+FromWorker = LoadProgress | Ready | LoadFailed | StepOutputs | Heartbeat

@@ -1,12 +1,16 @@
 """Starting and supervising the worker processes, one per replica, from the API process's event loop.
 
 * Workers are started with multiprocessing's ``spawn`` (a fresh interpreter: the replica's environment is applied
-  before llama.cpp is imported, see :mod:`llamafleet.fleet.worker`) and talk over one duplex pipe each.
+  before llama.cpp is imported, see :mod:`llamafleet.fleet.worker`) and talk over one duplex pipe each
+  (:mod:`llamafleet.fleet.pipe`: messages of any size, sends that never block the event loop).
 * Model loads are serialized: one replica loads at a time, at start-up and on every restart (concurrent CUDA
   context creation is a known crash).
-* The pipe is watched with ``loop.add_reader``: a worker's messages are handled as they arrive, and a worker that
-  dies (even by SIGKILL) is noticed at once because the kernel closes its end of the pipe. Its in-flight work is
-  failed by the listener and the replica is restarted with exponential backoff; the other replicas keep serving.
+* A worker's messages are handled as they arrive, and a worker that dies (even by SIGKILL) is noticed at once
+  because the kernel closes its end of the pipe. Its in-flight work is failed by the listener and the replica is
+  restarted with exponential backoff; the other replicas keep serving.
+* A loaded worker that sends nothing (no step output, no heartbeat) for ``heartbeat_timeout_s`` is hung (frozen, or
+  stuck in one step): it is taken out of routing, shown as "unresponsive", its work failed with 503, and it is killed
+  and restarted like a crashed one. Loading is exempt: it reports its own progress and may take minutes.
 * On :meth:`ReplicaSet.stop` every worker is told to cancel its work and exit; one that does not within the bound
   is killed. Workers are daemonic and also exit when the server's end of the pipe closes, so nothing is orphaned.
 """
@@ -17,24 +21,28 @@ import asyncio
 import logging
 import multiprocessing as mp
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Literal, Protocol
 
 from llamafleet.engine.types import EngineConfig, EngineStats
-from llamafleet.fleet.messages import LoadFailed, LoadProgress, Ready, Shutdown, StepOutputs, ToWorker
+from llamafleet.fleet.messages import Heartbeat, LoadFailed, LoadProgress, Ready, Shutdown, StepOutputs, ToWorker
+from llamafleet.fleet.pipe import AsyncPipe
 from llamafleet.fleet.worker import worker_main
 
 log = logging.getLogger(__name__)
 
-ReplicaStatus = Literal["idle", "loading", "ready", "down", "stopped"]
+# "unresponsive": killed for silence past the heartbeat timeout, until it loads again
+ReplicaStatus = Literal["idle", "loading", "ready", "unresponsive", "down", "stopped"]
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0  # a replica that stayed up this long restarts without backoff
 PROGRESS_LOG_S = 5.0  # at most one loading-progress log line per replica this often
+HEARTBEAT_TIMEOUT_S = 60.0  # FleetConfig.heartbeat_timeout_s's default
+BEAT_MAX_S = 1.0  # a worker beats (and the API process checks) at least this often, and 4 times per timeout
 
 
 class LoadError(RuntimeError):
@@ -69,6 +77,7 @@ class ReplicaState:
     status: ReplicaStatus = "idle"
     pid: int | None = None
     restarts: int = 0
+    hangs: int = 0  # times killed for silence past the heartbeat timeout
     load_fraction: float = 0.0
     slots: int | None = None
     up_since: float | None = None
@@ -80,8 +89,9 @@ class ReplicaState:
 @dataclass
 class _Worker:
     process: BaseProcess
-    conn: Connection
+    pipe: AsyncPipe
     loaded: asyncio.Future[Ready] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    heard_at: float = field(default_factory=time.monotonic)  # when its last message arrived
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -98,16 +108,22 @@ def describe_exit(exitcode: int | None) -> str:
 class ReplicaSet:
     """The worker processes of all replicas: start, watch, restart, stop."""
 
-    def __init__(self, specs: list[ReplicaSpec], log_level: str = "info") -> None:
+    def __init__(self, specs: list[ReplicaSpec], log_level: str = "info",
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S) -> None:
         if not specs:
             raise ValueError("a replica set needs at least one replica")
+        if heartbeat_timeout_s <= 0:
+            raise ValueError(f"heartbeat_timeout_s must be positive, got {heartbeat_timeout_s}")
         self.specs = specs
         self.states = [ReplicaState(i, s.label) for i, s in enumerate(specs)]
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._beat_s = min(BEAT_MAX_S, heartbeat_timeout_s / 4)
         self._log_level = log_level
         self._workers: dict[int, _Worker] = {}
         self._listener: ReplicaListener | None = None
         self._load_lock = asyncio.Lock()
         self._restarts: dict[int, asyncio.Task[None]] = {}
+        self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         self._mp = mp.get_context("spawn")
 
@@ -121,33 +137,32 @@ class ReplicaSet:
     async def start(self, listener: ReplicaListener) -> None:
         """Load every replica, one after another; :class:`LoadError` if one fails (then call :meth:`stop`)."""
         self._listener = listener
+        self._watch = asyncio.get_running_loop().create_task(self._watch_heartbeats())
         for i in range(len(self.specs)):
             await self._load(i)
 
     def send(self, replica: int, msg: ToWorker) -> None:
-        """Send ``msg`` to ``replica``'s worker. A broken pipe counts as the worker's death (reported at once)."""
+        """Queue ``msg`` for ``replica``'s worker (never blocks); a pipe that breaks reports the worker's death."""
         worker = self._workers.get(replica)
         if worker is None:
             self._report_down(replica, f"replica {replica} is not running")
             return
-        try:
-            worker.conn.send(msg)
-        except OSError as e:
-            self._on_exit(replica, worker, f"its pipe broke ({e})")
+        worker.pipe.send(msg)
 
-    def recycle(self, replica: int, why: str) -> None:
-        """Kill ``replica``'s worker and load it again, as after a crash (its in-flight work fails with 503)."""
+    def recycle(self, replica: int, why: str, status: ReplicaStatus = "down") -> None:
+        """Kill ``replica``'s worker and load it again, as after a crash (its in-flight work fails with 503);
+        ``status`` shows until it loads again."""
         worker = self._workers.get(replica)
         if worker is None or not worker.loaded.done():
             return
         log.error("replica %d: %s; killing worker pid %s", replica, why, worker.process.pid)
-        worker.process.kill()
-        self._on_exit(replica, worker, why)
+        worker.process.kill()  # SIGKILL: also ends a stopped (SIGSTOP) process
+        self._on_exit(replica, worker, why, status)
 
     async def stop(self, timeout: float) -> None:
         """Tell every worker to cancel its work and exit; kill those still running after ``timeout`` seconds."""
         self._stopping = True
-        for task in self._restarts.values():
+        for task in [*self._restarts.values(), *([self._watch] if self._watch else [])]:
             task.cancel()
         workers = dict(self._workers)
         for i in workers:
@@ -166,7 +181,7 @@ class ReplicaSet:
         async with self._load_lock:
             if self._stopping:
                 return
-            worker = self._spawn(i)
+            worker = await self._spawn(i)
             try:
                 ready = await worker.loaded
             except LoadError:
@@ -181,22 +196,23 @@ class ReplicaSet:
         assert self._listener is not None
         self._listener.replica_up(i, ready)
 
-    def _spawn(self, i: int) -> _Worker:
+    async def _spawn(self, i: int) -> _Worker:
         spec, state = self.specs[i], self.states[i]
-        parent, child = self._mp.Pipe(duplex=True)
+        parent, child = socket.socketpair()
         process = self._mp.Process(
             target=worker_main,
-            args=(child, i, spec.env, spec.engine, self._log_level),
+            args=(child, i, spec.env, spec.engine, self._log_level, self._beat_s),
             name=f"llamafleet-replica-{i}",
             daemon=True,
         )
         process.start()
         child.close()
-        worker = _Worker(process, parent)
+        worker = _Worker(process, AsyncPipe(lambda msg: self._handle(i, worker, msg),
+                                            lambda why: self._on_closed(i, worker, why)))
         self._workers[i] = worker
         state.status, state.pid, state.load_fraction, state.last_error = "loading", process.pid, 0.0, None
         state.stats = None
-        asyncio.get_running_loop().add_reader(parent.fileno(), self._on_readable, i, worker)
+        await worker.pipe.open(parent)
         log.info("replica %d/%d (%s): loading %s (pid %s)", i + 1, len(self), spec.label, spec.engine.model_path,
                  process.pid)
         return worker
@@ -212,18 +228,19 @@ class ReplicaSet:
             self._forget(i)
         log.warning("replica %d: worker pid %s %s", i, process.pid, describe_exit(process.exitcode))
 
-    # -- messages and deaths ----------------------------------------------------------------------------------
-    def _on_readable(self, i: int, worker: _Worker) -> None:
-        try:
-            while self._workers.get(i) is worker and worker.conn.poll():
-                self._handle(i, worker, worker.conn.recv())
-        except (EOFError, OSError):
-            worker.process.join(0)  # reap it if it is already gone (never blocks), for the exit status
-            code = worker.process.exitcode
-            self._on_exit(i, worker, "its process ended" if code is None else describe_exit(code))
+    # -- messages, deaths and hangs ---------------------------------------------------------------------------
+    def _on_closed(self, i: int, worker: _Worker, why: str) -> None:
+        worker.process.join(0)  # reap it if it is already gone (never blocks), for the exit status
+        code = worker.process.exitcode
+        self._on_exit(i, worker, why if code is None else describe_exit(code))
 
     def _handle(self, i: int, worker: _Worker, msg: object) -> None:
-        if isinstance(msg, StepOutputs):
+        if self._workers.get(i) is not worker:
+            return  # forgotten (killed) while its last messages were on the way
+        worker.heard_at = time.monotonic()
+        if isinstance(msg, Heartbeat):
+            pass
+        elif isinstance(msg, StepOutputs):
             self.states[i].stats = msg.stats
             assert self._listener is not None
             self._listener.replica_output(i, msg)
@@ -244,7 +261,23 @@ class ReplicaSet:
         else:
             log.error("replica %d sent an unexpected message %r; ignored", i, msg)
 
-    def _on_exit(self, i: int, worker: _Worker, why: str) -> None:
+    async def _watch_heartbeats(self) -> None:
+        """Kill loaded workers silent for longer than the heartbeat timeout (see :meth:`recycle`)."""
+        checked = time.monotonic()
+        while not self._stopping:
+            await asyncio.sleep(self._beat_s)
+            now = time.monotonic()
+            late, checked = now - checked > 2 * self._beat_s, now
+            if late:  # this event loop was held up: let it read what the workers sent meanwhile, check next time
+                continue
+            for i, worker in list(self._workers.items()):
+                silent = now - worker.heard_at
+                if worker.loaded.done() and silent > self.heartbeat_timeout_s:
+                    self.states[i].hangs += 1
+                    self.recycle(i, f"it sent nothing for {silent:.1f}s (heartbeat_timeout_s is "
+                                    f"{self.heartbeat_timeout_s:g}): hung", status="unresponsive")
+
+    def _on_exit(self, i: int, worker: _Worker, why: str, status: ReplicaStatus = "down") -> None:
         """``worker`` is gone: fail its work now, then restart the replica (unless stopping or still loading)."""
         if self._workers.get(i) is not worker:
             return
@@ -255,7 +288,7 @@ class ReplicaSet:
             worker.loaded.set_exception(LoadError(f"replica {i} failed to load: {state.last_error or reason}"))
             state.status = "down"
             return
-        state.status, state.last_error = ("stopped" if self._stopping else "down"), reason
+        state.status, state.last_error = ("stopped" if self._stopping else status), reason
         self._report_down(i, reason)
         if not self._stopping:
             log.error("%s", reason)
@@ -268,8 +301,7 @@ class ReplicaSet:
     def _forget(self, i: int) -> None:
         worker = self._workers.pop(i, None)
         if worker is not None:
-            asyncio.get_running_loop().remove_reader(worker.conn.fileno())
-            worker.conn.close()
+            worker.pipe.close()
 
     async def _restart(self, i: int, dead: BaseProcess) -> None:
         """Reap the dead worker, then load the replica again, backing off while loads keep failing."""

@@ -63,6 +63,8 @@ class FleetMetrics:
                                       ("replica", "where")))
         self.restarts = r.add(Counter("llamafleet_replica_restarts_total", "times a replica was restarted",
                                       ("replica",)))
+        self.hangs = r.add(Counter("llamafleet_replica_hangs_total",
+                                   "replicas killed as hung (silent past heartbeat_timeout_s)", ("replica",)))
         self.slots_total = r.add(Gauge("llamafleet_replica_slots", "sequence slots of a replica", ("replica",)))
         self.slots_busy = r.add(Gauge("llamafleet_replica_slots_busy", "slots running a sequence", ("replica",)))
         self.engine_waiting = r.add(Gauge("llamafleet_replica_waiting",
@@ -96,6 +98,7 @@ class FleetMetrics:
             self.replica_up.set(1 if st.status == "ready" else 0, rep, st.label)
             self.outstanding.set(router.outstanding(st.index), rep)
             self.restarts.set_total(st.restarts, rep)
+            self.hangs.set_total(st.hangs, rep)
             if st.slots is not None:
                 self.slots_total.set(st.slots, rep)
             stats = st.stats

@@ -7,6 +7,11 @@ handshake), then loops: take the commands that arrived, run one engine step, sen
 as one :class:`~llamafleet.fleet.messages.StepOutputs`. A second thread only reads the pipe, so the API process can
 always send while the engine decodes; the engine itself is touched by the main thread alone.
 
+Liveness: the same loop sends a :class:`~llamafleet.fleet.messages.Heartbeat` whenever it has sent nothing for
+``beat_s`` (idle, or a step that produced no output), so the API process hears from a working replica at least that
+often. The beat comes from the engine's own thread on purpose: a worker stuck in one step (a wedged GPU call, a
+deadlock) or frozen whole falls silent, and the API process kills it after ``heartbeat_timeout_s``.
+
 The worker ends when told (:class:`~llamafleet.fleet.messages.Shutdown`: in-flight requests are cancelled and reported)
 or when the API process disappears (its end of the pipe closes), so a killed server leaves no orphan workers.
 Ctrl-C in a terminal reaches the whole process group; workers ignore SIGINT and let the server shut them down.
@@ -19,15 +24,16 @@ import logging
 import os
 import queue
 import signal
+import socket
 import threading
 import time
-from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from llamafleet.engine.types import EngineConfig, Request
 from llamafleet.fleet.messages import (
     Abort,
     FromWorker,
+    Heartbeat,
     LoadFailed,
     LoadProgress,
     Ready,
@@ -37,6 +43,7 @@ from llamafleet.fleet.messages import (
     Submit,
     ToWorker,
 )
+from llamafleet.fleet.pipe import WorkerPipe
 
 if TYPE_CHECKING:
     from llamafleet.engine.engine import Engine
@@ -53,20 +60,23 @@ class _ParentGone(Exception):
 class _Inbox:
     """Receives commands on a thread of its own, so the pipe is drained while the engine thread decodes."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, pipe: WorkerPipe) -> None:
         self._queue: queue.Queue[ToWorker] = queue.Queue()
-        threading.Thread(target=self._pump, args=(conn,), name="inbox", daemon=True).start()
+        threading.Thread(target=self._pump, args=(pipe,), name="inbox", daemon=True).start()
 
-    def _pump(self, conn: Connection) -> None:
+    def _pump(self, pipe: WorkerPipe) -> None:
         try:
             while True:
-                self._queue.put(conn.recv())
+                self._queue.put(cast(ToWorker, pipe.recv()))  # the API process sends nothing else
         except (EOFError, OSError):
             self._queue.put(Shutdown())  # nobody is left to read results: stop
 
-    def take(self, block: bool) -> list[ToWorker]:
-        """Every command waiting now; with ``block``, wait for at least one."""
-        msgs: list[ToWorker] = [self._queue.get()] if block else []
+    def take(self, wait_s: float) -> list[ToWorker]:
+        """Every command waiting now; with ``wait_s`` > 0, wait up to that long for the first one."""
+        msgs: list[ToWorker] = []
+        if wait_s > 0:
+            with contextlib.suppress(queue.Empty):
+                msgs.append(self._queue.get(timeout=wait_s))
         while True:
             try:
                 msgs.append(self._queue.get_nowait())
@@ -74,9 +84,9 @@ class _Inbox:
                 return msgs
 
 
-def _send(conn: Connection, msg: FromWorker) -> None:
+def _send(pipe: WorkerPipe, msg: FromWorker) -> None:
     try:
-        conn.send(msg)
+        pipe.send(msg)
     except OSError as e:  # BrokenPipeError, ConnectionResetError: the API process is gone
         raise _ParentGone from e
 
@@ -97,13 +107,15 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | None:
     return None
 
 
-def _serve(engine: Engine, conn: Connection, inbox: _Inbox) -> None:
-    """The worker's loop: commands in, one engine step, one message out per step that produced anything."""
+def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> None:
+    """The worker's loop: commands in, one engine step, one message out per step that produced anything, and a
+    heartbeat after ``beat_s`` without one."""
     active: dict[str, bool] = {}  # request id -> wants token pieces (logprobs)
     stopping = False
+    sent_at = time.monotonic()
     while True:
         rejected: list[Rejected] = []
-        for msg in inbox.take(block=not engine.has_work() and not stopping):
+        for msg in inbox.take(wait_s=0 if engine.has_work() or stopping else beat_s):
             if isinstance(msg, Submit):
                 refusal = (
                     Rejected(msg.request_id, "the replica is shutting down; retry the request", status=503)
@@ -126,7 +138,11 @@ def _serve(engine: Engine, conn: Connection, inbox: _Inbox) -> None:
             if o.finished:
                 del active[o.request_id]
         if outputs or rejected:
-            _send(conn, StepOutputs(outputs, rejected, pieces, engine.stats()))
+            _send(pipe, StepOutputs(outputs, rejected, pieces, engine.stats()))
+            sent_at = time.monotonic()
+        elif time.monotonic() - sent_at >= beat_s:
+            _send(pipe, Heartbeat())
+            sent_at = time.monotonic()
         if stopping and not engine.has_work():
             return
 
@@ -134,19 +150,20 @@ def _serve(engine: Engine, conn: Connection, inbox: _Inbox) -> None:
 class _Progress:
     """Forwards the model load's progress to the API process in steps of :data:`PROGRESS_STEP`."""
 
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
+    def __init__(self, pipe: WorkerPipe) -> None:
+        self._pipe = pipe
         self._sent = 0.0
 
     def __call__(self, fraction: float) -> None:
         if fraction >= 1.0 or fraction - self._sent >= PROGRESS_STEP:
             self._sent = fraction
             with contextlib.suppress(OSError):  # inside llama.cpp's callback: a dead pipe surfaces at Ready
-                self._conn.send(LoadProgress(fraction))
+                self._pipe.send(LoadProgress(fraction))
 
 
-def worker_main(conn: Connection, replica: int, env: dict[str, str], cfg: EngineConfig, log_level: str) -> None:
-    """Entry point of a replica's process (the target of ``multiprocessing`` spawn)."""
+def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: EngineConfig, log_level: str,
+                beat_s: float) -> None:
+    """Entry point of a replica's process (the target of ``multiprocessing`` spawn); ``sock`` is its end of the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)  # before llama.cpp is imported: CUDA reads CUDA_VISIBLE_DEVICES once, at load
     logging.basicConfig(
@@ -158,20 +175,21 @@ def worker_main(conn: Connection, replica: int, env: dict[str, str], cfg: Engine
     import llamafleet.engine.llama  # noqa: F401
     from llamafleet.engine.engine import Engine
 
-    inbox = _Inbox(conn)
+    pipe = WorkerPipe(sock)
+    inbox = _Inbox(pipe)
     t0 = time.monotonic()
     try:
         try:
-            engine = Engine(cfg, progress=_Progress(conn))
+            engine = Engine(cfg, progress=_Progress(pipe))
         except Exception as e:
             log.exception("loading %s failed", cfg.model_path)
-            _send(conn, LoadFailed(f"{type(e).__name__}: {e}"))
+            _send(pipe, LoadFailed(f"{type(e).__name__}: {e}"))
             raise SystemExit(1) from None
         with engine:
-            _send(conn, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0))
-            _serve(engine, conn, inbox)
+            _send(pipe, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0))
+            _serve(engine, pipe, inbox, beat_s)
         log.info("context and model freed; replica %d exits", replica)  # the server's shutdown waits for this exit
     except _ParentGone:
         log.warning("the server went away; replica %d exits", replica)
     finally:
-        conn.close()
+        pipe.close()
