@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamafleet.fleet.replicas import HEARTBEAT_TIMEOUT_S
 from llamafleet.fleet.router import RoutingPolicy
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ class FleetConfig(BaseModel):
         30.0, gt=0, description="busy slots with no request in flight for this long: the replica is restarted"
     )
     heartbeat_timeout_s: float = Field(
-        HEARTBEAT_TIMEOUT_S, gt=0, description="a loaded worker that sends nothing for this long is killed as hung"
+        60.0, gt=0, description="a loaded worker that sends nothing for this long is killed as hung"
     )
 
     # Logging.

@@ -66,7 +66,7 @@ def test_leak_is_reported_after_it_lasts_and_only_with_nothing_in_flight() -> No
 def _client(api_keys: frozenset[str] = frozenset(), **config: Any) -> TestClient:
     specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
     cfg = FleetConfig.model_validate(config)
-    service = Service(Dispatcher(ReplicaSet(specs), Router(1)), MODEL, 512, cfg, api_keys)
+    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512, cfg, api_keys)
     return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
 
 

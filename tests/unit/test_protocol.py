@@ -27,7 +27,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 @pytest.fixture(scope="module")
 def client() -> TestClient:
     specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
-    service = Service(Dispatcher(ReplicaSet(specs), Router(1)), MODEL, 512)
+    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512)
     return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
 
 

@@ -41,7 +41,6 @@ BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0  # a replica that stayed up this long restarts without backoff
 PROGRESS_LOG_S = 5.0  # at most one loading-progress log line per replica this often
-HEARTBEAT_TIMEOUT_S = 60.0  # FleetConfig.heartbeat_timeout_s's default
 BEAT_MAX_S = 1.0  # a worker beats (and the API process checks) at least this often, and 4 times per timeout
 
 
@@ -108,8 +107,7 @@ def describe_exit(exitcode: int | None) -> str:
 class ReplicaSet:
     """The worker processes of all replicas: start, watch, restart, stop."""
 
-    def __init__(self, specs: list[ReplicaSpec], log_level: str = "info",
-                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S) -> None:
+    def __init__(self, specs: list[ReplicaSpec], log_level: str, heartbeat_timeout_s: float) -> None:
         if not specs:
             raise ValueError("a replica set needs at least one replica")
         if heartbeat_timeout_s <= 0:
