@@ -123,10 +123,9 @@ def test_watchdog_refuses_only_for_the_fleets_own_gpus() -> None:
     from llamafleet.fleet.telemetry import GpuSample
 
     cfg = EngineConfig(model_path="m.gguf")
-    specs = [ReplicaSpec({"CUDA_VISIBLE_DEVICES": "1,2"}, cfg, "GPUs 1,2"),
-             ReplicaSpec({"CUDA_VISIBLE_DEVICES": "3"}, cfg, "GPU 3")]
+    specs = [ReplicaSpec({}, cfg, "GPUs 1,2", (1, 2)), ReplicaSpec({}, cfg, "GPU 3", (3,))]
     assert fleet_gpus(specs) == {1, 2, 3}
-    assert fleet_gpus([ReplicaSpec({"CUDA_VISIBLE_DEVICES": ""}, cfg, "CPU")]) == set()
+    assert fleet_gpus([ReplicaSpec({}, cfg, "CPU")]) == set()
     gib = 2**30
     full_other = GpuSample(0, "H200", 140 * gib, 140 * gib + 100 * 2**20, None)  # 100 MiB free, not ours
     roomy = GpuSample(1, "H200", 10 * gib, 140 * gib, None)

@@ -86,8 +86,8 @@ def leaking(states: Iterable[ReplicaState], router: Router, since: dict[int, flo
 
 
 def fleet_gpus(specs: Iterable[ReplicaSpec]) -> set[int]:
-    """The GPUs (NVML indices) the replicas run on, from the ``CUDA_VISIBLE_DEVICES`` each worker is started with."""
-    return {int(x) for spec in specs for x in spec.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.isdigit()}
+    """The GPUs (NVML indices) the replicas run on, as the plan placed them."""
+    return {gpu for spec in specs for gpu in spec.gpus}
 
 
 def refusal(gpus: Iterable[GpuSample], ours: set[int], refuse_free_mib: int) -> str | None:

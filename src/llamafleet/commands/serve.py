@@ -102,7 +102,7 @@ def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | No
     specs = []
     for i, replica in enumerate(plan.replicas):
         env, engine_cfg = launch_spec(plan, i, cfg, str(model_path))
-        specs.append(ReplicaSpec(env, engine_cfg, replica.label))
+        specs.append(ReplicaSpec(env, engine_cfg, replica.label, replica.gpus))
     return specs
 
 

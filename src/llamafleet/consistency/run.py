@@ -139,7 +139,7 @@ def place(opts: CheckOptions, model: ModelInfo, inventory: Inventory, kind: str,
     specs = []
     for i, r in enumerate(plan.replicas):
         env, engine = launch_spec(plan, i, cfg, opts.model_path)
-        specs.append(ReplicaSpec(env, engine, r.label))
+        specs.append(ReplicaSpec(env, engine, r.label, r.gpus))
     return specs
 
 

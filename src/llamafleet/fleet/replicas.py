@@ -55,6 +55,7 @@ class ReplicaSpec:
     env: dict[str, str]
     engine: EngineConfig
     label: str  # where it runs, for people: "CPU", "GPU 0", "GPUs 0,1"
+    gpus: tuple[int, ...] = ()  # the GPUs (NVML indices) it runs on; none on the CPU
 
 
 class ReplicaListener(Protocol):
