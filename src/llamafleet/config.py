@@ -66,7 +66,7 @@ class FleetConfig(BaseModel):
     )
     prefer: Literal["throughput", "latency"] = "throughput"
     routing: RoutingPolicy = Field(
-        "least_outstanding", description="how requests are spread over replicas"
+        "prefix", description="how requests are spread over replicas (see docs/OPERATIONS.md, Routing)"
     )
 
     # Limits and backpressure (see docs/OPERATIONS.md).

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from llamafleet.fleet.router import NoReplicaError, Router
+from llamafleet.fleet.affinity import Prompt
+from llamafleet.fleet.router import MIN_PREFIX_CHARS, NoReplicaError, Router
 
 
 def _router(slots: list[int], policy: str = "least_outstanding") -> Router:
@@ -90,3 +93,108 @@ def test_bad_arguments_are_refused() -> None:
         r.assign("a")
     with pytest.raises(ValueError, match="at least one"):
         r.set_up(0, 0)
+
+
+# -- prefix-aware routing -------------------------------------------------------------------------------------------
+LONG = "You are the support assistant of a bicycle shop. Be brief, precise and friendly. " * 5  # 410 characters
+
+
+def _distinct_long(rid: str) -> str:
+    return f"{rid}: " + "this prompt shares its very first block with no other prompt. " * 8
+
+
+def _same_short(rid: str) -> str:
+    return LONG[:MIN_PREFIX_CHARS - 1]  # the same text every time, but too short to be worth any imbalance
+
+
+@pytest.mark.parametrize("prompt_of", [_distinct_long, _same_short])
+@pytest.mark.parametrize("test", [test_idle_replicas_take_turns, test_least_outstanding_fills_the_emptier_replica,
+                                  test_load_is_measured_against_slots, test_request_map_and_release,
+                                  test_down_replica_returns_its_requests_and_gets_no_more])
+def test_prefix_routing_without_a_shared_prefix_is_least_outstanding_exactly(
+        test: Callable[[], None], prompt_of: Callable[[str], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The least_outstanding tests above, run unchanged on a prefix router whose requests share no prefix worth it."""
+    routers: list[Router] = []
+
+    class WithPrompts(Router):
+        def assign(self, request_id: str, prompt: Prompt = "") -> int:
+            return super().assign(request_id, prompt_of(request_id))
+
+    def prefix_router(slots: list[int], policy: str = "least_outstanding") -> Router:
+        assert policy == "least_outstanding"
+        r = WithPrompts(len(slots), "prefix")
+        for i, s in enumerate(slots):
+            r.set_up(i, s)
+        routers.append(r)
+        return r
+
+    monkeypatch.setitem(globals(), "_router", prefix_router)
+    test()
+    assert routers and all(set(r.decisions) == {"load"} for r in routers)
+
+
+def test_prefix_wins_when_loads_are_close() -> None:
+    r = _router([4, 4], "prefix")
+    assert r.assign("turn1", LONG + "First question?") == 0
+    r.release("turn1")
+    assert r.assign("turn2", LONG + "First question? An answer. Second question?") == 0  # least_outstanding: 1
+    assert r.assign("other", "Unrelated. " * 40) == 1
+    # replica 0 now runs turn2 and replica 1 runs "other": equal loads, the holder takes it
+    assert r.assign("turn2b", LONG + "First question? Another follow-up.") == 0
+    # 3/4 on the holder against 2/4: a quarter of the slots apart is still close
+    assert r.assign("turn2c", LONG + "First question? Yet another.") == 0
+    assert r.decisions == {"load": 2, "prefix": 3}
+
+
+def test_load_wins_when_the_holder_is_clearly_busier() -> None:
+    r = _router([4, 4], "prefix")
+    assert [r.assign("a", LONG), r.assign("b", "Unrelated. " * 40)] == [0, 1]
+    r.release("b")
+    assert r.assign("c", "Another unrelated prompt. " * 20) == 1
+    r.release("c")
+    r.assign("d", LONG + " again")  # the holder: 2/4 against 1/4 after one more
+    assert r.replica_of("d") == 0
+    # 3/4 against 1/4: more than a quarter of the slots apart
+    assert r.assign("e", LONG + " once more") == 1
+    assert r.decisions["prefix_overridden_by_load"] == 1
+    # replica 1 holds it now too: the tie between holders goes to the less loaded (0: 2/4 -> 3/4, 1: 1/4 -> 2/4)
+    assert r.assign("f", LONG + " and again") == 1
+    assert r.decisions["prefix"] == 2
+
+
+def test_load_wins_when_the_sequence_would_wait_on_the_holder_while_another_slot_is_free() -> None:
+    r = _router([8, 8], "prefix")
+    assert r.assign("hold", LONG) == 0
+    for i in range(14):
+        r.assign(f"other{i}", f"{i} unrelated " * 30)
+    assert (r.outstanding(0), r.outstanding(1)) == (8, 7)
+    # 9/8 against 8/8 is within the margin, but on the holder it would wait for a slot while replica 1 has one free
+    assert r.clearly_busier(0, 1)
+    assert r.assign("waits", LONG + " the last one") == 1
+    assert r.decisions["prefix_overridden_by_load"] == 1
+
+
+def test_copies_of_one_prompt_stay_together_until_the_holder_is_clearly_busier() -> None:
+    r = _router([4, 4], "prefix")
+    assert [r.assign(f"n{i}", LONG) for i in range(4)] == [0, 0, 1, 1]
+    r = _router([8, 8], "prefix")
+    assert [r.assign(f"n{i}", LONG) for i in range(4)] == [0, 0, 0, 1]
+
+
+def test_a_replica_that_goes_down_forgets_its_prefixes() -> None:
+    r = _router([4, 4], "prefix")
+    assert r.assign("a", LONG) == 0
+    r.release("a")
+    r.set_down(0)
+    r.set_up(0, 4)  # restarted: its cache is empty
+    assert r.assign("b", LONG) == 1  # least_outstanding's turn, not the old holder
+    assert r.decisions == {"load": 2}
+
+
+def test_every_policy_counts_its_decisions() -> None:
+    rr = _router([2, 2], "round_robin")
+    lo = _router([2, 2], "least_outstanding")
+    for i in range(3):
+        rr.assign(f"r{i}", LONG)
+        lo.assign(f"l{i}", LONG)
+    assert rr.decisions == {"round_robin": 3} and lo.decisions == {"load": 3}

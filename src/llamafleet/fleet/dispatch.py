@@ -133,7 +133,7 @@ class Dispatcher:
         :class:`~llamafleet.fleet.router.NoReplicaError` if none is up, :class:`~llamafleet.fleet.router.QueueFullError`
         if the queues are full (then nothing was sent)."""
         try:
-            placed = [self.router.assign(m.request_id) for m in msgs]
+            placed = [self.router.assign(m.request_id, m.prompt if m.chat is None else m.chat) for m in msgs]
         except BaseException:
             for m in msgs:
                 self.router.release(m.request_id)

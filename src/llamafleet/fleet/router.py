@@ -1,11 +1,21 @@
 """Which replica runs a sequence: the routing policy and the request -> replica map.
 
-Two policies:
+Three policies:
 
-* ``least_outstanding`` (default): the replica whose in-flight sequences, counted against its slots, would be
-  lowest after taking this one; ties go round-robin, so idle replicas take turns. The counts are exact, not
-  estimates: every sequence passes through this router on its way in and is released when its last output (or its
-  replica's death) comes back, so no stale worker stats are needed between steps.
+* ``least_outstanding``: the replica whose in-flight sequences, counted against its slots, would be lowest after
+  taking this one; ties go round-robin, so idle replicas take turns. The counts are exact, not estimates: every
+  sequence passes through this router on its way in and is released when its last output (or its replica's death)
+  comes back, so no stale worker stats are needed between steps.
+* ``prefix`` (default): the replica that was sent the longest prefix of this prompt (:mod:`~llamafleet.fleet.affinity`),
+  whose engine can start from that prefix's KV instead of computing it again, unless that replica is clearly busier
+  than the least loaded one (:meth:`Router.clearly_busier`). A prefix shorter than :data:`MIN_PREFIX_CHARS` or a
+  holder that is clearly busier falls back to ``least_outstanding``, and a tie between holders goes to the least
+  loaded of them (round-robin among equals), so prompts that share nothing are routed exactly as by
+  ``least_outstanding``. The margin of :data:`PREFIX_LOAD_MARGIN` (a quarter of the slots: one sequence of 4, 32 of
+  128) is a choice, not a measurement: less would spread conversations that could have reused their history, more
+  would let one replica run well ahead of the others while they idle. The sequences of one request (``n`` choices,
+  a prompt list) are routed one after the other by the same rule: copies of a long prompt stay on the replica that got
+  the first one (which computes it once for all of them) until it is clearly busier, then spread.
 * ``round_robin``: the seed's policy, each replica that is up in turn, regardless of load.
 
 Backpressure: a replica takes at most ``max_queue_per_replica`` sequences beyond its slots, and all replicas together
@@ -17,11 +27,21 @@ replica's sequences be found and failed at once. Pure bookkeeping: no I/O, no as
 
 from __future__ import annotations
 
+from collections import Counter
 from fractions import Fraction
 from typing import Literal, get_args
 
-RoutingPolicy = Literal["least_outstanding", "round_robin"]
+from llamafleet.fleet.affinity import PrefixIndex, Prompt, prefix_keys
+
+RoutingPolicy = Literal["prefix", "least_outstanding", "round_robin"]
 ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
+
+# A shared prefix shorter than this (about 64 tokens) is not worth any imbalance: on a GPU it prefills in milliseconds.
+MIN_PREFIX_CHARS = 256
+# How much busier (outstanding / slots, after taking the sequence) a prefix holder may be than the least loaded replica.
+PREFIX_LOAD_MARGIN = Fraction(1, 4)
+
+Reason = Literal["prefix", "prefix_overridden_by_load", "load", "round_robin"]
 
 
 class NoReplicaError(RuntimeError):
@@ -35,7 +55,7 @@ class QueueFullError(RuntimeError):
 class Router:
     """Assigns sequences to replicas and remembers where each one runs."""
 
-    def __init__(self, n_replicas: int, policy: RoutingPolicy = "least_outstanding",
+    def __init__(self, n_replicas: int, policy: RoutingPolicy = "prefix",
                  max_queue_per_replica: int | None = None, max_queue: int | None = None) -> None:
         if n_replicas < 1:
             raise ValueError("a router needs at least one replica")
@@ -48,6 +68,8 @@ class Router:
         self._load = [0] * n_replicas
         self._where: dict[str, int] = {}
         self._cursor = 0  # where the round-robin turn starts
+        self._prefixes = PrefixIndex(n_replicas) if policy == "prefix" else None
+        self.decisions: Counter[Reason] = Counter()  # sequences routed, by why they went where they went
 
     @property
     def n_replicas(self) -> int:
@@ -75,6 +97,8 @@ class Router:
         if slots < 1:
             raise ValueError(f"replica {replica} reports {slots} slots; it needs at least one")
         self._slots[replica] = slots
+        if self._prefixes is not None:
+            self._prefixes.forget(replica)  # a new engine (first start or restart): its prefix cache is empty
 
     def set_down(self, replica: int) -> list[str]:
         """``replica`` is gone: forget its sequences and return their ids (their callers must be told)."""
@@ -85,8 +109,8 @@ class Router:
         self._load[replica] = 0
         return lost
 
-    def assign(self, request_id: str) -> int:
-        """Choose a replica for ``request_id`` and record it there."""
+    def assign(self, request_id: str, prompt: Prompt = "") -> int:
+        """Choose a replica for ``request_id`` (whose ``prompt`` is text or chat messages) and record it there."""
         if request_id in self._where:
             raise ValueError(f"request id {request_id!r} is already in flight")
         up = self._rotation()
@@ -95,8 +119,8 @@ class Router:
         candidates = [r for r in up if self._has_room(r)]
         if not candidates:
             raise QueueFullError(f"the server is at capacity ({self.queue_depth()} sequence(s) already waiting)")
-        # min() keeps the first of equals, so ties follow the rotation
-        chosen = candidates[0] if self.policy == "round_robin" else min(candidates, key=self._score_after_one_more)
+        chosen, reason = self._choose(candidates, prompt)
+        self.decisions[reason] += 1
         self._cursor = (chosen + 1) % self.n_replicas
         self._where[request_id] = chosen
         self._load[chosen] += 1
@@ -111,6 +135,38 @@ class Router:
 
     def replica_of(self, request_id: str) -> int | None:
         return self._where.get(request_id)
+
+    def clearly_busier(self, holder: int, least: int) -> bool:
+        """Whether a prefix ``holder`` is too busy, next to the ``least`` loaded replica, to take the sequence there:
+        on the holder it would wait for a slot while the least loaded has one free, or the holder's outstanding /
+        slots after taking it would exceed the least loaded's by more than :data:`PREFIX_LOAD_MARGIN`."""
+        holder_slots, least_slots = self._slots[holder], self._slots[least]
+        assert holder_slots is not None and least_slots is not None
+        if self._load[holder] >= holder_slots and self._load[least] < least_slots:
+            return True
+        return self._score_after_one_more(holder) - self._score_after_one_more(least) > PREFIX_LOAD_MARGIN
+
+    def _choose(self, candidates: list[int], prompt: Prompt) -> tuple[int, Reason]:
+        """The replica for a sequence among ``candidates`` (up, with room, in rotation order), and why."""
+        if self.policy == "round_robin":
+            return candidates[0], "round_robin"
+        # min() keeps the first of equals, so ties follow the rotation
+        least = min(candidates, key=self._score_after_one_more)
+        if self._prefixes is None:
+            return least, "load"
+        keys = prefix_keys(prompt)
+        matched = self._prefixes.match(keys)
+        longest = max(matched.get(r, 0) for r in candidates)
+        chosen: int
+        reason: Reason
+        if longest < MIN_PREFIX_CHARS:
+            chosen, reason = least, "load"
+        else:
+            holder = min((r for r in candidates if matched.get(r, 0) == longest), key=self._score_after_one_more)
+            chosen, reason = ((least, "prefix_overridden_by_load") if self.clearly_busier(holder, least)
+                              else (holder, "prefix"))
+        self._prefixes.record(chosen, keys)
+        return chosen, reason
 
     def _rotation(self) -> list[int]:
         """Up replicas, starting at the round-robin cursor."""

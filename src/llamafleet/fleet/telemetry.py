@@ -56,6 +56,8 @@ class FleetMetrics:
                                        ("outcome",)))
         self.refused = r.add(Counter("llamafleet_requests_refused_total",
                                      "requests refused before queueing, by reason", ("reason",)))
+        self.routing = r.add(Counter("llamafleet_routing_decisions_total",
+                                     "sequences routed, by why their replica was chosen", ("reason",)))
         self.queue_depth = r.add(Gauge("llamafleet_queue_depth", "sequences waiting for a slot, all replicas"))
         self.outstanding = r.add(Gauge("llamafleet_replica_outstanding",
                                        "sequences in flight on a replica (running or waiting)", ("replica",)))
@@ -92,6 +94,8 @@ class FleetMetrics:
                   self.kv_used, self.kv_total, self.gpu_used, self.gpu_total, self.gpu_util):
             g.clear()
         self.queue_depth.set(router.queue_depth())
+        for reason, n in router.decisions.items():
+            self.routing.set_total(n, reason)
         self.overloaded.set(1 if overloaded else 0)
         for st in states:
             rep = str(st.index)

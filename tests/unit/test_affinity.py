@@ -1,0 +1,91 @@
+"""The prefix index: chained block keys of prompts and chats, per-replica LRU records, matching and forgetting."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamafleet.fleet.affinity import BLOCK_CHARS, MAX_BLOCKS, PrefixIndex, prefix_keys
+
+SYSTEM = "You are a careful assistant for a hardware shop. Answer in one short paragraph. " * 4  # 320 chars
+
+
+def _turns(*contents: str) -> tuple[tuple[str, str], ...]:
+    """A conversation: the system prompt, then user and assistant turns alternating."""
+    roles = ["user", "assistant"]
+    return (("system", SYSTEM), *((roles[i % 2], c) for i, c in enumerate(contents)))
+
+
+def test_keys_are_chained_full_blocks() -> None:
+    text = "a" * BLOCK_CHARS + "b" * BLOCK_CHARS + "c" * (BLOCK_CHARS - 1)
+    keys = prefix_keys(text)
+    assert len(keys) == 2  # the partial last block has no key
+    assert prefix_keys(text + "c")[:2] == keys and len(prefix_keys(text + "c")) == 3
+    # the same block after a different first block is another key: a key stands for the whole prefix
+    assert prefix_keys("z" * BLOCK_CHARS + "b" * BLOCK_CHARS)[1] != keys[1]
+    assert prefix_keys("short") == []
+    assert len(prefix_keys("x" * BLOCK_CHARS * (MAX_BLOCKS + 5))) == MAX_BLOCKS
+
+
+def test_a_prompt_matches_the_replica_it_was_sent_to_up_to_where_it_differs() -> None:
+    index = PrefixIndex(3)
+    sent = "Context: " + "the quick brown fox jumps over the lazy dog. " * 20
+    index.record(1, prefix_keys(sent))
+    follow_up = sent[:500] + " A different ending that shares only the first 500 characters."
+    assert index.match(prefix_keys(follow_up)) == {1: 500 // BLOCK_CHARS * BLOCK_CHARS}
+    assert index.match(prefix_keys(sent + " and more")) == {1: len(sent) // BLOCK_CHARS * BLOCK_CHARS}
+    assert index.match(prefix_keys("Something else entirely. " * 20)) == {}
+
+
+def test_a_conversations_next_turn_extends_its_match() -> None:
+    index = PrefixIndex(2)
+    history: list[str] = []
+    matched = []
+    for turn in range(4):
+        history.append(f"Question {turn}: which screwdriver fits an M{turn + 3} screw, and why?")
+        chat = _turns(*history)
+        matched.append(index.match(prefix_keys(chat)).get(0, 0))
+        index.record(0, prefix_keys(chat))
+        history.append(f"Answer {turn}: a number {turn + 1} Phillips, because the head is that size.")
+    assert matched[0] == 0
+    assert matched[1] >= len(SYSTEM)  # the system prompt and the first question
+    assert matched[1] < matched[2] < matched[3]  # each turn holds everything the turn before sent
+
+
+def test_different_system_prompts_do_not_match_and_chat_is_not_text() -> None:
+    index = PrefixIndex(2)
+    index.record(0, prefix_keys(_turns("Hello, how are you today? I would like some advice about drills.")))
+    other = (("system", "Tu es un assistant qui répond en français. " * 8),
+             ("user", "Hello, how are you today? I would like some advice about drills."))
+    assert index.match(prefix_keys(other)) == {}
+    index.record(1, prefix_keys(SYSTEM * 2))  # the system text as a plain prompt is another thing
+    assert 1 not in index.match(prefix_keys(_turns("Hi")))
+
+
+def test_the_bound_evicts_the_oldest_and_leaves_a_prefix() -> None:
+    index = PrefixIndex(1, capacity=8)
+    first = prefix_keys("A" * BLOCK_CHARS * 6)
+    second = prefix_keys("B" * BLOCK_CHARS * 6)
+    index.record(0, first)
+    index.record(0, second)  # 12 blocks into room for 8: the deepest 4 of the first prompt go
+    assert index.size(0) == 8
+    assert index.match(first) == {0: 2 * BLOCK_CHARS}  # what is left of it is still its prefix
+    assert index.match(second) == {0: 6 * BLOCK_CHARS}
+    index.record(0, first[:1])  # using a prefix again keeps it
+    index.record(0, prefix_keys("C" * BLOCK_CHARS * 7))
+    assert index.match(first) == {0: BLOCK_CHARS}
+    assert index.match(second) == {}  # older than the first block of the first prompt, which was just reused
+
+
+def test_a_replica_reset_forgets_only_that_replica() -> None:
+    index = PrefixIndex(2)
+    keys = prefix_keys(SYSTEM)
+    index.record(0, keys)
+    index.record(1, keys)
+    index.forget(0)
+    assert index.match(keys) == {1: len(SYSTEM) // BLOCK_CHARS * BLOCK_CHARS}
+    assert index.size(0) == 0
+
+
+def test_bad_capacity_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one block"):
+        PrefixIndex(1, capacity=0)
