@@ -11,19 +11,9 @@ import pytest
 from matplotlib.image import imread
 
 from llamafleet.bench import report as bench_report
-from llamafleet.bench.loadgen import (
-    BenchConfig,
-    BenchError,
-    LevelRun,
-    Prompt,
-    PromptSet,
-    RequestResult,
-    base_url,
-    load_prompts,
-    parse_sse_line,
-    request_body,
-    resolve_model,
-)
+from llamafleet.bench.loadgen import BenchConfig, LevelRun, request_body
+from llamafleet.bench.prompts import Prompt, PromptFileError, PromptSet, load_prompts
+from llamafleet.bench.streaming import BenchError, RequestResult, base_url, parse_sse_line, resolve_model
 from llamafleet.commands import bench as bench_command
 
 
@@ -274,10 +264,10 @@ def test_prompt_files(tmp_path: Path) -> None:
     txt.write_text("one\n{\"not\": \"parsed\"}\n")
     assert [p.text for p in load_prompts(txt).prompts] == ["one", '{"not": "parsed"}']
     jl.write_text('"ok"\n{"messages": []}\n')
-    with pytest.raises(BenchError, match="p.jsonl line 2: 'messages' must be"):
+    with pytest.raises(PromptFileError, match="p.jsonl line 2: 'messages' must be"):
         load_prompts(jl)
     jl.write_text("\n")
-    with pytest.raises(BenchError, match="holds no prompts"):
+    with pytest.raises(PromptFileError, match="holds no prompts"):
         load_prompts(jl)
 
 

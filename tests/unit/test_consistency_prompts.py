@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from llamafleet.bench.loadgen import BenchError
+from llamafleet.bench.prompts import PromptFileError
 from llamafleet.consistency.compare import CPU_THRESHOLDS, Answer, compare_all, summarize
 from llamafleet.consistency.prompts import BUILTIN, builtin_prompts, load_prompts
 from llamafleet.consistency.report import ConfigResult, Report, to_json, to_markdown
@@ -47,10 +49,19 @@ def test_prompt_files_become_chat_turns(tmp_path: Path) -> None:
 def test_bad_prompt_files_are_refused_with_the_line(tmp_path: Path) -> None:
     bad = tmp_path / "a.jsonl"
     bad.write_text('"ok"\n{"prompt": 3}\n', encoding="utf-8")
-    with pytest.raises(BenchError, match="a.jsonl line 2: expected a JSON string"):
+    with pytest.raises(PromptFileError, match="a.jsonl line 2: expected a JSON string"):
         load_prompts(bad)
-    with pytest.raises(BenchError, match="cannot read"):
+    with pytest.raises(PromptFileError, match="cannot read"):
         load_prompts(tmp_path / "missing.txt")
+
+
+def test_reading_prompt_files_loads_no_load_generator() -> None:
+    # the prompt-file format is its own small module: the check does not pull in the bench's HTTP client or plots
+    code = ("import sys, llamafleet.consistency.prompts; "
+            "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('httpx', 'tqdm', 'matplotlib') "
+            "or m == 'llamafleet.bench.loadgen'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.strip() == ""
 
 
 def _report() -> Report:

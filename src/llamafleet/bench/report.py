@@ -23,18 +23,23 @@ from __future__ import annotations
 
 import json
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict, TypeVar, cast
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from llamafleet import __version__
-from llamafleet.bench.loadgen import BenchConfig, LevelRun, PromptSet, RequestResult
+from llamafleet.bench.loadgen import BenchConfig, LevelRun
+from llamafleet.bench.prompts import PromptSet
+from llamafleet.bench.streaming import RequestResult
 
 SCHEMA = "llamafleet.bench/1"
+MULTITURN_SCHEMA = "llamafleet.bench.multiturn/1"  # written by llamafleet.bench.multiturn_report
+KINDS = {SCHEMA: "concurrency sweep", MULTITURN_SCHEMA: "multi-turn"}
+R = TypeVar("R", bound=Mapping[str, Any])  # a report of either kind
 CLIENT_BUSY = 0.8  # above this share of one core, the client may be what limits a level
 
 
@@ -45,36 +50,51 @@ class Dist(TypedDict):
     p99: float
 
 
-class Level(TypedDict):
-    concurrency: int
+class Outcome(TypedDict):
+    """What a set of requests came to (a level of a sweep, a turn of a multi-turn replay)."""
+
     requests: int
     ok: int
     errors: int
     error_samples: list[str]
     finished_early: int  # ended before max_tokens (EOS or a stop): the server did not honour ignore_eos
     usage_reported: int  # requests whose token count came from the server's usage, not from counted chunks
-    wall_s: float
     output_tokens: int
     prompt_tokens_mean: float | None
+    ttft_ms: Dist | None
+    itl_ms: Dist | None
+    e2e_ms: Dist | None
+
+
+class Level(Outcome):
+    concurrency: int
+    wall_s: float
     output_tok_s: float
     steady_tok_s: float | None
     client_cpu: float
     requests_s: float
-    ttft_ms: Dist | None
-    itl_ms: Dist | None
     tpot_ms: Dist | None
-    e2e_ms: Dist | None
     stream_tok_s: Dist | None
 
 
-class Report(TypedDict):
+class RunInfo(TypedDict):
+    """What every report starts with: its kind, name, time, version, host and configuration."""
+
     schema: str
     label: str
     created_utc: str
     llamafleet_version: str
     client_host: str
     config: dict[str, Any]
+
+
+class Report(RunInfo):
     levels: list[Level]
+
+
+def run_info(schema: str, label: str, config: dict[str, Any]) -> RunInfo:
+    return RunInfo(schema=schema, label=label, created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+                   llamafleet_version=__version__, client_host=platform.node(), config=config)
 
 
 def dist(values: Sequence[float]) -> Dist | None:
@@ -111,43 +131,42 @@ def steady_rate(results: Sequence[RequestResult], concurrency: int, wall: float)
     return float(tokens / length)
 
 
-def summarize(run: LevelRun, max_tokens: int) -> Level:
-    """One level's numbers from its raw request results."""
-    ok = [r for r in run.results if r.ok]
-    failed = [r for r in run.results if not r.ok]
-    ttft: list[float] = []
-    itl: list[float] = []
-    tpot: list[float] = []
-    for r in ok:
-        if not r.chunk_times:
-            continue
-        ttft.append(1000.0 * r.chunk_times[0])
-        itl.extend(1000.0 * (b - a) for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False))
-        if r.output_tokens > 1 and r.chunk_times[-1] > r.chunk_times[0]:
-            tpot.append(1000.0 * (r.chunk_times[-1] - r.chunk_times[0]) / (r.output_tokens - 1))
-    e2e = [1000.0 * r.latency for r in ok]
+def outcome(results: Sequence[RequestResult], max_tokens: int) -> Outcome:
+    """Counts, token totals and latency distributions of ``results`` (the distributions over successful ones)."""
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
     prompt_counts = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
-    out_tokens = sum(r.output_tokens for r in ok)
-    wall = run.wall_seconds
-    return Level(
-        concurrency=run.concurrency,
-        requests=len(run.results),
+    return Outcome(
+        requests=len(results),
         ok=len(ok),
         errors=len(failed),
         error_samples=sorted({r.error or "" for r in failed})[:5],
         finished_early=sum(r.output_tokens < max_tokens for r in ok),
         usage_reported=sum(r.usage_reported for r in ok),
-        wall_s=wall,
-        output_tokens=out_tokens,
+        output_tokens=sum(r.output_tokens for r in ok),
         prompt_tokens_mean=float(np.mean(prompt_counts)) if prompt_counts else None,
-        output_tok_s=out_tokens / wall if wall > 0 else 0.0,
+        ttft_ms=dist([1000.0 * r.chunk_times[0] for r in ok if r.chunk_times]),
+        itl_ms=dist([1000.0 * (b - a) for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]),
+        e2e_ms=dist([1000.0 * r.latency for r in ok]),
+    )
+
+
+def summarize(run: LevelRun, max_tokens: int) -> Level:
+    """One level's numbers from its raw request results."""
+    ok = [r for r in run.results if r.ok]
+    tpot = [1000.0 * (r.chunk_times[-1] - r.chunk_times[0]) / (r.output_tokens - 1) for r in ok
+            if r.chunk_times and r.output_tokens > 1 and r.chunk_times[-1] > r.chunk_times[0]]
+    base = outcome(run.results, max_tokens)
+    wall = run.wall_seconds
+    return Level(
+        concurrency=run.concurrency,
+        **base,
+        wall_s=wall,
+        output_tok_s=base["output_tokens"] / wall if wall > 0 else 0.0,
         steady_tok_s=steady_rate(ok, run.concurrency, wall),
         client_cpu=run.client_cpu_share,
         requests_s=len(ok) / wall if wall > 0 else 0.0,
-        ttft_ms=dist(ttft),
-        itl_ms=dist(itl),
         tpot_ms=dist(tpot),
-        e2e_ms=dist(e2e),
         stream_tok_s=dist([1000.0 / t for t in tpot]),
     )
 
@@ -160,9 +179,7 @@ def build_report(cfg: BenchConfig, prompts: PromptSet, runs: Sequence[LevelRun],
         "max_tokens": cfg.max_tokens, "prompts": prompts.describe(), "temperature": 0.0, "ignore_eos": cfg.ignore_eos,
         "warmup": cfg.warmup,
     }
-    return Report(schema=SCHEMA, label=label, created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
-                  llamafleet_version=__version__, client_host=platform.node(), config=config,
-                  levels=[summarize(r, cfg.max_tokens) for r in runs])
+    return Report(**run_info(SCHEMA, label, config), levels=[summarize(r, cfg.max_tokens) for r in runs])
 
 
 def _ms(d: Dist | None) -> str:
@@ -236,30 +253,52 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
     return [js, md, *write_plots([report], out_dir)]
 
 
-def load_report(path: Path) -> Report:
-    """Read a ``bench.json``; raises ``ValueError`` naming the file and what is wrong with it."""
+def _read_json(path: Path) -> tuple[dict[str, Any], str]:
+    """A report file's JSON object and its ``schema``; raises ``ValueError`` naming the file and the problem."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: not a llamafleet bench report (expected \"schema\": \"{SCHEMA}\"); "
-                         "pass the bench.json that `llamafleet bench` wrote")
+    if not isinstance(data, dict) or data.get("schema") not in KINDS:
+        raise ValueError(f"{path}: not a llamafleet bench report (expected \"schema\": \"{SCHEMA}\" or "
+                         f"\"{MULTITURN_SCHEMA}\"); pass the bench.json that `llamafleet bench` wrote")
+    return data, str(data["schema"])
+
+
+def report_schema(path: Path) -> str:
+    """Which kind of report ``path`` holds: :data:`SCHEMA` (a concurrency sweep) or :data:`MULTITURN_SCHEMA`."""
+    return _read_json(path)[1]
+
+
+def read_report(path: Path, schema: str) -> dict[str, Any]:
+    """Read a report of kind ``schema``; a report of the other kind is refused by name, since --compare lines up
+    runs of one kind only."""
+    data, found = _read_json(path)
+    if found != schema:
+        raise ValueError(f"{path}: a {KINDS[found]} report, where a {KINDS[schema]} report was expected; "
+                         "--compare lines up reports of one kind")
+    return data
+
+
+def load_report(path: Path) -> Report:
+    """Read a concurrency sweep's ``bench.json``; raises ``ValueError`` naming the file and what is wrong with it."""
+    data = read_report(path, SCHEMA)
     levels = data.get("levels")
     if not isinstance(levels, list) or not all(isinstance(lv, dict) and "concurrency" in lv for lv in levels):
         raise ValueError(f"{path}: field 'levels' must be a list of levels with a 'concurrency'")
     return cast(Report, data)
 
 
-def load_reports(paths: Sequence[Path]) -> list[Report]:
-    """Read several reports; a label that repeats gets its folder's name added, so table columns stay distinct."""
-    reports = [load_report(p) for p in paths]
+def load_reports(paths: Sequence[Path], load: Callable[[Path], R]) -> list[R]:
+    """Read several reports with ``load``; a label that repeats gets its folder's name added, so table columns stay
+    distinct."""
+    reports = [load(p) for p in paths]
     labels = [r["label"] for r in reports]
     for rep, path in zip(reports, paths, strict=True):
         if labels.count(rep["label"]) > 1:
-            rep["label"] = f"{rep['label']} ({path.resolve().parent.name})"
+            cast(dict[str, Any], rep)["label"] = f"{rep['label']} ({path.resolve().parent.name})"
     return reports
 
 
@@ -276,8 +315,8 @@ COMPARED = (
 )
 
 
-def _metric(level: Level, path: str) -> float | None:
-    value: Any = level
+def _metric(row: Mapping[str, object], path: str) -> float | None:
+    value: Any = row
     for key in path.split("."):
         value = value.get(key) if isinstance(value, dict) else None
     return float(value) if isinstance(value, int | float) else None
@@ -295,30 +334,43 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.2f}" if abs(v) >= 10 else f"{v:.3f}"
 
 
+def compare_head(labels: Sequence[str], key: str, runs: Sequence[str]) -> list[str]:
+    """The start of a comparison: one line per run (``runs``), then the table's header for rows keyed by ``key``."""
+    if len(labels) < 2:
+        raise ValueError("--compare needs at least two bench.json files")
+    head = f"| {key} | metric | {labels[0]} |" + "".join(f" {n} | {n} / {labels[0]} |" for n in labels[1:])
+    return [*runs, "", head, "|---:|---|---:|" + "---:|---:|" * (len(labels) - 1)]
+
+
+def compare_rows(key: str, base: Mapping[str, object], others: Sequence[Mapping[str, object] | None],
+                 compared: Sequence[tuple[str, str, bool]]) -> list[str]:
+    """One row per metric of ``compared``: the base value, then each other's value and its ratio to the base
+    (``—`` where a run lacks the row or the metric), and a row of errors."""
+    lines = []
+    for path, title, higher in compared:
+        b = _metric(base, path)
+        row = f"| {key} | {title} {'↑' if higher else '↓'} | {_fmt(b)} |"
+        for m in others:
+            v = None if m is None else _metric(m, path)
+            r = ratio(b, v)
+            row += f" {_fmt(v)} | {'—' if r is None else f'{r:.2f}x'} |"
+        lines.append(row)
+    errs = "".join(f" {'—' if m is None else m['errors']} | |" for m in others)
+    lines.append(f"| {key} | errors | {base['errors']} |{errs}")
+    return lines
+
+
+COMPARE_FOOT = "\n↑ higher is better, ↓ lower is better; a ratio is that run's value / the first run's value.\n"
+
+
 def compare_markdown(reports: Sequence[Report]) -> str:
     """Each level of the first report against the same level of the others: values and ratios to the first."""
-    if len(reports) < 2:
-        raise ValueError("--compare needs at least two bench.json files")
-    base, others = reports[0], reports[1:]
-    names = [r["label"] for r in reports]
-    head = f"| concurrency | metric | {names[0]} |" + "".join(f" {n} | {n} / {names[0]} |" for n in names[1:])
-    lines = [f"- **{r['label']}**: {r['config']['model']} at {r['config']['url']}, {r['config']['endpoint']}, "
-             f"max_tokens {r['config']['max_tokens']}, prompts: {r['config']['prompts']} ({r['created_utc']})"
-             for r in reports]
-    lines += ["", head, "|---:|---|---:|" + "---:|---:|" * len(others)]
-    for lv in base["levels"]:
+    runs = [f"- **{r['label']}**: {r['config']['model']} at {r['config']['url']}, {r['config']['endpoint']}, "
+            f"max_tokens {r['config']['max_tokens']}, prompts: {r['config']['prompts']} ({r['created_utc']})"
+            for r in reports]
+    lines = compare_head([r["label"] for r in reports], "concurrency", runs)
+    for lv in reports[0]["levels"]:
         c = lv["concurrency"]
-        matches = [next((o for o in r["levels"] if o["concurrency"] == c), None) for r in others]
-        for path, title, higher in COMPARED:
-            b = _metric(lv, path)
-            row = f"| {c} | {title} {'↑' if higher else '↓'} | {_fmt(b)} |"
-            for m in matches:
-                v = None if m is None else _metric(m, path)
-                r = ratio(b, v)
-                row += f" {_fmt(v)} | {'—' if r is None else f'{r:.2f}x'} |"
-            lines.append(row)
-        errs = "".join(f" {'—' if m is None else m['errors']} | |" for m in matches)
-        lines.append(f"| {c} | errors | {lv['errors']} |{errs}")
-    lines.append("")
-    lines.append("↑ higher is better, ↓ lower is better; a ratio is that run's value / the first run's value.")
-    return "\n".join(lines) + "\n"
+        matches = [next((o for o in r["levels"] if o["concurrency"] == c), None) for r in reports[1:]]
+        lines += compare_rows(str(c), lv, matches, COMPARED)
+    return "\n".join(lines) + "\n" + COMPARE_FOOT

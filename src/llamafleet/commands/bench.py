@@ -1,16 +1,21 @@
 """``llamafleet bench``: measure a server over HTTP, compare runs, or time the engine in-process.
 
-Three forms:
+Four forms:
 
 - ``llamafleet bench [http] --url URL ...``: a concurrency sweep against any OpenAI-compatible endpoint; prints the
   table and writes ``bench.json``, ``bench.md``, ``throughput.png``, ``ttft.png`` (see :mod:`llamafleet.bench.loadgen`);
-- ``llamafleet bench --compare A.json B.json ...``: the ratio table between runs (see :mod:`llamafleet.bench.report`);
+- ``llamafleet bench multiturn --url URL ...``: conversations that re-send their history, to measure prefix reuse;
+  prints per-turn rows and writes ``bench.json`` and ``bench.md`` (see :mod:`llamafleet.bench.multiturn`);
+- ``llamafleet bench --compare A.json B.json ...``: the ratio table between runs of one kind (see
+  :mod:`llamafleet.bench.report`);
 - ``llamafleet bench engine ...``: the in-process engine benchmark (see :mod:`llamafleet.bench.engine`), a
   sub-parser of its own, so its ``--help`` lists only what applies to it.
 
 ``--model`` is a GGUF file here as in every other command (``bench engine --model FILE``); the HTTP form names the
-served model with ``--model-name``, and still takes ``--model NAME`` the way it used to, with a note. The load
-generator (httpx), the report (matplotlib) and the engine (llama.cpp) load only when their form runs.
+served model with ``--model-name``, and still takes ``--model NAME`` the way it used to, with a note. Flags of the
+server and the answers (``--url``, ``--max-tokens``, ``--chat``, ``--out`` ...) may come before or after ``http`` or
+``multiturn``. The load generator (httpx), the report (matplotlib) and the engine (llama.cpp) load only when their
+form runs.
 """
 
 from __future__ import annotations
@@ -21,16 +26,19 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from llamafleet.config import ConfigError, load_config
 from llamafleet.flags import add_flags, overrides
 
-# The HTTP form's flags (dest -> flag), refused with --compare (which only reads reports) and before `engine`.
-HTTP_FLAGS = {"url": "--url", "model_name": "--model-name", "model_alias": "--model", "requests": "--requests",
-              "duration": "--duration", "max_tokens": "--max-tokens", "concurrency": "--concurrency",
-              "prompt_tokens": "--prompt-tokens", "prompts": "--prompts", "chat": "--chat", "api_key": "--api-key",
-              "label": "--label", "timeout": "--timeout", "warmup": "--warmup", "no_progress": "--no-progress",
-              "no_ignore_eos": "--no-ignore-eos"}
+# The HTTP form's flags (dest -> flag), refused with --compare (which only reads reports) and before `engine`;
+# SWEEP_FLAGS are those of a concurrency sweep only, refused before `multiturn`.
+SWEEP_FLAGS = {"requests": "--requests", "duration": "--duration", "prompt_tokens": "--prompt-tokens",
+               "prompts": "--prompts"}
+HTTP_FLAGS = {"url": "--url", "model_name": "--model-name", "model_alias": "--model", "max_tokens": "--max-tokens",
+              "concurrency": "--concurrency", "chat": "--chat", "api_key": "--api-key", "label": "--label",
+              "timeout": "--timeout", "warmup": "--warmup", "no_progress": "--no-progress",
+              "no_ignore_eos": "--no-ignore-eos"} | SWEEP_FLAGS
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -91,33 +99,72 @@ def served_model_name(args: argparse.Namespace) -> str | None:
     return alias
 
 
-def _run_http(args: argparse.Namespace) -> int:
-    from llamafleet.bench import loadgen
-    from llamafleet.bench import report as bench_report
+def _target(args: argparse.Namespace, max_tokens: int) -> dict[str, Any]:
+    """The server and answer settings every HTTP workload takes (keyword arguments of its config); asks the
+    server for its model when --model-name is not given."""
+    from llamafleet.bench.streaming import resolve_model
 
-    try:
-        prompts = loadgen.load_prompts(Path(args.prompts)) if args.prompts else loadgen.PromptSet(
-            words=args.prompt_tokens or 128)
-        url = args.url or "http://127.0.0.1:8080"
-        model = served_model_name(args) or loadgen.resolve_model(url, args.api_key)
-        cfg = loadgen.BenchConfig(url=url, model=model, concurrency=args.concurrency or (1, 8, 32),
-                                requests=args.requests, duration=args.duration, max_tokens=args.max_tokens or 128,
-                                chat=args.chat, api_key=args.api_key, timeout=args.timeout or 600.0,
-                                warmup=1 if args.warmup is None else args.warmup,
-                                ignore_eos=not args.no_ignore_eos)
-        runs = loadgen.run(cfg, prompts, progress=not args.no_progress)
-    except (loadgen.BenchError, ValueError) as e:
-        return _fail(str(e))
-    label = args.label or model
-    report = bench_report.build_report(cfg, prompts, runs, label)
-    out = Path(args.out) if args.out else Path("bench-out") / f"{_slug(label)}-{datetime.now():%Y%m%d-%H%M%S}"
-    files = bench_report.write_report(report, out)
-    print(bench_report.markdown(report))
+    url = args.url or "http://127.0.0.1:8080"
+    return {"url": url, "model": served_model_name(args) or resolve_model(url, args.api_key),
+            "max_tokens": args.max_tokens or max_tokens, "chat": args.chat, "api_key": args.api_key,
+            "timeout": args.timeout or 600.0, "warmup": 1 if args.warmup is None else args.warmup,
+            "ignore_eos": not args.no_ignore_eos}
+
+
+def _out_dir(args: argparse.Namespace, label: str) -> Path:
+    return Path(args.out) if args.out else Path("bench-out") / f"{_slug(label)}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def _finish(table: str, files: list[Path], failed: int) -> int:
+    print(table)
     print("wrote " + ", ".join(str(f) for f in files))
-    failed = sum(lv["errors"] for lv in report["levels"])
     if failed:
         print(f"{failed} requests failed; see error_samples in {files[0]}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _run_http(args: argparse.Namespace) -> int:
+    from llamafleet.bench import loadgen
+    from llamafleet.bench import report as bench_report
+    from llamafleet.bench.prompts import PromptSet, load_prompts
+    from llamafleet.bench.streaming import BenchError
+
+    try:
+        prompts = load_prompts(Path(args.prompts)) if args.prompts else PromptSet(words=args.prompt_tokens or 128)
+        cfg = loadgen.BenchConfig(**_target(args, 128), concurrency=args.concurrency or (1, 8, 32),
+                                  requests=args.requests, duration=args.duration)
+        runs = loadgen.run(cfg, prompts, progress=not args.no_progress)
+    except (BenchError, ValueError) as e:
+        return _fail(str(e))
+    report = bench_report.build_report(cfg, prompts, runs, args.label or cfg.model)
+    files = bench_report.write_report(report, _out_dir(args, report["label"]))
+    return _finish(bench_report.markdown(report), files, sum(lv["errors"] for lv in report["levels"]))
+
+
+def run_multiturn(args: argparse.Namespace) -> int:
+    """``llamafleet bench multiturn``."""
+    if (err := _refuse(args, SWEEP_FLAGS | {"compare": "--compare"}, "`llamafleet bench multiturn`",
+                       "they were given before 'multiturn' and belong to the concurrency sweep")):
+        return _fail(err)
+    if args.concurrency is not None and len(args.concurrency) > 1:
+        return _fail(f"--concurrency: `llamafleet bench multiturn` runs one level (conversations at once), got "
+                     f"{','.join(map(str, args.concurrency))}; run it once per level")
+    from llamafleet.bench import multiturn
+    from llamafleet.bench import multiturn_report as mt_report
+    from llamafleet.bench.streaming import BenchError
+
+    try:
+        cfg = multiturn.MultiTurnConfig(
+            **_target(args, 48), conversations=args.conversations, turns=args.turns,
+            system_tokens=args.system_tokens, user_tokens=args.user_tokens,
+            concurrency=args.concurrency[0] if args.concurrency else None,
+            seed=multiturn.new_seed() if args.seed is None else args.seed)
+        result = multiturn.run(cfg, progress=not args.no_progress)
+    except (BenchError, ValueError) as e:
+        return _fail(str(e))
+    report = mt_report.build_report(cfg, result, args.label or cfg.model)
+    files = mt_report.write_report(report, _out_dir(args, report["label"]))
+    return _finish(mt_report.markdown(report), files, report["overall"]["errors"])
 
 
 def _run_compare(args: argparse.Namespace) -> int:
@@ -125,9 +172,16 @@ def _run_compare(args: argparse.Namespace) -> int:
 
     if (err := _refuse(args, HTTP_FLAGS, "--compare", "it reads reports; only --out applies")):
         return _fail(err)
+    paths = [Path(p) for p in args.compare]
+    sweeps: list[bench_report.Report] = []  # plots are drawn for sweeps only
     try:
-        reports = bench_report.load_reports([Path(p) for p in args.compare])
-        table = bench_report.compare_markdown(reports)
+        if bench_report.report_schema(paths[0]) == bench_report.MULTITURN_SCHEMA:
+            from llamafleet.bench import multiturn_report as mt_report
+
+            table = mt_report.compare_markdown(bench_report.load_reports(paths, mt_report.load_report))
+        else:
+            sweeps = bench_report.load_reports(paths, bench_report.load_report)
+            table = bench_report.compare_markdown(sweeps)
     except ValueError as e:
         return _fail(str(e))
     print(table)
@@ -135,7 +189,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "compare.md").write_text(table, encoding="utf-8")
-        files = [out / "compare.md", *bench_report.write_plots(reports, out)]
+        files = [out / "compare.md", *(bench_report.write_plots(sweeps, out) if sweeps else [])]
         print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
@@ -173,27 +227,16 @@ def run_engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_http_flags(p: argparse.ArgumentParser) -> None:
+def _add_server_flags(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    """The flags of the server and the answers, which every HTTP workload takes."""
     p.add_argument("--url", help="server base URL (default http://127.0.0.1:8080; a trailing /v1 is fine)")
     p.add_argument("--model-name", metavar="NAME",
                    help="served model name sent in every request (default: the first in /v1/models)")
     p.add_argument("--model", dest="model_alias", help=argparse.SUPPRESS)  # the older spelling of --model-name
-    count = p.add_mutually_exclusive_group()
-    count.add_argument("--requests", type=_number(int), metavar="N",
-                       help="requests per concurrency level (default: 4 x concurrency, at least 16)")
-    count.add_argument("--duration", type=_number(float), metavar="S", help="seconds per level instead of a count")
-    p.add_argument("--max-tokens", type=_number(int), metavar="N", help="tokens to generate per request (default 128)")
-    p.add_argument("--concurrency", type=_levels, metavar="LIST",
-                   help="comma-separated concurrency levels (default 1,8,32)")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--prompt-tokens", type=_number(int), metavar="N",
-                        help="synthetic prompts of about N tokens (default 128)")
-    source.add_argument("--prompts", metavar="FILE", help="prompt file: .jsonl ({\"prompt\"}, {\"messages\"} or "
-                                                     "strings) or text, one prompt per line")
+    p.add_argument("--max-tokens", type=_number(int), metavar="N",
+                   help=f"tokens to generate per request (default {max_tokens})")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
     p.add_argument("--api-key", metavar="KEY", help="sent as 'Authorization: Bearer KEY' (never written to the report)")
-    p.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP); "
-                                                "with --compare: also write compare.md and plots there")
     p.add_argument("--label", help="this run's name in tables and plots (default: the model name)")
     p.add_argument("--timeout", type=_number(float), metavar="S", help="seconds one request may take (default 600)")
     p.add_argument("--warmup", type=_number(int, allow_zero=True), metavar="N",
@@ -201,22 +244,63 @@ def _add_http_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send \"ignore_eos\": true (for servers that refuse unknown fields)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_http_flags(p: argparse.ArgumentParser) -> None:
+    _add_server_flags(p, max_tokens=128)
+    count = p.add_mutually_exclusive_group()
+    count.add_argument("--requests", type=_number(int), metavar="N",
+                       help="requests per concurrency level (default: 4 x concurrency, at least 16)")
+    count.add_argument("--duration", type=_number(float), metavar="S", help="seconds per level instead of a count")
+    p.add_argument("--concurrency", type=_levels, metavar="LIST",
+                   help="comma-separated concurrency levels (default 1,8,32)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prompt-tokens", type=_number(int), metavar="N",
+                        help="synthetic prompts of about N tokens (default 128)")
+    source.add_argument("--prompts", metavar="FILE", help="prompt file: .jsonl ({\"prompt\"}, {\"messages\"} or "
+                                                     "strings) or text, one prompt per line")
+    p.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP); "
+                                                "with --compare: also write compare.md (and, for sweeps, plots) there")
     p.add_argument("--compare", nargs="+", metavar="REPORT", help="print the ratio table of bench.json files, "
                                                                   "each against the first")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "bench", help="benchmark a server over HTTP (default), compare runs, or time the engine in-process",
-        description="llamafleet bench [http] --url URL ... | llamafleet bench --compare A.json B.json ... | "
+        "bench", help="benchmark a server over HTTP (default), replay multi-turn conversations, compare runs, or time "
+                      "the engine in-process",
+        description="llamafleet bench [http] --url URL ... | llamafleet bench multiturn --url URL ... (see "
+                    "`llamafleet bench multiturn --help`) | llamafleet bench --compare A.json B.json ... | "
                     "llamafleet bench engine [--model FILE] ... (see `llamafleet bench engine --help`)",
     )
     _add_http_flags(p)
-    forms = p.add_subparsers(dest="form", title="forms", metavar="{http,engine}")
+    forms = p.add_subparsers(dest="form", title="forms", metavar="{http,multiturn,engine}")
     # `bench http ...` is `bench ...`: SUPPRESS keeps flags given before 'http' from being reset by its defaults
     _add_http_flags(forms.add_parser(
         "http", argument_default=argparse.SUPPRESS, help="load-test an OpenAI-compatible endpoint (the default form)",
         description="Load-test an OpenAI-compatible endpoint; `llamafleet bench http ...` is `llamafleet bench ...`."))
+    m = forms.add_parser(
+        "multiturn", argument_default=argparse.SUPPRESS,
+        help="replay conversations that re-send their history: TTFT per turn and the prompt-cache hit rate",
+        description="N conversations x T turns sharing one system prompt: every turn re-sends the conversation so "
+                    "far, with the server's own answers, plus a new user line. Reports TTFT p50/p99, throughput and "
+                    "the prompt-cache hit rate per turn and overall. --turns 1 is the shared-prefix case: many users, "
+                    "one long system prompt.")
+    _add_server_flags(m, max_tokens=48)
+    m.add_argument("--conversations", type=_number(int), default=32, metavar="N",
+                   help="conversations (users) (default %(default)s)")
+    m.add_argument("--turns", type=_number(int), default=4, metavar="T",
+                   help="turns per conversation (default %(default)s; 1: one request per user)")
+    m.add_argument("--system-tokens", type=_number(int, allow_zero=True), default=1300, metavar="S",
+                   help="one-token words in the system prompt all conversations share (default %(default)s)")
+    m.add_argument("--user-tokens", type=_number(int), default=25, metavar="U",
+                   help="one-token words in each turn's user line (default %(default)s)")
+    m.add_argument("--concurrency", type=_levels, metavar="N",
+                   help="conversations running at once (default: all of them)")
+    m.add_argument("--seed", type=_number(int, allow_zero=True), default=None, metavar="N",
+                   help="seed of the synthetic texts (default: a fresh one, written to the report)")
+    m.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP)")
+    m.set_defaults(func=run_multiturn)
     e = forms.add_parser(
         "engine", help="time the engine in-process on a GGUF file: sequential vs concurrent requests",
         description="Load a GGUF model in this process and time N greedy requests one after another, then the same "

@@ -30,7 +30,6 @@ def _gpu_build() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     # the fleet, the planner and the prompt loader load here, not when the parser is built for another command
-    from llamafleet.bench.loadgen import BenchError
     from llamafleet.consistency.prompts import builtin_prompts, load_prompts
     from llamafleet.consistency.report import to_json, to_markdown
     from llamafleet.consistency.run import CheckOptions, ConfigNameError, parse_configs, run_check, usable_inventory
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         model_path = Path(fleet.model_path) if fleet.model_path else default_model_path()
         model = read_model_info(model_path)
         opts = CheckOptions(fleet, str(model_path), configs, args.max_tokens, args.concurrency)
-    except (BenchError, ConfigError, ConfigNameError, GgufError, ModelFetchError, ValueError) as e:
+    except (ConfigError, ConfigNameError, GgufError, ModelFetchError, ValueError) as e:  # PromptFileError is one
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(fleet.log_level.upper())

@@ -2,8 +2,9 @@
 
 The built-in set has one English and one Chinese question for each of ten business areas (customer support, sales,
 finance, logistics, HR, marketing, procurement, IT support, legal, product), so both a Latin and a CJK vocabulary
-path are exercised. A file uses ``llamafleet bench``'s formats: one prompt per line, or, when its name ends in
-``.jsonl``, one JSON value per line (a string, ``{"prompt": "..."}`` or ``{"messages": [...]}``). Every prompt
+path are exercised. A file uses the prompt-file format shared with ``llamafleet bench``
+(:mod:`llamafleet.bench.prompts`): one prompt per line, or, when its name ends in ``.jsonl``, one JSON value per line
+(a string, ``{"prompt": "..."}`` or ``{"messages": [...]}``). Every prompt
 becomes chat turns that the worker passes through the model's chat template.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamafleet.bench import loadgen
+from llamafleet.bench import prompts as prompt_file
 from llamafleet.fleet.messages import ChatTurn
 
 BUILTIN: tuple[tuple[str, str], ...] = (  # (area, question)
@@ -59,8 +60,8 @@ def builtin_prompts() -> list[Prompt]:
 
 
 def load_prompts(path: str | Path) -> list[Prompt]:
-    """Read a prompt file in ``llamafleet bench``'s formats (:func:`llamafleet.bench.loadgen.load_prompts`); a text
-    prompt becomes one user turn. Raises :class:`~llamafleet.bench.loadgen.BenchError` naming the line and the fix."""
+    """Read a prompt file (:func:`llamafleet.bench.prompts.load_prompts`); a text prompt becomes one user turn.
+    Raises :class:`~llamafleet.bench.prompts.PromptFileError` naming the file, the line and the fix."""
     p = Path(path)
-    found = loadgen.load_prompts(p).prompts
+    found = prompt_file.load_prompts(p).prompts
     return [Prompt(f"{p.name} #{i}", q.messages or (("user", q.text),)) for i, q in enumerate(found, start=1)]
