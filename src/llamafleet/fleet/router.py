@@ -16,7 +16,7 @@ Three policies:
   would let one replica run well ahead of the others while they idle. The sequences of one request (``n`` choices,
   a prompt list) are routed one after the other by the same rule: copies of a long prompt stay on the replica that got
   the first one (which computes it once for all of them) until it is clearly busier, then spread.
-* ``round_robin``: the seed's policy, each replica that is up in turn, regardless of load.
+* ``round_robin``: each replica that is up in turn, regardless of load.
 
 Backpressure: a replica takes at most ``max_queue_per_replica`` sequences beyond its slots, and all replicas together
 at most ``max_queue`` beyond theirs; past that :meth:`Router.assign` raises :class:`QueueFullError` (an HTTP 429).
