@@ -11,6 +11,8 @@
 #   engine       llamafleet's engine in-process: 1 and 128 concurrent requests; decode overlapped with the text work
 #                (default), one pass at a time (--no-overlap), and sampling in llama.cpp's graph (--backend-sampling)
 #   serve        HTTP, one GPU: llamafleet serve vs llama-server, same slots and context, concurrency 1..128
+#   multiturn    HTTP, one GPU: 32 conversations x 4 turns sharing a 1300-token system prompt (bench multiturn),
+#                llamafleet vs llama-server with its prompt cache on: TTFT per turn, wall time, cache hit rate
 #   multi        (2+ GPUs) one llamafleet endpoint over one replica per GPU, against the one-GPU run
 #   split        (2+ GPUs) 70B Q4_0: tensor split vs layer split, single stream and 32 streams
 #   consistency  (2+ GPUs) greedy agreement of batched / layer / tensor against a one-at-a-time reference
@@ -23,7 +25,9 @@
 #   PYTHON              interpreter with llamafleet's dependencies (default: python3)
 #   QUICK=1             fewer requests per level (a smoke run); REQS=N sets the requests per level (default: the
 #                       bench's own, 4 x concurrency and at least 16)
-#   SKIP_LLAMA_SERVER=1 the serve phase measures llamafleet only; LEVELS=1,8,32 picks its concurrency levels
+#   SKIP_LLAMA_SERVER=1 the serve and multiturn phases measure llamafleet only; LEVELS=1,8,32 picks the serve
+#                       phase's concurrency levels; BATCHES="512 2048" runs llamafleet once per batch_size (n_batch,
+#                       the prompt tokens one step may take; n_ubatch stays 512), labelled -b<N> when more than one
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$repo/.gpu-work}
@@ -47,7 +51,7 @@ export PYTHONPATH="$SRC:$repo/src${PYTHONPATH:+:$PYTHONPATH}"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$NGPU" -gt 0 ] || { echo "gpu-bench: no NVIDIA GPU visible (nvidia-smi -L)" >&2; exit 2; }
 if [ "$#" -gt 0 ]; then PHASES="$*"; else
-  PHASES="build models llama engine serve"
+  PHASES="build models llama engine serve multiturn"
   [ "$NGPU" -ge 2 ] && PHASES="$PHASES multi split consistency"
 fi
 has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
@@ -128,13 +132,18 @@ bench_http() {  # label, url, levels
 stop() { kill -INT "$1" 2>/dev/null || true; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null || true; }
 dmon() { nvidia-smi dmon -s um -d 1 >"$REPORT/dmon-$1.log" 2>&1 & echo $!; }
 
+BATCHES=${BATCHES:-512}
 if has serve; then
-  log "llamafleet serve on GPU 0 ($SLOTS slots, ctx $CTX)"
-  CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --port $PORT --replicas 1 --parallel $SLOTS \
-    --ctx $CTX >"$REPORT/serve-llamafleet.log" 2>&1 & pid=$!
-  wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-llamafleet.log"; exit 1; }
-  d=$(dmon llamafleet-1gpu); bench_http llamafleet-1gpu "http://127.0.0.1:$PORT" "${LEVELS:-1,8,32,64,128}"; kill $d
-  stop $pid
+  for b in $BATCHES; do
+    label=llamafleet-1gpu; [ "$BATCHES" = "$b" ] || label=llamafleet-1gpu-b$b
+    log "llamafleet serve on GPU 0 ($SLOTS slots, ctx $CTX, batch $b)"
+    printf 'batch_size: %s\nubatch_size: 512\n' "$b" >"$WORK/batch-$b.yaml"
+    CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --config "$WORK/batch-$b.yaml" --port $PORT \
+      --replicas 1 --parallel $SLOTS --ctx $CTX >"$REPORT/serve-$label.log" 2>&1 & pid=$!
+    wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-$label.log"; exit 1; }
+    d=$(dmon $label); bench_http $label "http://127.0.0.1:$PORT" "${LEVELS:-1,8,32,64,128}"; kill $d
+    stop $pid
+  done
 fi
 if has serve && [ "${SKIP_LLAMA_SERVER:-0}" != 1 ]; then
   log "llama-server on GPU 0 (same slots and context)"
@@ -143,6 +152,37 @@ if has serve && [ "${SKIP_LLAMA_SERVER:-0}" != 1 ]; then
   wait_ready "http://127.0.0.1:$PORT/health" $pid || { tail -30 "$REPORT/serve-llama-server.log"; exit 1; }
   d=$(dmon llama-server-1gpu); bench_http llama-server-1gpu "http://127.0.0.1:$PORT" "${LEVELS:-1,8,32,64,128}"; kill $d
   stop $pid
+fi
+
+# --- multi-turn replay, one GPU -----------------------------------------------------------------------------------
+MT_SLOTS=64
+MT_CTX=2048       # 1300-token system prompt + 4 turns of (25-token user line + 48-token answer) fits
+replay() {  # label
+  "$PY" -m llamafleet.cli bench multiturn --url "http://127.0.0.1:$PORT" --conversations 32 --turns 4 \
+    --system-tokens 1300 --user-tokens 25 --max-tokens 48 --seed 7 --label "$1" --out "$REPORT/$1" --no-progress \
+    >>"$REPORT/bench.log" 2>&1 || echo "replay $1: some requests failed (see bench.log)" | tee -a "$REPORT/run.log"
+}
+if has multiturn; then
+  log "llamafleet serve on GPU 0 ($MT_SLOTS slots, ctx $MT_CTX): multi-turn replay"
+  CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --port $PORT --replicas 1 --parallel $MT_SLOTS \
+    --ctx $MT_CTX >"$REPORT/serve-llamafleet-multiturn.log" 2>&1 & pid=$!
+  wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-llamafleet-multiturn.log"; exit 1; }
+  replay llamafleet-multiturn
+  curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^llamafleet_prompt_tokens' >"$REPORT/multiturn-metrics.txt" || true
+  stop $pid
+fi
+if has multiturn && [ "${SKIP_LLAMA_SERVER:-0}" != 1 ]; then
+  log "llama-server on GPU 0 ($MT_SLOTS slots, prompt cache on, --cache-reuse 256): multi-turn replay"
+  CUDA_VISIBLE_DEVICES=0 "$BIN/llama-server" -m "$M7" --port $PORT -ngl 99 -fa on -np $MT_SLOTS \
+    -c $((MT_SLOTS * MT_CTX)) -b 2048 -ub 512 --no-webui --cache-reuse 256 >"$REPORT/serve-llama-server-multiturn.log" 2>&1 &
+  pid=$!
+  wait_ready "http://127.0.0.1:$PORT/health" $pid || { tail -30 "$REPORT/serve-llama-server-multiturn.log"; exit 1; }
+  replay llama-server-multiturn
+  stop $pid
+fi
+if has multiturn && [ -f "$REPORT/llamafleet-multiturn/bench.json" ] && [ -f "$REPORT/llama-server-multiturn/bench.json" ]; then
+  "$PY" -m llamafleet.cli bench --compare "$REPORT/llamafleet-multiturn/bench.json" \
+    "$REPORT/llama-server-multiturn/bench.json" --out "$REPORT/multiturn-compare" >>"$REPORT/bench.log" 2>&1 || true
 fi
 
 if has multi; then

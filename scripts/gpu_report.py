@@ -1,7 +1,8 @@
 """Summarise a scripts/gpu-bench.sh run folder into one markdown report (printed to stdout).
 
-Reads what the phases left: llama-bench.json, batched-bench.jsonl, engine-*.json, decode-probe.txt, <label>/bench.json,
-dmon-*.log, plan-*.txt, mem-*.csv and consistency/. Missing pieces are skipped, so a partial run still reports.
+Reads what the phases left: llama-bench.json, batched-bench.jsonl, engine-*.json, decode-probe.txt, <label>/bench.json
+(sweeps, one per batch size with BATCHES, and multi-turn replays), dmon-*.log, plan-*.txt, mem-*.csv and consistency/.
+Missing pieces are skipped, so a partial run still reports.
 """
 
 from __future__ import annotations
@@ -76,6 +77,43 @@ def http(d: Path, label: str) -> dict[int, dict[str, Any]]:
     return {lv["concurrency"]: lv for lv in r["levels"]} if r else {}
 
 
+def batch_runs(d: Path) -> dict[int, dict[int, dict[str, Any]]]:
+    """The serve phase's llamafleet runs by batch size (BATCHES with more than one value: llamafleet-1gpu-b<N>)."""
+    return {int(p.name.rsplit("-b", 1)[1]): http(d, p.name) for p in d.glob("llamafleet-1gpu-b*")}
+
+
+def batch_sweep(d: Path, ls: dict[int, dict[str, Any]]) -> None:
+    runs = batch_runs(d)
+    if not runs:
+        return
+    print("\n## Prefill budget: llamafleet's batch_size (prompt tokens per step; n_ubatch 512) vs llama-server\n")
+    print("| streams | server | output tok/s | steady tok/s | TTFT ms p50/p90 | ITL ms p50/p90 |\n"
+          "|---:|---|---:|---:|---|---|")
+    named = [(f"llamafleet, batch {b}", runs[b]) for b in sorted(runs)] + [("llama-server -b 2048 -ub 512", ls)]
+    for c in sorted({c for _, r in named for c in r}):
+        for name, r in named:
+            lv = r.get(c)
+            if lv:
+                t, i = lv.get("ttft_ms") or {}, lv.get("itl_ms") or {}
+                print(f"| {c} | {name} | {num(lv.get('output_tok_s'))} | {num(lv.get('steady_tok_s'))} | "
+                      f"{num(t.get('p50'), '.0f')}/{num(t.get('p90'), '.0f')} | "
+                      f"{num(i.get('p50'))}/{num(i.get('p90'))} |")
+
+
+def multiturn(d: Path) -> None:
+    found = [d / name / "bench.md" for name in ("llamafleet-multiturn", "llama-server-multiturn")]
+    if not any(p.exists() for p in found):
+        return
+    print("\n## Multi-turn replay (32 conversations x 4 turns, 1300-token shared system prompt, one GPU)\n")
+    for p in found:
+        if p.exists():
+            print(p.read_text().strip() + "\n")
+    for name in ("multiturn-compare/compare.md", "multiturn-metrics.txt"):
+        p = d / name
+        if p.exists():
+            print(f"`{name}`:\n```\n{p.read_text().strip()[:3000]}\n```\n")
+
+
 def dmon_util(d: Path, name: str) -> str:
     p = d / f"dmon-{name}.log"
     if not p.exists():
@@ -92,6 +130,8 @@ def dmon_util(d: Path, name: str) -> str:
 def main(d: Path) -> None:
     lb, bb = llama_bench(d), batched_bench(d)
     lf, ls = http(d, "llamafleet-1gpu"), http(d, "llama-server-1gpu")
+    if not lf and batch_runs(d):  # BATCHES with several sizes: the smallest stands for llamafleet in the tables
+        lf = batch_runs(d)[min(batch_runs(d))]
     print("# GPU benchmark report\n")
     run_log = d / "run.log"
     if run_log.exists():
@@ -162,6 +202,9 @@ def main(d: Path) -> None:
                   f"{a.get('errors', '—')}/{b.get('errors', '—')} |")
         print(f"\nGPU utilization (nvidia-smi dmon): llamafleet {dmon_util(d, 'llamafleet-1gpu')}; "
               f"llama-server {dmon_util(d, 'llama-server-1gpu')}")
+
+    batch_sweep(d, ls)
+    multiturn(d)
 
     multi = sorted(d.glob("llamafleet-[2-8]gpu"))
     for m in multi:
