@@ -76,6 +76,19 @@ class FleetConfig(BaseModel):
     max_queue: int = Field(128, ge=0, description="sequences waiting beyond slots on all replicas together (then 429)")
     request_timeout_s: float = Field(600.0, gt=0, description="a request still running after this long fails (504)")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body accepted (then 413)")
+    max_header_bytes: int = Field(
+        64 << 10, ge=1024, description="largest request head (request line and headers) accepted (then 431)"
+    )
+    header_timeout_s: float = Field(10.0, gt=0, description="a request head must arrive within this long (then 408)")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="a request body must arrive within this long after its head (then 408)"
+    )
+    write_timeout_s: float = Field(
+        30.0, gt=0, description="a client that reads nothing of its answer for this long is disconnected"
+    )
+    drain_timeout_s: float = Field(
+        10.0, ge=0, description="at a stop signal, running requests get this long to finish; then they end with 503"
+    )
 
     # Access.
     api_keys_file: str | None = Field(

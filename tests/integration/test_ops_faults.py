@@ -152,7 +152,7 @@ def test_request_timeout_gives_504_and_frees_the_slot(launch_fleet: Callable[[li
     with httpx.stream("POST", f"{server.url}/v1/completions", json={**long, "stream": True}, timeout=60) as s:
         assert s.status_code == 200
         events = [line for line in s.iter_lines() if line.startswith("data: ")]
-    assert "request_timeout_s" in events[-1] and '"error"' in events[-1]
+    assert "request_timeout_s" in events[-2] and '"error"' in events[-2] and events[-1] == "data: [DONE]"
     wait_for("both sequences to be aborted", lambda: metric(
         metrics(server), "llamafleet_sequences_total", outcome="timeout") == 2)
     m = metrics(server)
@@ -186,7 +186,8 @@ def test_a_second_stop_signal_ends_running_streams_at_once(launch_fleet: Callabl
     assert server.stop(signal.SIGINT, timeout=30) == 0
     assert time.monotonic() - t0 < 8, "the second signal did not cut the drain short"
     reader.join(10)
-    assert "second stop signal" in events[-1] and '"service_unavailable"' in events[-1], events[-1]
+    assert "second stop signal" in events[-2] and '"service_unavailable"' in events[-2], events[-2:]
+    assert events[-1] == "data: [DONE]"
     log = server.log()
     assert "SIGINT again: ending 1 running sequence(s) now" in log and "Traceback" not in log
     assert "context and model freed; replica 0 exits" in log

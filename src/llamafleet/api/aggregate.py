@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
-from llamafleet.api.protocol import SSE_DONE, ApiError, Usage, sse
+from llamafleet.api.protocol import SSE_DONE, ApiError, Usage, internal_error, sse
 from llamafleet.engine.types import Generation
 from llamafleet.fleet.dispatch import Delta, Event, Failure, Group
 
@@ -90,7 +90,10 @@ def _watching(group: Group, request: Request) -> Iterator[None]:
         watch.cancel()
 
 
-def _error(failure: Failure) -> ApiError:
+def client_error(failure: Failure, request_id: str) -> ApiError:
+    """The client's error for a failed sequence; a 500 (the worker's or the engine's fault) says only its error id."""
+    if failure.status == 500:
+        return internal_error(f"sequence {request_id} failed on its replica: {failure.message!r}")
     return ApiError(failure.status, failure.message, code="service_unavailable" if failure.status == 503 else None)
 
 
@@ -101,7 +104,7 @@ async def collect(group: Group, request: Request) -> list[Choice]:
         while not group.finished:
             index, item = await group.next()
             if isinstance(item, Failure):
-                raise _error(item)
+                raise client_error(item, group.request_ids[index])
             choices[index].add(item)
     return choices
 
@@ -119,7 +122,7 @@ async def respond(group: Group, render: Renderer, request: Request, stream: bool
         with _watching(group, request):
             first = await group.next()
         if isinstance(first[1], Failure):
-            raise _error(first[1])
+            raise client_error(first[1], group.request_ids[first[0]])
     except BaseException:
         group.close()
         raise
@@ -128,7 +131,8 @@ async def respond(group: Group, render: Renderer, request: Request, stream: bool
 
 
 async def _events(group: Group, first: Event, render: Renderer, n: int, include_usage: bool) -> AsyncIterator[str]:
-    """The SSE body. A failure mid-stream is sent as an OpenAI error event, which the SDKs raise.
+    """The SSE body. A failure mid-stream is sent as an OpenAI error event (which the SDKs raise), then
+    ``data: [DONE]``: the stream ends as every stream does, and says why.
 
     Events already queued when the stream gets its turn are written in one piece: under load each write's trip
     through the ASGI middlewares and the socket is the API process's largest cost, and this way it shrinks as
@@ -142,7 +146,7 @@ async def _events(group: Group, first: Event, render: Renderer, n: int, include_
         while True:
             for index, item in batch:
                 if isinstance(item, Failure):
-                    out.append(sse(_error(item).body()))
+                    out += [sse(client_error(item, group.request_ids[index]).body()), SSE_DONE]
                     yield "".join(out)
                     return
                 counts[index].prompt_tokens = item.output.prompt_tokens

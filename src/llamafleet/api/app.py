@@ -1,14 +1,17 @@
 """The API process: the FastAPI app (routes, OpenAI error bodies, ``/health``, ``/ready``, ``/metrics``) and its life.
 
-Every request passes, outermost first: :class:`~llamafleet.fleet.telemetry.HttpMetrics` (counts and times every answer),
-CORS (only when ``cors_origins`` is set), :class:`~llamafleet.api.middleware.Gate` (API keys, body size limit), then the
-routes. The :class:`~llamafleet.api.watchdog.Watchdog` runs alongside while the server is up.
+Every request passes, outermost first: :class:`~llamafleet.api.middleware.HttpMetrics` (counts and times every
+answer), :class:`~llamafleet.api.middleware.InternalErrors` (a crash becomes a 500 with an error id), CORS (only when
+``cors_origins`` is set), :class:`~llamafleet.api.middleware.Gate` (API keys, body size limit), then the routes.
+Below them all, each connection is a :class:`~llamafleet.api.http_limits.GuardedHttp` (head size, read and write
+timeouts). The :class:`~llamafleet.api.watchdog.Watchdog` runs alongside while the server is up.
 
 :func:`run_server` serves on an already bound socket while the replicas load in the background (``/ready`` says 503
-until every replica is up; requests are served as soon as one is). On SIGINT/SIGTERM it stops accepting, gives
-in-flight requests :data:`DRAIN_S` seconds to finish (a second signal ends them at once with a 503), cancels the
-rest (their sequences are aborted on the workers), tells every worker to exit and waits up to
-:data:`WORKER_EXIT_S` for them, then returns 0.
+until every replica is up; requests are served as soon as one is). On SIGINT/SIGTERM it stops accepting and gives
+in-flight requests ``drain_timeout_s`` to finish; those still running then end with a 503 (a stream: an error event
+and ``data: [DONE]``), logged in one line; a second signal does the same at once. Connections still open
+:data:`CUT_S` later are closed. Then it tells every worker to exit, waits up to :data:`WORKER_EXIT_S` for them, and
+returns 0.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,7 +34,8 @@ from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
 from llamafleet.api import generate, openai
-from llamafleet.api.middleware import Gate, HttpMetrics
+from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
+from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
 from llamafleet.api.protocol import ApiError, error_response
 from llamafleet.api.service import Service, ServiceDep
 from llamafleet.api.watchdog import Watchdog
@@ -39,8 +44,9 @@ from llamafleet.fleet.replicas import LoadError
 
 log = logging.getLogger(__name__)
 
-DRAIN_S = 10.0  # in-flight requests get this long to finish after a shutdown signal
+CUT_S = 3.0  # after the drain, ended requests get this long to write their last bytes before connections are cut
 WORKER_EXIT_S = 10.0  # then workers get this long to cancel their work and exit before they are killed
+SHUTTING_DOWN = "the server is shutting down; retry the request"
 
 
 def _is_type_tag(part: object) -> bool:
@@ -76,17 +82,18 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     return ApiError(400, f"invalid '{param}': {reason} (got {sent})", param=param)
 
 
-def _replica_report(service: Service) -> list[dict[str, Any]]:
+def _replica_report(service: Service, detail: bool) -> list[dict[str, Any]]:
+    """Each replica as a load balancer needs it; with ``detail`` (an operator), also pids, loads and last errors."""
     router = service.dispatcher.router
     report = []
     for st in service.dispatcher.replicas.states:
-        report.append({
-            "index": st.index, "where": st.label, "status": st.status, "pid": st.pid, "restarts": st.restarts,
-            "load_fraction": st.load_fraction, "outstanding": router.outstanding(st.index),
-            "slots": st.slots,
-            "slots_busy": st.stats.slots_busy if st.stats else 0,
-            "generated_tokens": st.stats.generated_tokens_total if st.stats else 0, "last_error": st.last_error,
-        })
+        replica: dict[str, Any] = {"index": st.index, "where": st.label, "status": st.status, "restarts": st.restarts,
+                                   "slots": st.slots, "slots_busy": st.stats.slots_busy if st.stats else 0}
+        if detail:
+            replica |= {"pid": st.pid, "load_fraction": st.load_fraction, "outstanding": router.outstanding(st.index),
+                        "generated_tokens": st.stats.generated_tokens_total if st.stats else 0,
+                        "last_error": st.last_error}
+        report.append(replica)
     return report
 
 
@@ -120,6 +127,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     if cfg.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(InternalErrors)
     app.add_middleware(HttpMetrics, metrics=service.metrics)
 
     @app.exception_handler(ApiError)
@@ -135,30 +143,27 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
         what = f"no route {r.method} {r.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
         return error_response(ApiError(exc.status_code, what))
 
-    @app.exception_handler(Exception)
-    async def crashed(_r: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
-
     @app.get("/health")
     async def health() -> dict[str, str]:
         """The process is alive (for liveness probes)."""
         return {"status": "ok"}
 
     @app.get("/ready")
-    async def ready(svc: ServiceDep) -> JSONResponse:
+    async def ready(request: Request, svc: ServiceDep) -> JSONResponse:
         """200 once every replica has loaded, while at least one serves; 503 while loading, overloaded, or none serve.
 
         A replica that dies later shows as "degraded" with 200: taking the whole endpoint out of a load balancer
-        because one of several GPUs restarts would turn a partial outage into a full one.
+        because one of several GPUs restarts would turn a partial outage into a full one. With API keys on, a caller
+        without a valid key sees what a load balancer needs (no pids, error texts or why the server is overloaded).
         """
+        detail = authenticated(request.scope)
         states = svc.dispatcher.replicas.states
         serving = any(r.status == "ready" for r in states)
         ok = svc.loaded and serving and svc.overloaded is None
         status = ("loading" if not svc.loaded else "overloaded" if svc.overloaded is not None
                   else "ready" if svc.dispatcher.replicas.all_ready else "degraded" if serving else "down")
-        body = {"status": status, "model": svc.model_name, "replicas": _replica_report(svc)}
-        if svc.overloaded is not None:
+        body = {"status": status, "model": svc.model_name, "replicas": _replica_report(svc, detail)}
+        if svc.overloaded is not None and detail:
             body["overloaded"] = svc.overloaded
         return JSONResponse(body, status_code=200 if ok else 503)
 
@@ -174,22 +179,52 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
 
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server, except that a signal that stopped it cleanly is not raised again afterwards (exit 0), and
-    that a second signal during the drain ends the running requests at once (each gets a 503 error: a stream its
-    error event) instead of cancelling their tasks mid-write, which printed tracebacks. A third forces the exit."""
+    that the requests still running when ``drain_s`` ends, or at a second signal, end with a 503 error (a stream: an
+    error event, then ``data: [DONE]``) instead of having their tasks cancelled mid-write, which cut streams short
+    and printed tracebacks. Connections still open :data:`CUT_S` later are closed. A third signal forces the exit."""
 
-    def __init__(self, config: uvicorn.Config, hurry: Callable[[], int]) -> None:
+    def __init__(self, config: uvicorn.Config, drain_s: float, end_all: Callable[[str], int]) -> None:
         super().__init__(config)
-        self._hurry = hurry
+        self._drain_s = drain_s
+        self._end_all = end_all  # ends every running sequence with a 503 of this message; returns how many
         self._hurried = False
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.should_exit and not self._hurried:
             self._hurried = True
+            message = "the server is stopping now (a second stop signal); retry the request"
             loop = asyncio.get_running_loop()
             loop.call_soon_threadsafe(lambda: log.warning(
-                "%s again: ending %d running sequence(s) now", signal.Signals(sig).name, self._hurry()))
+                "%s again: ending %d running sequence(s) now", signal.Signals(sig).name, self._end_all(message)))
             return
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        timers = [loop.call_later(self._drain_s, self._end_drain), loop.call_later(self._drain_s + CUT_S, self._cut)]
+        try:
+            await super().shutdown(sockets)
+        finally:
+            for timer in timers:
+                timer.cancel()
+
+    def _connections(self) -> list[GuardedHttp]:
+        return [c for c in self.server_state.connections if isinstance(c, GuardedHttp)]
+
+    def _end_drain(self) -> None:
+        requests = sum(c.busy for c in self._connections())
+        sequences = self._end_all(SHUTTING_DOWN)
+        if requests or sequences:
+            log.warning("drain ended after %gs (drain_timeout_s): %d request(s) still running, %d sequence(s) of "
+                        "them ended with a 503 error (a stream: an error event, then [DONE])", self._drain_s,
+                        requests, sequences)
+
+    def _cut(self) -> None:
+        connections = self._connections()
+        if connections:
+            log.warning("closing %d connection(s) still open %gs after the drain", len(connections), CUT_S)
+        for c in connections:
+            c.cut()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -212,9 +247,11 @@ def run_server(service: Service, sock: socket.socket, log_level: str, on_ready: 
         server.should_exit = True
 
     app = create_app(service, on_ready, fatal)
+    cfg = service.config
     config = uvicorn.Config(app, log_config=None, log_level=log_level, access_log=log_level == "debug",
-                            timeout_graceful_shutdown=int(DRAIN_S), lifespan="on")
-    server = _Uvicorn(config, lambda: service.dispatcher.abort_all(
-        "the server is stopping now (a second stop signal); retry the request"))
+                            http=guarded_http(HttpLimits.of(cfg)), ws="none", lifespan="on",
+                            # the last resort, should ending the requests and cutting connections not be enough
+                            timeout_graceful_shutdown=math.ceil(cfg.drain_timeout_s + CUT_S) + 1)
+    server = _Uvicorn(config, cfg.drain_timeout_s, service.dispatcher.abort_all)
     server.run(sockets=[sock])
     return rc

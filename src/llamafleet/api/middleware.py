@@ -1,10 +1,12 @@
 """Every ASGI layer a request passes before a route sees it: :class:`HttpMetrics` (outermost: counts and times every
-answer), then :class:`Gate` (API keys, request body limits).
+answer), :class:`InternalErrors` (a crash becomes a 500 with an error id), then :class:`Gate` (API keys, request
+body limits).
 
 Keys come from the ``LLAMAFLEET_API_KEYS`` environment variable (comma-separated) and/or the configured
 ``api_keys_file`` (one key per line, ``#`` starts a comment); with no key anywhere, authentication is off. Clients
 send ``Authorization: Bearer <key>``; a missing or wrong key gets 401 with OpenAI's error body. ``/health`` and
-``/ready`` stay open for probes. Keys are compared by their SHA-256 digests in constant time.
+``/ready`` stay open for probes (``/ready`` shows its details only to callers with a key, see :func:`authenticated`).
+Keys are compared by their SHA-256 digests in constant time.
 
 Bodies larger than ``max_body_bytes`` get 413, whether announced by ``Content-Length`` or streamed chunked; the body
 is read here (bounded) and handed on whole, so nothing downstream ever holds more than the limit.
@@ -20,12 +22,13 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llamafleet.api.protocol import ApiError, error_response
+from llamafleet.api.protocol import SSE_DONE, ApiError, error_response, internal_error, sse
 from llamafleet.fleet.telemetry import FleetMetrics
 
 KEYS_ENV = "LLAMAFLEET_API_KEYS"
 OPEN_PATHS = frozenset({"/health", "/ready"})
 DRAIN_FACTOR = 16  # an oversize body is read (and dropped) up to this many times the limit, so the client sees 413
+AUTHENTICATED = "llamafleet.authenticated"  # scope["state"] key: the request to an open path carried a valid key
 
 
 class ApiKeysError(ValueError):
@@ -67,6 +70,9 @@ class Gate:
             await self.app(scope, receive, send)
             return
         refusal = self._check_key(scope)
+        if scope["path"] in OPEN_PATHS:
+            scope.setdefault("state", {})[AUTHENTICATED] = refusal is None
+            refusal = None
         if refusal is None:
             body = await self._read_body(scope, receive)
             if isinstance(body, ApiError):
@@ -77,7 +83,7 @@ class Gate:
         await error_response(refusal)(scope, receive, send)
 
     def _check_key(self, scope: Scope) -> ApiError | None:
-        if not self._digests or scope["path"] in OPEN_PATHS:
+        if not self._digests:
             return None
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
@@ -105,8 +111,8 @@ class Gate:
         more = True
         while more:
             message = await receive()
-            if message["type"] != "http.request":
-                break  # the client left
+            if message["type"] != "http.request":  # the client left, or body_timeout_s ran out: never run half a body
+                return ApiError(408, "the request body did not arrive in full")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size <= limit:
@@ -115,6 +121,11 @@ class Gate:
                 return too_big
             more = message.get("more_body", False)
         return too_big if size > limit else b"".join(chunks)
+
+
+def authenticated(scope: Scope) -> bool:
+    """Whether a request to an open path (``/ready``) came with a valid key; always true when authentication is off."""
+    return bool(scope.get("state", {}).get(AUTHENTICATED, True))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -135,6 +146,39 @@ def route_label(scope: Scope) -> str:
     """The route template a request matched (``/v1/models/{model_id:path}``), or ``other`` (unknown paths, and
     requests refused before routing), so that random paths cannot multiply the metric's series."""
     return str(getattr(scope.get("route"), "path", "other"))
+
+
+class InternalErrors:
+    """ASGI middleware: an exception escaping a route becomes a 500 whose body says only an error id; the log line
+    with the traceback carries the same id (see :func:`~llamafleet.api.protocol.internal_error`). A stream that
+    breaks after it started ends with an error event and ``data: [DONE]``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started: Message | None = None
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = message
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        except Exception as exc:
+            error = internal_error(f"{scope['method']} {scope['path']!r} raised", exc)
+            if started is None:
+                await error_response(error)(scope, receive, send)
+            elif any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in started["headers"]):
+                await send({"type": "http.response.body", "body": (sse(error.body()) + SSE_DONE).encode(),
+                            "more_body": False})
+            else:
+                raise  # a whole body was being written: the server closes the connection
 
 
 class HttpMetrics:

@@ -8,6 +8,9 @@ accepted too. :meth:`SamplingRequest.sampling` turns a request into the engine's
 
 from __future__ import annotations
 
+import logging
+import re
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -19,6 +22,9 @@ MAX_CHOICES = 16  # n
 MAX_PROMPTS = 64  # a batch of prompts in one /v1/completions request
 MAX_STOPS = 16
 SEED_LIMIT = 2**32
+SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: JSON can carry one, UTF-8 cannot
+
+log = logging.getLogger(__name__)
 
 
 # -- errors ----------------------------------------------------------------------------------------------------
@@ -46,13 +52,30 @@ class ApiError(Exception):
         self.headers = headers
 
     def body(self) -> ErrorResponse:
-        return ErrorResponse(error=ErrorDetail(message=self.message, type=error_type(self.status), param=self.param,
-                                               code=self.code))
+        """The OpenAI error body. Client text echoed in it (a model name, a parameter name) may hold lone surrogates,
+        which no UTF-8 body can carry: they become U+FFFD here, the one place every error body passes."""
+        param = None if self.param is None else utf8_safe(self.param)
+        return ErrorResponse(error=ErrorDetail(message=utf8_safe(self.message), type=error_type(self.status),
+                                               param=param, code=self.code))
 
 
 def error_response(exc: ApiError) -> JSONResponse:
     """The HTTP response of ``exc``: its OpenAI error body, status and headers."""
     return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD, so that it always encodes to UTF-8."""
+    return text if text.isascii() else SURROGATE.sub("\ufffd", text)
+
+
+def internal_error(what: str, exc: BaseException | None = None) -> ApiError:
+    """A 500 that tells the client nothing of the server's insides, and the log line (with ``exc``'s traceback) that
+    tells the operator everything; both carry the same error id, so one finds the other."""
+    error_id = f"err-{uuid.uuid4().hex[:16]}"
+    log.error("internal error %s: %s", error_id, what, exc_info=exc)
+    return ApiError(500, f"internal server error (error id {error_id}); retry the request, and give the operator "
+                         "the id if it keeps failing", code="internal_error")
 
 
 def error_type(status: int) -> str:
@@ -64,11 +87,19 @@ def error_type(status: int) -> str:
 
 
 # -- requests --------------------------------------------------------------------------------------------------
+def check_unicode(texts: list[str]) -> None:
+    """Text for the model must encode to UTF-8; JSON can spell a lone surrogate (``"\\ud800"``), UTF-8 cannot."""
+    if any(not t.isascii() and SURROGATE.search(t) for t in texts):
+        raise ValueError("text must be valid Unicode: it holds a lone surrogate (\\ud800-\\udfff), half of a "
+                         "UTF-16 pair, which no UTF-8 text can carry")
+
+
 def check_stops(stops: list[str]) -> None:
     if len(stops) > MAX_STOPS:
         raise ValueError(f"at most {MAX_STOPS} stop strings are allowed, got {len(stops)}")
     if any(not s for s in stops):
         raise ValueError("stop strings must not be empty")
+    check_unicode(stops)
 
 
 class _Strict(BaseModel):
@@ -79,11 +110,24 @@ class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v: str) -> str:
+        check_unicode([v])
+        return v
+
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v: str | list[TextPart]) -> str | list[TextPart]:
+        if isinstance(v, str):
+            check_unicode([v])
+        return v
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -184,6 +228,7 @@ class CompletionRequest(SamplingRequest):
     def _prompts(cls, v: str | list[str]) -> str | list[str]:
         if isinstance(v, list) and not 1 <= len(v) <= MAX_PROMPTS:
             raise ValueError(f"a list of prompts needs 1 to {MAX_PROMPTS} entries, got {len(v)}")
+        check_unicode([v] if isinstance(v, str) else v)
         return v
 
     def prompts(self) -> list[str]:
@@ -203,6 +248,12 @@ class GenerateRequest(_Strict):
     @classmethod
     def _stops(cls, v: list[str] | None) -> list[str] | None:
         check_stops(v or [])
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str) -> str:
+        check_unicode([v])
         return v
 
 
