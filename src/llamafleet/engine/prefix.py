@@ -24,6 +24,10 @@ A new prompt is placed by :meth:`SlotIndex.place`, in this order of preference:
    wait costs it no time: prompts are prefilled oldest first, so it would have waited behind that prefill anyway.
 4. Otherwise the lowest free slot, as without reuse, keeping whatever prefix of the prompt that slot holds.
 
+So a slot's KV is given up when its slot is taken. A prompt that reuses nothing takes the lowest free slot, not the
+least recently used one: running slots kept together are worth more on a GPU than a later cache hit. Least recently
+used decides among free slots that hold equally long matches (many slots with the same system prompt).
+
 A prompt is never taken whole from the cache: its last token is decoded again, because that is what produces
 the logits of the first answer token. Pure logic, no llama.cpp calls: the engine applies each placement with the
 memory calls of :mod:`llamafleet.engine.llama`.
