@@ -53,6 +53,8 @@ class FleetConfig(BaseModel):
     kv_cache_type: KvCacheType = "f16"
     flash_attn: bool | None = Field(None, description="None = let llama.cpp decide")
     backend_sampling: bool = Field(False, description="sample greedy requests inside llama.cpp's graph (GPU)")
+    prefix_cache: bool = Field(True, description="start each prompt from KV already computed for its prefix "
+                               "(see docs/OPERATIONS.md)")
 
     # GPU placement (see placement/planner.py).
     gpus: list[int] | None = Field(None, description="GPU indices to use; default = all")

@@ -251,7 +251,7 @@ def test_overlapped_and_serial_steps_give_the_same_answers(engine: Engine) -> No
                 if o.finished:
                     ended.add(o.request_id)
         st = eng.stats()
-        assert st.slots_busy == 0 and st.kv_tokens_used == 0 and len(eng._free_slots) == eng.cfg.n_seq
+        assert st.slots_busy == 0 and st.kv_tokens_used == 0 and eng._slots.n_free == eng.cfg.n_seq
         return got
 
     overlapped = run(engine)

@@ -81,7 +81,7 @@ def submits(prefix: str, n: int) -> list[Submit]:
 
 def output(rid: str, text: str, finished: bool = False, reason: str | None = None) -> RequestOutput:
     return RequestOutput(rid, text, [7] * len(text), None, finished, reason,  # type: ignore[arg-type]
-                         prompt_tokens=3, completion_tokens=len(text))
+                         prompt_tokens=3, completion_tokens=len(text), cached_tokens=2)
 
 
 def step(*outputs: RequestOutput, rejected: tuple[Rejected, ...] = ()) -> StepOutputs:
@@ -216,7 +216,8 @@ def test_a_whole_answer_puts_choices_in_input_order_and_counts_each_prompt_once(
         body = json.loads(response.body)
         assert [c["text"] for c in body["choices"]] == ["first", "second"]
         assert [c["finish_reason"] for c in body["choices"]] == ["stop", "length"]
-        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11,
+                                 "prompt_tokens_details": {"cached_tokens": 2}}
         assert response.headers["x-llamafleet-replicas"] == "0,1"
 
     run(test)

@@ -259,6 +259,8 @@ def test_launch_spec_on_cpu_hides_gpus_and_shares_threads(models: dict[str, Mode
     assert env["CUDA_VISIBLE_DEVICES"] == "" and engine.n_gpu_layers == 0 and engine.tensor_split == ()
     assert engine.n_threads == max(1, len(os.sched_getaffinity(0)) // 2)
     assert launch_spec(plan, 1, FleetConfig(replicas=2, threads=3), "m.gguf")[1].n_threads == 3
+    assert engine.prefix_cache and not launch_spec(plan, 1, FleetConfig(replicas=2, prefix_cache=False),
+                                                   "m.gguf")[1].prefix_cache
 
 
 def test_launch_spec_refuses_a_plan_that_does_not_fit(models: dict[str, ModelInfo]) -> None:

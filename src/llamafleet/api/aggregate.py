@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
-from llamafleet.api.protocol import SSE_DONE, ApiError, Usage, internal_error, sse
+from llamafleet.api.protocol import SSE_DONE, ApiError, PromptTokensDetails, Usage, internal_error, sse
 from llamafleet.engine.types import Generation
 from llamafleet.fleet.dispatch import Delta, Event, Failure, Group
 
@@ -49,10 +49,13 @@ def new_choices(group: Group) -> list[Choice]:
 
 
 def usage(choices: Sequence[Generation], n: int) -> Usage:
-    """Token counts of a request whose choices are ``n`` per prompt (a prompt is counted once, not n times)."""
+    """Token counts of a request whose choices are ``n`` per prompt (a prompt is counted once, not n times, and so
+    are its tokens served from the prefix cache)."""
     prompt = sum(c.prompt_tokens for c in choices[::n])
     completion = sum(c.completion_tokens for c in choices)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    cached = PromptTokensDetails(cached_tokens=sum(c.cached_tokens for c in choices[::n]))
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=cached)
 
 
 class Renderer(Protocol):
@@ -151,6 +154,7 @@ async def _events(group: Group, first: Event, render: Renderer, n: int, include_
                     return
                 counts[index].prompt_tokens = item.output.prompt_tokens
                 counts[index].completion_tokens = item.output.completion_tokens
+                counts[index].cached_tokens = item.output.cached_tokens
                 chunk = render.chunk(index, item)
                 if chunk is not None:
                     out.append(sse(chunk))

@@ -258,10 +258,15 @@ class GenerateRequest(_Strict):
 
 
 # -- responses -------------------------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served from the replica's prefix cache, not computed again
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class TokenLogprob(BaseModel):

@@ -1,7 +1,8 @@
 """The engine: continuous batching of many requests over one llama.cpp context.
 
 ``step()`` is the whole loop body: collect the pass the previous step launched (wait for it, sample every sequence
-that produced logits, count the new tokens), admit waiting requests into free slots, schedule tokens under the
+that produced logits, count the new tokens), admit waiting requests into free slots (each starting from the KV
+already computed for the longest prefix of its prompt: :mod:`llamafleet.engine.prefix`), schedule tokens under the
 ``n_batch`` budget (running answers first, prompt chunks after), launch the next ``llama_decode``, and only then
 detokenize and check stop strings for the tokens just sampled. On a GPU the decode runs while Python does that text
 work and while the caller ships the step's outputs, so the host's per-token work stays off the critical path. A
@@ -14,7 +15,6 @@ consistency checker, benchmarks).
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import os
@@ -30,6 +30,7 @@ import numpy as np
 
 from llamafleet.engine.chat import chat_tokens
 from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
+from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import sample
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
@@ -62,9 +63,10 @@ class Engine:
         self._aborts: deque[str] = deque()
         self._waiting: deque[Request] = deque()
         self._running: list[Sequence] = []
-        self._free_slots = list(range(cfg.n_seq))  # a min-heap: the lowest free slot is taken first
+        self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
         self._steps = 0
         self._prompt_total = 0
+        self._prompt_cached = 0
         self._gen_total = 0
         self._decode_s = 0.0
         self._sample_s = 0.0
@@ -156,6 +158,7 @@ class Engine:
             decode_seconds_total=self._decode_s,
             step_seconds_total=self._step_s,
             sample_seconds_total=self._sample_s,
+            prompt_tokens_cached_total=self._prompt_cached,
         )
 
     # -- the loop body ----------------------------------------------------------------------------------------
@@ -169,7 +172,7 @@ class Engine:
         self._apply_aborts(outs)
         fresh = self._collect() if self._inflight is not None else []
         self._admit()
-        plan = schedule(self._running, self.cfg.n_batch, self._steps)
+        plan = schedule([s for s in self._running if s.wait_for is None], self.cfg.n_batch, self._steps)
         error = None
         if plan:
             error = self._launch(plan)
@@ -180,6 +183,7 @@ class Engine:
             outs.append(self._emit(*item))
         if error is not None:
             for s, _ in plan:
+                s.n_cached = 0  # what its KV holds after a failed decode is unknown: reuse none of it
                 if not s.done:  # (a stop string may just have ended it)
                     out = self._finish(s, "error")
                     out.error = error
@@ -201,7 +205,8 @@ class Engine:
                     break
 
     def _admit(self) -> None:
-        while self._waiting and self._free_slots:
+        self._end_waits()
+        while self._waiting and self._slots.n_free:
             req = self._waiting.popleft()
             p = req.params
             chain = None
@@ -210,11 +215,48 @@ class Engine:
                 chain = SamplerChain(p, self.model.n_vocab, seed)
                 if p.penalty_last_n:
                     chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
-            slot = heapq.heappop(self._free_slots)
+            place = self._slots.place(req.prompt_tokens)
             in_graph = self.ctx.backend_sampling and chain is None and not p.logprobs
             if self.ctx.backend_sampling and not in_graph:
-                self.ctx.use_backend_greedy(slot, False)
-            self._running.append(Sequence(req, slot, chain, in_graph))
+                self.ctx.use_backend_greedy(place.slot, False)
+            s = Sequence(req, place.slot, chain, in_graph)
+            self._slots.take(s)
+            self._running.append(s)
+            self._start(s, place)
+
+    # -- prefix reuse (the choices are engine/prefix.py's; here they are applied) ----------------------------
+    def _start(self, s: Sequence, place: Placement[Sequence]) -> None:
+        """Give the new sequence ``s`` the KV that ``place`` found for its prompt; only the rest is prefilled."""
+        if place.wait and place.source is not None:
+            self._reuse(s, 0)
+            s.wait_for = (place.source, place.reuse)
+            return
+        if place.source is not None:
+            self.ctx.copy_sequence(place.source.slot, s.slot)
+        self._reuse(s, place.reuse)
+
+    def _end_waits(self) -> None:
+        """A sequence waiting for another's prefill copies that KV once it covers the shared prefix (or that
+        sequence has stopped: then what it computed, if it is still there and worth a copy)."""
+        for s in self._running:  # admission order: one that waits for a waiting sequence comes after it
+            if s.wait_for is None:
+                continue
+            lead, n = s.wait_for
+            if lead.n_cached < n and not lead.done:
+                continue
+            s.wait_for = None
+            n = min(n, lead.n_cached) if self._slots.holds(lead) else 0
+            if n >= self._slots.min_reuse:
+                self.ctx.copy_sequence(lead.slot, s.slot)
+                self._reuse(s, n)
+
+    def _reuse(self, s: Sequence, n: int) -> None:
+        """Keep the first ``n`` tokens of ``s``'s KV (they match its prompt) and drop the rest."""
+        if not self.ctx.keep_prefix(s.slot, n):  # a memory that cannot be cut part-way: start empty
+            self.ctx.keep_prefix(s.slot, 0)
+            n = 0
+        s.n_cached = s.n_reused = n
+        self._prompt_cached += n
 
     def _launch(self, plan: list[tuple[Sequence, int]]) -> str | None:
         """Fill the batch from ``plan`` and start its ``llama_decode`` (see :meth:`Context.launch`); the error
@@ -304,12 +346,14 @@ class Engine:
         elif end is not None:
             tail, _ = s.stops.feed(s.detok.flush())
             text += tail + s.stops.flush()
-        return RequestOutput(s.request_id, text, [tok], lps, end is not None, end, s.n_prompt, s.n_generated)
+        return RequestOutput(s.request_id, text, [tok], lps, end is not None, end, s.n_prompt, s.n_generated,
+                             cached_tokens=s.n_reused)
 
     def _finish(self, s: Sequence, reason: FinishReason) -> RequestOutput:
         """End ``s`` without a new token (cancelled, or a failed decode)."""
         self._retire(s)
-        return RequestOutput(s.request_id, "", [], None, True, reason, s.n_prompt, s.n_generated)
+        return RequestOutput(s.request_id, "", [], None, True, reason, s.n_prompt, s.n_generated,
+                             cached_tokens=s.n_reused)
 
     def _retire(self, s: Sequence) -> None:
         """Take ``s`` out of the batch. Its slot and KV are freed now, or, while a pass is running (it may hold one
@@ -322,10 +366,10 @@ class Engine:
             self._release(s)
 
     def _release(self, s: Sequence) -> None:
-        self.ctx.clear_sequence(s.slot)
+        """Free ``s``'s slot; its KV stays there for a later prompt with the same prefix, until the slot is taken."""
         if self.ctx.backend_sampling and not s.in_graph:
             self.ctx.use_backend_greedy(s.slot, True)
-        heapq.heappush(self._free_slots, s.slot)
+        self._slots.release(s.slot)
         if s.chain is not None:
             s.chain.close()
             s.chain = None

@@ -326,9 +326,25 @@ class Context(_Native):
         ptr = lc.llama_get_logits(self.ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
 
-    def clear_sequence(self, seq: int) -> None:
-        """Drop every cached token of sequence ``seq`` (its slot can be reused at once)."""
-        lc.llama_memory_seq_rm(self.memory, seq, -1, -1)
+    def keep_prefix(self, seq: int, n: int) -> bool:
+        """Drop sequence ``seq``'s cached tokens from position ``n`` on, keeping ``[0, n)``; False if this memory
+        cannot cut a sequence part-way (recurrent models), and then nothing was removed."""
+        return bool(lc.llama_memory_seq_rm(self.memory, seq, n, -1))
+
+    def copy_sequence(self, src: int, dst: int) -> None:
+        """Make ``dst`` hold what ``src`` holds, all of it (then :meth:`keep_prefix` cuts it).
+
+        With one KV stream per sequence llama.cpp copies the *whole* stream, every cell of every layer whether used
+        or not (a position range asserts: "seq_cp() is only supported for full KV buffers"). The cells' positions
+        are copied now, the data at the start of the next ``llama_decode`` (its memory update, after a synchronize),
+        before that decode writes anything. With a unified cache the cells are shared and nothing is copied.
+        """
+        lc.llama_memory_seq_rm(self.memory, dst, -1, -1)  # a unified cache adds to dst's cells; start it empty
+        lc.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+
+    def kv_length(self, seq: int) -> int:
+        """How many positions sequence ``seq`` has in the KV cache (``llama_memory_seq_pos_max`` + 1)."""
+        return int(lc.llama_memory_seq_pos_max(self.memory, seq)) + 1
 
     def clear_all(self) -> None:
         lc.llama_memory_clear(self.memory, True)

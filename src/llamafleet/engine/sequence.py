@@ -1,5 +1,5 @@
-"""One running request: its slot, its tokens (prompt then answer), how much of it is in the KV cache, and how its
-text is produced (detokenizer, stop strings)."""
+"""One running request: its slot, its tokens (prompt then answer), how much of it is in the KV cache (and how much
+of that came from the prefix cache), and how its text is produced (detokenizer, stop strings)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ class Sequence:
     in_graph: bool = False  # plain greedy sampled inside llama.cpp's graph (backend sampling)
     tokens: list[int] = field(default_factory=list)  # prompt + generated
     n_cached: int = 0  # tokens already decoded into the KV cache
+    n_reused: int = 0  # prompt tokens whose KV came from the prefix cache (see engine/prefix.py), not computed
+    wait_for: tuple[Sequence, int] | None = None  # (sequence, n): not scheduled until it has computed our n tokens
     n_generated: int = 0
     done: bool = False  # out of the batch (finished or cancelled); its slot may still await release
     detok: Detokenizer = field(default_factory=Detokenizer)

@@ -80,6 +80,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens, how many came from the prefix cache instead of being computed
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class EngineConfig:
     kv_unified: bool = False
     backend_sampling: bool = False  # greedy requests sampled inside llama.cpp's graph (on the GPU); experimental
     overlap: bool = True  # detokenize a step's tokens while the next decode runs (False: one pass at a time)
+    prefix_cache: bool = True  # start new sequences from KV already computed for their prompt's prefix
     llama_log_level: str = "warning"
 
 
@@ -114,11 +116,12 @@ class EngineStats:
     kv_tokens_used: int
     kv_tokens_total: int
     steps: int
-    prompt_tokens_total: int
+    prompt_tokens_total: int  # prompt tokens computed (decoded); those taken from the prefix cache are not in it
     generated_tokens_total: int
     decode_seconds_total: float  # inside llama_decode and waiting for its pass to finish
     step_seconds_total: float  # whole steps: decode + batch build + sampling + detokenizing
     sample_seconds_total: float  # choosing the next tokens (reading logits, argmax, sampler chains)
+    prompt_tokens_cached_total: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass
@@ -133,6 +136,7 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    cached_tokens: int = 0
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -141,6 +145,7 @@ class Generation:
             self.logprobs.extend(out.logprobs)
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
+        self.cached_tokens = out.cached_tokens
         if out.finished:
             self.finish_reason = out.finish_reason
             self.error = out.error

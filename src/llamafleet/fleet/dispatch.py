@@ -217,6 +217,8 @@ class Dispatcher:
             self.metrics.sequences.inc("timeout" if timed_out and out.finish_reason == "cancelled"
                                        else out.finish_reason or "unknown")
             self.metrics.prompt_tokens.inc(amount=out.prompt_tokens)
+            self.metrics.prompt_cached.inc(amount=out.cached_tokens)
+            self.metrics.prompt_computed.inc(amount=out.prompt_tokens - out.cached_tokens)
             self.metrics.generated_tokens.inc(amount=out.completion_tokens)
 
     def _deliver(self, rid: str, item: Delta | Failure, final: bool) -> None:

@@ -50,6 +50,10 @@ class FleetMetrics:
         self.token_gap = r.add(Histogram("llamafleet_inter_token_seconds", "time between a sequence's tokens",
                                          buckets=TOKEN_GAP_BUCKETS))
         self.prompt_tokens = r.add(Counter("llamafleet_prompt_tokens_total", "prompt tokens of finished sequences"))
+        self.prompt_cached = r.add(Counter("llamafleet_prompt_tokens_cached_total",
+                                           "prompt tokens of finished sequences served from the prefix cache"))
+        self.prompt_computed = r.add(Counter("llamafleet_prompt_tokens_computed_total",
+                                             "prompt tokens of finished sequences not served from the prefix cache"))
         self.generated_tokens = r.add(Counter("llamafleet_generated_tokens_total",
                                               "tokens generated for finished sequences"))
         self.sequences = r.add(Counter("llamafleet_sequences_total", "sequences that ended, by how they ended",

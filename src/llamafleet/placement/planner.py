@@ -368,6 +368,7 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
         kv_type=cfg.kv_cache_type,
         flash_attn=cfg.flash_attn,
         backend_sampling=cfg.backend_sampling,
+        prefix_cache=cfg.prefix_cache,
         llama_log_level=cfg.llama_log_level,
     )
     return env, engine
