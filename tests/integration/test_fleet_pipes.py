@@ -77,12 +77,14 @@ def test_messages_bigger_than_the_pipe_reach_the_worker_and_no_replica_dies(flee
         big_prompt = "hello " * 100_000  # 600 KB, 100k tokens: tokenized by the worker and refused as too long
         r = _post(fleet, {"model": model, "prompt": big_prompt, "max_tokens": 4})
         assert r.status_code == 400, r.text
-        assert "exceeds the context per sequence (512)" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert "maximum context length is 512 tokens" in r.json()["error"]["message"]
 
         # 16 sequences of a 42 KB prompt: 8 messages of 42 KB to each replica at once
         r = _post(fleet, {"model": model, "prompt": "hello " * 7_000, "max_tokens": 4, "n": 16})
         assert r.status_code == 400, r.text
-        assert "exceeds the context per sequence (512)" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert "maximum context length is 512 tokens" in r.json()["error"]["message"]
 
         time.sleep(0.5)
     assert bystanders.statuses and not bystanders.errors, bystanders.errors[:3]

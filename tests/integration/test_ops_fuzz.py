@@ -49,10 +49,10 @@ def _random_json(rng: random.Random, depth: int = 0) -> Any:
 # values that are wrong for each parameter whatever else the request holds
 BAD_VALUES: dict[str, list[Any]] = {
     "max_tokens": [0, -1, 10**30, "5", 1.5, True, [], {}],
-    "temperature": [-0.1, 2.5, 1e308, "hot", None, [1]],
+    "temperature": [-0.1, 2.5, 1e308, "hot", [1]],  # null is "not set" (OpenAI's meaning): served
     "top_p": [0, -1, 1.5, "all"],
     "n": [0, 17, 10**12, "2", 2.0],
-    "stream": ["yes", 1, None],
+    "stream": ["yes", 1],
     "stop": [[""], ["a"] * 17, 5, [1, 2]],
     "seed": [-1, 2**32, 2**64, "7", 0.5],
     "top_k": [-1, 2**40, "40"],
@@ -84,7 +84,8 @@ def hostile_requests(model: str, good: dict[str, str]) -> Iterator[tuple[str, st
     gen = {"prompt": "hi", "max_tokens": 2}
     wrong_auth = [{}, {"authorization": "Bearer nope"}, {"authorization": f"Basic {KEY_FILE_KEY}"},
                   {"authorization": "Bearer"}, {"authorization": KEY_FILE_KEY}, {"authorization": "Bearer \tx"},
-                  {"authorization": f"Bearer {KEY_FILE_KEY}x"}, {"x-api-key": KEY_FILE_KEY}]
+                  {"authorization": f"Bearer {KEY_FILE_KEY}x"}, {"x-api-key": f"{KEY_FILE_KEY}x"},
+                  {"x-api-key": ""}]
     for headers in wrong_auth:  # valid requests, wrong or missing keys
         for path, body in (("/v1/chat/completions", chat), ("/v1/completions", text), ("/api/generate", gen)):
             yield "POST", path, {"json": body, "headers": headers}
@@ -96,7 +97,8 @@ def hostile_requests(model: str, good: dict[str, str]) -> Iterator[tuple[str, st
         for field, values in table.items():
             for v in values:
                 yield "POST", path, {"json": {**base, field: v}, "headers": good}
-    paths = ["/v1/chat/completions", "/v1/completions", "/api/generate"]
+    paths = ["/v1/chat/completions", "/v1/completions", "/api/generate", "/v1/messages", "/v1/messages/count_tokens",
+             "/v1/responses"]
     for _ in range(N_RANDOM):
         path = rng.choice(paths)
         roll = rng.random()

@@ -46,13 +46,13 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(fleet: FleetSer
     for stream in (False, True):
         msg = _error(_post(fleet, "/v1/completions", json={"model": model, "prompt": long_prompt, "stream": stream}),
                      400)
-        assert "exceeds the context per sequence (512)" in msg and "601 tokens" in msg
+        assert "maximum context length is 512 tokens" in msg and "601 in your prompt" in msg
     msg = _error(_post(fleet, "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 5000}), 400)
     assert "max_tokens (5000)" in msg and "(512)" in msg
     # one bad prompt in a batch fails the request; the good one is cancelled, not leaked
     msg = _error(_post(fleet, "/v1/completions", json={"model": model, "prompt": [COUNTING, long_prompt],
                                                        "max_tokens": 100}), 400)
-    assert "exceeds the context" in msg
+    assert "maximum context length is 512 tokens" in msg
 
     with pytest.raises(openai.BadRequestError) as e:
         fleet.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=100)

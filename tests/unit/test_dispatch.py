@@ -212,7 +212,7 @@ def test_a_whole_answer_puts_choices_in_input_order_and_counts_each_prompt_once(
         d.replica_output(1, step(output("w-1", "second", True, "length")))
         d.replica_output(0, step(output("w-0", "fir", False), output("w-0", "st", True, "stop")))
         render = TextRenderer("cmpl-1", 0, "m", logprobs=False)
-        response = await respond(group, render, request(), stream=False, n=2, include_usage=False)
+        response = await respond(group, render, request(), stream=False, n=2)
         body = json.loads(response.body)
         assert [c["text"] for c in body["choices"]] == ["first", "second"]
         assert [c["finish_reason"] for c in body["choices"]] == ["stop", "length"]
@@ -228,8 +228,8 @@ def test_a_stream_that_fails_half_way_ends_with_an_error_event_and_aborts_the_re
         group = d.submit(submits("f", 2))
         d.replica_output(0, step(output("f-0", "Hel")))
         d.replica_output(1, step(rejected=(Rejected("f-1", "the replica failed on it", 500),)))
-        render = ChatRenderer("chatcmpl-1", 0, "m", logprobs=False)
-        response = await respond(group, render, request(), stream=True, n=2, include_usage=True)
+        render = ChatRenderer("chatcmpl-1", 0, "m", logprobs=False, include_usage=True)
+        response = await respond(group, render, request(), stream=True, n=2)
         events = [line.removeprefix("data: ") for line in (await body_of(response)).splitlines() if line]
         assert events[-1] == "[DONE]"  # the stream ends the one way streams end, after the error event
         chunks = [json.loads(e) for e in events[:-1]]

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from llamafleet.api.app import create_app
-from llamafleet.api.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
+from llamafleet.api.protocol import GenerateRequest
 from llamafleet.api.service import Service
 from llamafleet.engine.types import EngineConfig
 from llamafleet.fleet.dispatch import Dispatcher
@@ -67,7 +68,13 @@ def test_body_that_is_not_an_object(client: TestClient) -> None:
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "'user'"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
         ({"top_logprobs": 3}, "top_logprobs", "use logprobs=true"),
-        ({"logit_bias": {"1": 2}}, "logit_bias", "unknown or unsupported parameter"),
+        ({"logit_bias": {"1": 2}}, "logit_bias", "not supported yet"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling is coming"),
+        ({"tool_choice": "required"}, "tool_choice", "no tools can be called yet"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "structured output"),
+        ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "c"}]}]},
+         "messages[0].tool_calls", "tool calling is coming"),
+        ({"frobnicate": 1}, "frobnicate", "unknown or unsupported parameter"),
     ],
 )
 def test_chat_parameters_are_checked(client: TestClient, change: dict[str, Any], param: str, words: str) -> None:

@@ -1,9 +1,10 @@
 """Result aggregation: turning a group's per-step events into one response, whole or streamed (SSE).
 
 A group's sequences (``n`` choices x prompts) finish in any order on any replica; each event carries its index, so
-choices are assembled in input order. The shape of the JSON (chat vs text completion) is a :class:`Renderer`'s job;
-this module owns the control flow shared by both: waiting (and noticing a client that went away), failing the whole
-request when a sequence fails, usage counts, ``data: [DONE]``, and aborting what is left when the client leaves.
+choices are assembled in input order. The shape of the JSON (chat or text completion, Anthropic message, Responses
+object) and how a stream is framed and ended (``data: [DONE]``, named events) is a :class:`Renderer`'s job; this
+module owns the control flow every route shares: waiting (and noticing a client that went away), failing the whole
+request when a sequence fails, usage counts, and aborting what is left when the client leaves.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,8 +21,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
-from llamafleet.api.protocol import SSE_DONE, ApiError, PromptTokensDetails, Usage, internal_error, sse
-from llamafleet.engine.types import Generation
+from llamafleet.api.errors import ApiError, internal_error
+from llamafleet.api.protocol import PromptTokensDetails, Usage
+from llamafleet.engine.types import ContextOverflow, Generation
 from llamafleet.fleet.dispatch import Delta, Event, Failure, Group
 
 REPLICAS_HEADER = "x-llamafleet-replicas"  # which replica ran each choice, in order (for operators and tests)
@@ -59,19 +61,37 @@ def usage(choices: Sequence[Generation], n: int) -> Usage:
 
 
 class Renderer(Protocol):
-    """The JSON of one endpoint."""
+    """The JSON of one endpoint, and the framing of its streams."""
 
     def opening(self, n_choices: int) -> Sequence[BaseModel]:
         """Chunks streamed before any output (e.g. the chat's assistant role)."""
         ...
 
-    def chunk(self, index: int, delta: Delta) -> BaseModel | None:
-        """The streamed chunk for ``delta``, or None when it adds nothing visible."""
+    def chunk(self, index: int, delta: Delta) -> Sequence[BaseModel]:
+        """The streamed chunks for ``delta``; none when it adds nothing visible."""
         ...
 
-    def usage_chunk(self, usage: Usage) -> BaseModel: ...
+    def closing(self, usage: Usage) -> Sequence[BaseModel]:
+        """Chunks streamed after every sequence finished (e.g. the usage chunk)."""
+        ...
 
     def whole(self, choices: list[Choice], usage: Usage) -> BaseModel: ...
+
+    def event(self, chunk: BaseModel) -> str:
+        """One chunk as a server-sent event."""
+        ...
+
+    def failed(self, error: ApiError) -> str:
+        """The events that end a stream with ``error``."""
+        ...
+
+    def end(self) -> str:
+        """What ends every stream that did not fail (e.g. ``data: [DONE]``)."""
+        ...
+
+    def overflow(self, overflow: ContextOverflow) -> ApiError:
+        """The 400 for a prompt too long for the context, in the words this endpoint's clients recognise."""
+        ...
 
 
 async def _watch(group: Group, request: Request) -> None:
@@ -93,48 +113,55 @@ def _watching(group: Group, request: Request) -> Iterator[None]:
         watch.cancel()
 
 
-def client_error(failure: Failure, request_id: str) -> ApiError:
+def plain_overflow(overflow: ContextOverflow) -> ApiError:
+    return ApiError(400, str(overflow), param="prompt", code="context_length_exceeded")
+
+
+def client_error(failure: Failure, request_id: str,
+                 overflow: Callable[[ContextOverflow], ApiError] = plain_overflow) -> ApiError:
     """The client's error for a failed sequence; a 500 (the worker's or the engine's fault) says only its error id."""
+    if failure.overflow is not None:
+        return overflow(failure.overflow)
     if failure.status == 500:
         return internal_error(f"sequence {request_id} failed on its replica: {failure.message!r}")
     return ApiError(failure.status, failure.message, code="service_unavailable" if failure.status == 503 else None)
 
 
-async def collect(group: Group, request: Request) -> list[Choice]:
+async def collect(group: Group, request: Request,
+                  overflow: Callable[[ContextOverflow], ApiError] = plain_overflow) -> list[Choice]:
     """Wait for every sequence of ``group``; the first failure fails the request (the caller closes the group)."""
     choices = new_choices(group)
     with _watching(group, request):
         while not group.finished:
             index, item = await group.next()
             if isinstance(item, Failure):
-                raise client_error(item, group.request_ids[index])
+                raise client_error(item, group.request_ids[index], overflow)
             choices[index].add(item)
     return choices
 
 
-async def respond(group: Group, render: Renderer, request: Request, stream: bool, n: int,
-                  include_usage: bool) -> Response:
+async def respond(group: Group, render: Renderer, request: Request, stream: bool, n: int) -> Response:
     """Answer an HTTP request from ``group``: one JSON body, or an SSE stream started once the first output is in
     (so a request rejected by its replica still gets a plain 4xx)."""
     headers = {REPLICAS_HEADER: ",".join(map(str, group.replicas))}
     try:
         if not stream:
-            choices = await collect(group, request)
+            choices = await collect(group, request, render.overflow)
             return JSONResponse(render.whole(choices, usage([c.generation for c in choices], n)).model_dump(),
                                 headers=headers)
         with _watching(group, request):
             first = await group.next()
         if isinstance(first[1], Failure):
-            raise client_error(first[1], group.request_ids[first[0]])
+            raise client_error(first[1], group.request_ids[first[0]], render.overflow)
     except BaseException:
         group.close()
         raise
-    return StreamingResponse(_events(group, first, render, n, include_usage), media_type="text/event-stream",
+    return StreamingResponse(_events(group, first, render, n), media_type="text/event-stream",
                              headers=headers, background=BackgroundTask(group.close))
 
 
-async def _events(group: Group, first: Event, render: Renderer, n: int, include_usage: bool) -> AsyncIterator[str]:
-    """The SSE body. A failure mid-stream is sent as an OpenAI error event (which the SDKs raise), then
+async def _events(group: Group, first: Event, render: Renderer, n: int) -> AsyncIterator[str]:
+    """The SSE body. A failure mid-stream is sent as the endpoint's error event (which the SDKs raise), then (OpenAI)
     ``data: [DONE]``: the stream ends as every stream does, and says why.
 
     Events already queued when the stream gets its turn are written in one piece: under load each write's trip
@@ -144,20 +171,18 @@ async def _events(group: Group, first: Event, render: Renderer, n: int, include_
     # a stream keeps only each choice's token counts (for usage); its text has gone to the client
     counts = [Generation(rid) for rid in group.request_ids]
     try:
-        out = [sse(opening) for opening in render.opening(len(counts))]
+        out = [render.event(opening) for opening in render.opening(len(counts))]
         batch = [first]
         while True:
             for index, item in batch:
                 if isinstance(item, Failure):
-                    out += [sse(client_error(item, group.request_ids[index]).body()), SSE_DONE]
+                    out.append(render.failed(client_error(item, group.request_ids[index], render.overflow)))
                     yield "".join(out)
                     return
                 counts[index].prompt_tokens = item.output.prompt_tokens
                 counts[index].completion_tokens = item.output.completion_tokens
                 counts[index].cached_tokens = item.output.cached_tokens
-                chunk = render.chunk(index, item)
-                if chunk is not None:
-                    out.append(sse(chunk))
+                out += [render.event(chunk) for chunk in render.chunk(index, item)]
             if group.finished:
                 break
             if out:
@@ -165,9 +190,8 @@ async def _events(group: Group, first: Event, render: Renderer, n: int, include_
                 out = []
             batch = [await group.next()]
             batch += group.ready()
-        if include_usage:
-            out.append(sse(render.usage_chunk(usage(counts, n))))
-        out.append(SSE_DONE)
+        out += [render.event(chunk) for chunk in render.closing(usage(counts, n))]
+        out.append(render.end())
         yield "".join(out)
     finally:
         group.close()  # the client may have left: abort whatever still runs

@@ -33,10 +33,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import generate, openai
+from llamafleet.api import anthropic, generate, openai, responses
+from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
-from llamafleet.api.protocol import ApiError, error_response
 from llamafleet.api.service import Service, ServiceDep
 from llamafleet.api.watchdog import Watchdog
 from llamafleet.fleet.metrics import CONTENT_TYPE
@@ -121,27 +121,29 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app = FastAPI(title="llamafleet", version=__version__, lifespan=lifespan)
     app.state.service = service
     app.include_router(openai.routes)
+    app.include_router(anthropic.routes)
+    app.include_router(responses.routes)
     app.include_router(generate.routes)
     cfg = service.config
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes)
     if cfg.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
     app.add_middleware(InternalErrors)
     app.add_middleware(HttpMetrics, metrics=service.metrics)
 
     @app.exception_handler(ApiError)
-    async def api_error(_r: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc)
+    async def api_error(r: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc, r.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_r: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(list(exc.errors())))
+    async def invalid(r: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(list(exc.errors())), r.url.path)
 
     @app.exception_handler(HTTPException)
     async def http_error(r: Request, exc: HTTPException) -> JSONResponse:
         what = f"no route {r.method} {r.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
-        return error_response(ApiError(exc.status_code, what))
+        return error_response(ApiError(exc.status_code, what), r.url.path)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from llamafleet.api.protocol import ApiError
+from llamafleet.api.errors import ApiError
 from llamafleet.config import FleetConfig
 
 log = logging.getLogger(__name__)

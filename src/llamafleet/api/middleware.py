@@ -4,7 +4,8 @@ body limits).
 
 Keys come from the ``LLAMAFLEET_API_KEYS`` environment variable (comma-separated) and/or the configured
 ``api_keys_file`` (one key per line, ``#`` starts a comment); with no key anywhere, authentication is off. Clients
-send ``Authorization: Bearer <key>``; a missing or wrong key gets 401 with OpenAI's error body. ``/health`` and
+send ``Authorization: Bearer <key>`` (OpenAI's SDKs) or ``x-api-key: <key>`` (Anthropic's); a missing or wrong key
+gets 401 with the error body of the route's dialect. ``/health`` and
 ``/ready`` stay open for probes (``/ready`` shows its details only to callers with a key, see :func:`authenticated`).
 Keys are compared by their SHA-256 digests in constant time.
 
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llamafleet.api.protocol import SSE_DONE, ApiError, error_response, internal_error, sse
+from llamafleet.api.errors import ApiError, error_response, internal_error, is_anthropic
+from llamafleet.api.protocol import SSE_DONE, Event, sse, sse_event
 from llamafleet.fleet.telemetry import FleetMetrics
 
 KEYS_ENV = "LLAMAFLEET_API_KEYS"
@@ -80,16 +82,18 @@ class Gate:
             else:
                 await self.app(scope, _replay(body, receive), send)
                 return
-        await error_response(refusal)(scope, receive, send)
+        await error_response(refusal, scope["path"])(scope, receive, send)
 
     def _check_key(self, scope: Scope) -> ApiError | None:
         if not self._digests:
             return None
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         if scheme.lower() != b"bearer" or not token.strip():
-            return ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>'", code="invalid_api_key",
-                            headers={"WWW-Authenticate": "Bearer"})
+            token = headers.get(b"x-api-key", b"")
+        if not token.strip():
+            return ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         given = _digest(token.strip())
         if not any([hmac.compare_digest(given, d) for d in self._digests]):  # every key compared: constant time
             return ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
@@ -173,10 +177,11 @@ class InternalErrors:
         except Exception as exc:
             error = internal_error(f"{scope['method']} {scope['path']!r} raised", exc)
             if started is None:
-                await error_response(error)(scope, receive, send)
+                await error_response(error, scope["path"])(scope, receive, send)
             elif any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in started["headers"]):
-                await send({"type": "http.response.body", "body": (sse(error.body()) + SSE_DONE).encode(),
-                            "more_body": False})
+                end = (sse_event(Event.model_validate(error.anthropic_body())) if is_anthropic(scope["path"])
+                       else sse(error.body()) + SSE_DONE)
+                await send({"type": "http.response.body", "body": end.encode(), "more_body": False})
             else:
                 raise  # a whole body was being written: the server closes the connection
 

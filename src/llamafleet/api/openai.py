@@ -13,27 +13,31 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
+from llamafleet.api.errors import ApiError, refuse_unbuilt
+from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from llamafleet.api.protocol import (
+    SSE_DONE,
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatDelta,
     ChoiceLogprobs,
     Completion,
     CompletionChoice,
     CompletionLogprobs,
-    CompletionRequest,
     ModelCard,
     ModelList,
     TokenLogprob,
     Usage,
+    sse,
 )
 from llamafleet.api.service import ServiceDep
+from llamafleet.engine.types import ContextOverflow
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
 
@@ -63,20 +67,51 @@ def _text_logprobs(pieces: list[bytes], logprobs: list[float] | None, start: int
     return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=None, text_offset=offsets)
 
 
+def context_error(overflow: ContextOverflow, param: str) -> ApiError:
+    """OpenAI's words for a prompt too long for the context (client libraries match them, and the code, to trim their
+    input), with this server's numbers: the context is the context per sequence."""
+    n_ctx, prompt, limit = overflow.n_ctx, overflow.prompt_tokens, overflow.max_tokens
+    start = f"This model's maximum context length is {n_ctx} tokens"
+    if param == "prompt":  # the legacy completions' wording
+        message = (f"{start}, however you requested {prompt + (limit or 0)} tokens ({prompt} in your prompt; "
+                   f"{limit or 0} for the completion). Please reduce your prompt; or completion length.")
+    elif limit is None:
+        message = (f"{start}. However, your messages resulted in {prompt} tokens, which leaves no room for an "
+                   "answer. Please reduce the length of the messages.")
+    else:
+        message = (f"{start}. However, you requested {prompt + limit} tokens ({prompt} in the messages, {limit} in "
+                   "the completion). Please reduce the length of the messages or completion.")
+    return ApiError(400, message, param=param, code="context_length_exceeded")
+
+
 @dataclass(frozen=True)
 class _Renderer:
     cid: str
     created: int
     model: str
     logprobs: bool
+    include_usage: bool = False
 
     def visible(self, delta: Delta) -> bool:
         """Worth a chunk: new text, the end, or tokens whose logprobs were asked for."""
         out = delta.output
         return bool(out.text or out.finished or (self.logprobs and out.token_ids))
 
+    def event(self, chunk: BaseModel) -> str:
+        return sse(chunk)
 
+    def failed(self, error: ApiError) -> str:
+        return sse(error.body()) + SSE_DONE
+
+    def end(self) -> str:
+        return SSE_DONE
+
+
+@dataclass(frozen=True)
 class ChatRenderer(_Renderer):
+
+    def overflow(self, overflow: ContextOverflow) -> ApiError:
+        return context_error(overflow, "messages")
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.cid, created=self.created, model=self.model, choices=choices, usage=usage)
@@ -85,16 +120,16 @@ class ChatRenderer(_Renderer):
         return [self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
                 for i in range(n_choices)]
 
-    def chunk(self, index: int, delta: Delta) -> ChatCompletionChunk | None:
+    def chunk(self, index: int, delta: Delta) -> list[ChatCompletionChunk]:
         if not self.visible(delta):
-            return None
+            return []
         out = delta.output
         lps = _chat_logprobs(delta.pieces or [], out.logprobs) if self.logprobs else None
-        return self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=out.text or None), logprobs=lps,
-                                            finish_reason=out.finish_reason)])
+        return [self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=out.text or None), logprobs=lps,
+                                             finish_reason=out.finish_reason)])]
 
-    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
-        return self._chunk([], usage)
+    def closing(self, usage: Usage) -> list[ChatCompletionChunk]:
+        return [self._chunk([], usage)] if self.include_usage else []
 
     def whole(self, choices: list[Choice], usage: Usage) -> ChatCompletion:
         return ChatCompletion(
@@ -113,12 +148,15 @@ class TextRenderer(_Renderer):
     # where each choice's next token starts in its text, so streamed text_offset continues across chunks
     offsets: dict[int, int] = field(default_factory=dict)
 
+    def overflow(self, overflow: ContextOverflow) -> ApiError:
+        return context_error(overflow, "prompt")
+
     def opening(self, n_choices: int) -> list[Completion]:
         return []
 
-    def chunk(self, index: int, delta: Delta) -> Completion | None:
+    def chunk(self, index: int, delta: Delta) -> list[Completion]:
         if not self.visible(delta):
-            return None
+            return []
         out = delta.output
         lps = None
         if self.logprobs:
@@ -126,10 +164,12 @@ class TextRenderer(_Renderer):
             if lps is not None and lps.tokens:
                 self.offsets[index] = self.offsets.get(index, 0) + sum(len(t) for t in lps.tokens)
         choice = CompletionChoice(index=index, text=out.text, logprobs=lps, finish_reason=out.finish_reason)
-        return Completion(id=self.cid, created=self.created, model=self.model, choices=[choice])
+        return [Completion(id=self.cid, created=self.created, model=self.model, choices=[choice])]
 
-    def usage_chunk(self, usage: Usage) -> Completion:
-        return Completion(id=self.cid, created=self.created, model=self.model, choices=[], usage=usage)
+    def closing(self, usage: Usage) -> list[Completion]:
+        if not self.include_usage:
+            return []
+        return [Completion(id=self.cid, created=self.created, model=self.model, choices=[], usage=usage)]
 
     def whole(self, choices: list[Choice], usage: Usage) -> Completion:
         return Completion(
@@ -145,19 +185,21 @@ class TextRenderer(_Renderer):
 @routes.post("/v1/chat/completions", response_model=ChatCompletion)
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
     service.check_model(body.model)
+    refuse_unbuilt(body.not_yet())
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     turns = tuple(m.turn() for m in body.messages)
     group = service.submit([
         Submit(f"{cid}-{c}", body.sampling(body.token_limit(), c, body.logprobs), chat=turns)
         for c in range(body.n)
     ])
-    render = ChatRenderer(cid, created, service.model_name, body.logprobs)
-    return await respond(group, render, request, body.stream, body.n, body.include_usage)
+    render = ChatRenderer(cid, created, service.model_name, body.logprobs, body.include_usage)
+    return await respond(group, render, request, body.stream, body.n)
 
 
 @routes.post("/v1/completions", response_model=Completion)
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
     service.check_model(body.model)
+    refuse_unbuilt(body.not_yet())
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     want_logprobs = body.logprobs is not None
     group = service.submit([
@@ -165,8 +207,8 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
         for p, prompt in enumerate(body.prompts())
         for c in range(body.n)
     ])
-    render = TextRenderer(cid, created, service.model_name, want_logprobs)
-    return await respond(group, render, request, body.stream, body.n, body.include_usage)
+    render = TextRenderer(cid, created, service.model_name, want_logprobs, body.include_usage)
+    return await respond(group, render, request, body.stream, body.n)
 
 
 @routes.get("/v1/models")

@@ -1,89 +1,23 @@
-"""The HTTP API's shapes: pydantic models of OpenAI-compatible requests and responses, and OpenAI error bodies.
+"""The HTTP API's shared shapes: what every route's request models build on, the seed service's request, and the
+pydantic models of OpenAI-compatible responses.
 
-Requests are validated strictly (no "1" for 1, no unknown parameters) with OpenAI's ranges, so a client's mistake is
-a 400 naming the parameter. llama.cpp's extra sampling knobs (``top_k``, ``min_p``, ``repeat_penalty``) are
-accepted too. :meth:`SamplingRequest.sampling` turns a request into the engine's
-:class:`~llamafleet.engine.types.SamplingParams` for the i-th choice.
+Requests are validated strictly (no "1" for 1, no unknown parameters), so a client's mistake is a 400 naming the
+parameter; an explicit JSON ``null`` means "not set", as in OpenAI's API (:class:`Request`). Each API family keeps
+its request models in a module of its own (:mod:`~llamafleet.api.openai_requests`, :mod:`~llamafleet.api.anthropic`,
+:mod:`~llamafleet.api.responses`); error bodies are in :mod:`~llamafleet.api.errors`.
 """
 
 from __future__ import annotations
 
-import logging
-import re
-import uuid
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from starlette.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from llamafleet.engine.types import FinishReason, SamplingParams
+from llamafleet.api.errors import SURROGATE, ApiError
+from llamafleet.engine.types import FinishReason
 
-MAX_CHOICES = 16  # n
-MAX_PROMPTS = 64  # a batch of prompts in one /v1/completions request
 MAX_STOPS = 16
 SEED_LIMIT = 2**32
-SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: JSON can carry one, UTF-8 cannot
-
-log = logging.getLogger(__name__)
-
-
-# -- errors ----------------------------------------------------------------------------------------------------
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
-
-
-class ApiError(Exception):
-    """Raised by handlers; becomes an OpenAI error body with ``status`` (and ``headers``, e.g. ``Retry-After``)."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers
-
-    def body(self) -> ErrorResponse:
-        """The OpenAI error body. Client text echoed in it (a model name, a parameter name) may hold lone surrogates,
-        which no UTF-8 body can carry: they become U+FFFD here, the one place every error body passes."""
-        param = None if self.param is None else utf8_safe(self.param)
-        return ErrorResponse(error=ErrorDetail(message=utf8_safe(self.message), type=error_type(self.status),
-                                               param=param, code=self.code))
-
-
-def error_response(exc: ApiError) -> JSONResponse:
-    """The HTTP response of ``exc``: its OpenAI error body, status and headers."""
-    return JSONResponse(exc.body().model_dump(), status_code=exc.status, headers=exc.headers)
-
-
-def utf8_safe(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD, so that it always encodes to UTF-8."""
-    return text if text.isascii() else SURROGATE.sub("\ufffd", text)
-
-
-def internal_error(what: str, exc: BaseException | None = None) -> ApiError:
-    """A 500 that tells the client nothing of the server's insides, and the log line (with ``exc``'s traceback) that
-    tells the operator everything; both carry the same error id, so one finds the other."""
-    error_id = f"err-{uuid.uuid4().hex[:16]}"
-    log.error("internal error %s: %s", error_id, what, exc_info=exc)
-    return ApiError(500, f"internal server error (error id {error_id}); retry the request, and give the operator "
-                         "the id if it keeps failing", code="internal_error")
-
-
-def error_type(status: int) -> str:
-    """OpenAI's error ``type`` for an HTTP status."""
-    special = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
-    if status in special:
-        return special[status]
-    return "invalid_request_error" if status < 500 else "server_error"
 
 
 # -- requests --------------------------------------------------------------------------------------------------
@@ -102,11 +36,19 @@ def check_stops(stops: list[str]) -> None:
     check_unicode(stops)
 
 
-class _Strict(BaseModel):
+class Request(BaseModel):
+    """A request body (or a part of one): strict types, no unknown keys, and ``null`` the same as leaving a key out,
+    so wrapper code that sends every parameter, most of them ``null``, is served."""
+
     model_config = ConfigDict(strict=True, extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
-class TextPart(_Strict):
+
+class TextPart(Request):
     type: Literal["text"]
     text: str
 
@@ -117,125 +59,32 @@ class TextPart(_Strict):
         return v
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+class Block(Request):
+    """A content block (Anthropic) or part (Responses) of any kind: the model reads only text, and the other kinds are
+    accepted here so that the refusal can name them (:meth:`text_of`)."""
 
-    @field_validator("content")
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    type: str
+    text: str | None = None
+
+    @field_validator("text")
     @classmethod
-    def _content(cls, v: str | list[TextPart]) -> str | list[TextPart]:
-        if isinstance(v, str):
-            check_unicode([v])
+    def _text(cls, v: str | None) -> str | None:
+        check_unicode([v or ""])
         return v
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-    def turn(self) -> tuple[str, str]:
-        """(role, content) for the model's chat template; OpenAI's "developer" role is the older "system"."""
-        return ("system" if self.role == "developer" else self.role), self.text()
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
+    def text_of(self, param: str, text_kinds: tuple[str, ...]) -> str:
+        """The text of this block, which must be one of ``text_kinds``; a 400 naming ``param`` otherwise."""
+        if self.type not in text_kinds:
+            raise ApiError(400, f"'{param}': {self.type} content is not supported: this server's model reads text "
+                                "only", param=param)
+        if self.text is None:
+            raise ApiError(400, f"missing required parameter '{param}.text'", param=f"{param}.text")
+        return self.text
 
 
-class SamplingRequest(_Strict):
-    """What chat and text completions share."""
-
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=MAX_CHOICES)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    user: str | None = None
-    # llama.cpp's sampling extensions, with its defaults
-    top_k: int = Field(40, ge=0, lt=2**31)
-    min_p: float = Field(0.05, ge=0.0, le=1.0)
-    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        check_stops([v] if isinstance(v, str) else v or [])
-        return v
-
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
-    def stop_strings(self) -> tuple[str, ...]:
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-
-    def sampling(self, max_tokens: int | None, choice: int, logprobs: bool) -> SamplingParams:
-        """Engine parameters for choice number ``choice`` (seeded choices get ``seed + choice``, so they differ)."""
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            seed=None if self.seed is None else (self.seed + choice) % SEED_LIMIT,
-            stop=self.stop_strings(),
-            logprobs=logprobs,
-            ignore_eos=self.ignore_eos,
-        )
-
-
-class ChatCompletionRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = None
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError("top alternatives are not offered; use logprobs=true alone for the chosen tokens")
-        return v
-
-    def token_limit(self) -> int | None:
-        """The answer's token limit, None if the client set none (the rest of the context)."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-
-class CompletionRequest(SamplingRequest):
-    prompt: str | list[str]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for text completions
-    logprobs: int | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _top(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError("top alternatives are not offered; use logprobs=0 for the chosen tokens' logprobs")
-        return v
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompts(cls, v: str | list[str]) -> str | list[str]:
-        if isinstance(v, list) and not 1 <= len(v) <= MAX_PROMPTS:
-            raise ValueError(f"a list of prompts needs 1 to {MAX_PROMPTS} entries, got {len(v)}")
-        check_unicode([v] if isinstance(v, str) else v)
-        return v
-
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
-
-
-class GenerateRequest(_Strict):
+class GenerateRequest(Request):
     """The seed service's ``POST /api/generate``: raw text in, text and timings out."""
 
     prompt: str
@@ -373,9 +222,38 @@ class GenerateResponse(BaseModel):
     timings: Timings
 
 
+class Event(BaseModel):
+    """One event of a stream that names its events by their ``type`` (Anthropic's, the Responses API's); its other
+    fields are the event's own."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+    @classmethod
+    def of(cls, kind: str, **fields: Any) -> Event:
+        return cls.model_validate({"type": kind, **fields})
+
+
+class NamedEvents:
+    """How the streams of the APIs that name their events (Anthropic's, the Responses API's) are framed: each chunk
+    is an :class:`Event`, and nothing follows the last one."""
+
+    def event(self, chunk: BaseModel) -> str:
+        return sse_event(cast(Event, chunk))
+
+    def end(self) -> str:
+        return ""
+
+
 def sse(chunk: BaseModel) -> str:
     """One server-sent event carrying ``chunk`` as JSON."""
     return f"data: {chunk.model_dump_json()}\n\n"
+
+
+def sse_event(event: Event) -> str:
+    """One server-sent event named by its type."""
+    return f"event: {event.type}\ndata: {event.model_dump_json()}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

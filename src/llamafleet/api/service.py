@@ -14,7 +14,7 @@ from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
-from llamafleet.api.protocol import ApiError
+from llamafleet.api.errors import ApiError
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher, Group
 from llamafleet.fleet.messages import Submit

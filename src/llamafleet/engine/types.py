@@ -58,6 +58,31 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+class ContextOverflow(ValueError):
+    """A request that can never fit the context per sequence: its prompt plus the answer's token limit (or, with no
+    limit, the prompt alone, which must leave room for at least one token) exceed ``n_ctx`` tokens. The numbers are
+    kept whole so that each API can word them the way its clients recognise."""
+
+    def __init__(self, n_ctx: int, prompt_tokens: int, max_tokens: int | None) -> None:
+        self.n_ctx, self.prompt_tokens, self.max_tokens = n_ctx, prompt_tokens, max_tokens
+        if max_tokens is None:
+            text = (f"the prompt ({prompt_tokens} tokens) leaves no room for an answer in the context per sequence "
+                    f"({n_ctx} tokens); shorten the prompt")
+        else:
+            text = (f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {prompt_tokens + max_tokens} "
+                    f"tokens exceeds the context per sequence ({n_ctx}); shorten the prompt or lower max_tokens")
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple[type[ContextOverflow], tuple[int, int, int | None]]:
+        return ContextOverflow, (self.n_ctx, self.prompt_tokens, self.max_tokens)  # crosses the worker's pipe
+
+    @classmethod
+    def check(cls, n_ctx: int, prompt_tokens: int, max_tokens: int | None) -> None:
+        """Raise it if ``prompt_tokens`` and ``max_tokens`` (None: until the context ends) do not fit ``n_ctx``."""
+        if prompt_tokens + (1 if max_tokens is None else max_tokens) > n_ctx:
+            raise cls(n_ctx, prompt_tokens, max_tokens)
+
+
 @dataclass(frozen=True)
 class Request:
     """One sequence to generate. Give ``prompt_tokens`` (already tokenized, e.g. a chat template's output)."""

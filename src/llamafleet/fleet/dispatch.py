@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from llamafleet.engine.types import RequestOutput
+from llamafleet.engine.types import ContextOverflow, RequestOutput
 from llamafleet.fleet.messages import Abort, Ready, StepOutputs, Submit
 from llamafleet.fleet.replicas import ReplicaSet
 from llamafleet.fleet.router import Router
@@ -39,10 +39,12 @@ class Delta:
 
 @dataclass(frozen=True)
 class Failure:
-    """A sequence that ended without an answer; ``status`` is the HTTP status that fits."""
+    """A sequence that ended without an answer; ``status`` is the HTTP status that fits (``overflow``: the numbers of
+    a prompt too long for the context)."""
 
     status: int
     message: str
+    overflow: ContextOverflow | None = None
 
 
 Event = tuple[int, Delta | Failure]  # (index of the sequence in its group, what happened)
@@ -186,7 +188,7 @@ class Dispatcher:
         for rej in msg.rejected:
             self.router.release(rej.request_id)
             self.metrics.sequences.inc("rejected")
-            self._deliver(rej.request_id, Failure(rej.status, rej.message), final=True)
+            self._deliver(rej.request_id, Failure(rej.status, rej.message, rej.overflow), final=True)
         for out in msg.outputs:
             rid = out.request_id
             self._observe(out)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamafleet.engine.types import EngineStats, RequestOutput, SamplingParams
+from llamafleet.engine.types import ContextOverflow, EngineStats, RequestOutput, SamplingParams
 
 ChatTurn = tuple[str, str]  # (role, content)
 
@@ -23,12 +23,17 @@ ChatTurn = tuple[str, str]  # (role, content)
 # -- API process -> worker -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Submit:
-    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``."""
+    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``.
+
+    With ``count_only`` nothing is generated: the answer is one finished output of no tokens whose ``prompt_tokens``
+    is the prompt's length (finish reason ``length``, as a limit of zero tokens would end it), context or not.
+    """
 
     request_id: str
     params: SamplingParams
     prompt: str = ""
     chat: tuple[ChatTurn, ...] | None = None
+    count_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,13 @@ class LoadFailed:
 @dataclass(frozen=True)
 class Rejected:
     """A :class:`Submit` that never started, with the HTTP status to answer: 400 (the request itself is at fault),
-    503 (the replica is shutting down: retry elsewhere or later) or 500 (the replica failed on it)."""
+    503 (the replica is shutting down: retry elsewhere or later) or 500 (the replica failed on it). ``overflow`` holds
+    the numbers when the prompt cannot fit the context (each API words them its own way)."""
 
     request_id: str
     message: str
     status: int
+    overflow: ContextOverflow | None = None
 
 
 @dataclass(frozen=True)

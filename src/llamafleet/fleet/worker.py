@@ -29,7 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, cast
 
-from llamafleet.engine.types import EngineConfig, Request
+from llamafleet.engine.types import ContextOverflow, EngineConfig, Request, RequestOutput
 from llamafleet.fleet.messages import (
     Abort,
     FromWorker,
@@ -91,14 +91,20 @@ def _send(pipe: WorkerPipe, msg: FromWorker) -> None:
         raise _ParentGone from e
 
 
-def _admit(engine: Engine, msg: Submit) -> Rejected | None:
-    """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`."""
+def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
+    """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`, one that
+    only counts its tokens as its one (finished) output."""
     try:
         if msg.chat is not None:
             ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat])
         else:
             ids = engine.tokenize(msg.prompt, add_special=True)
+        if msg.count_only:
+            return RequestOutput(msg.request_id, "", [], None, True, "length", prompt_tokens=len(ids))
+        ContextOverflow.check(engine.n_ctx_per_seq, len(ids), msg.params.max_tokens)
         engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
+    except ContextOverflow as e:
+        return Rejected(msg.request_id, str(e), status=400, overflow=e)
     except ValueError as e:
         return Rejected(msg.request_id, str(e), status=400)
     except Exception as e:  # a failure of this request alone (e.g. a chat template error): report it, keep serving
@@ -115,17 +121,20 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
     sent_at = time.monotonic()
     while True:
         rejected: list[Rejected] = []
+        counted: list[RequestOutput] = []
         for msg in inbox.take(wait_s=0 if engine.has_work() or stopping else beat_s):
             if isinstance(msg, Submit):
-                refusal = (
+                answer = (
                     Rejected(msg.request_id, "the replica is shutting down; retry the request", status=503)
                     if stopping
                     else _admit(engine, msg)
                 )
-                if refusal is None:
+                if answer is None:
                     active[msg.request_id] = msg.params.logprobs
+                elif isinstance(answer, Rejected):
+                    rejected.append(answer)
                 else:
-                    rejected.append(refusal)
+                    counted.append(answer)
             elif isinstance(msg, Abort):
                 engine.abort(msg.request_id)
             elif not stopping:  # Shutdown
@@ -137,6 +146,7 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
         for o in outputs:
             if o.finished:
                 del active[o.request_id]
+        outputs += counted
         if outputs or rejected:
             _send(pipe, StepOutputs(outputs, rejected, pieces, engine.stats()))
             sent_at = time.monotonic()

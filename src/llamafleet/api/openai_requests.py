@@ -1,0 +1,196 @@
+"""OpenAI's request bodies (``/v1/chat/completions``, ``/v1/completions``) and how each becomes engine work.
+
+Three kinds of parameters, as docs/API.md lists them:
+
+* honoured: validated with OpenAI's ranges and turned into the engine's
+  :class:`~llamafleet.engine.types.SamplingParams` in one place, :meth:`SamplingRequest.sampling` (llama.cpp's
+  extra knobs ``top_k``, ``min_p``, ``repeat_penalty`` too);
+* ignored: standard parameters that mean nothing to this server (``user``, ``store``, ``metadata``, ...), and
+  any parameter sent as ``null`` or with its "off" value (``tools: []``, ``logit_bias: {}``, ``echo: false``);
+* not built yet: each request type lists them in ``not_yet()`` (tools, structured output, top logprobs, echo, ...),
+  and the route refuses the first one used with a 400 naming the parameter
+  (:func:`~llamafleet.api.errors.refuse_unbuilt`). A feature that lands removes its line there and adds its field
+  to :meth:`SamplingRequest.sampling`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from llamafleet.api.errors import NotYet
+from llamafleet.api.protocol import SEED_LIMIT, Request, TextPart, check_stops, check_unicode
+from llamafleet.engine.types import SamplingParams
+
+MAX_CHOICES = 16  # n
+MAX_PROMPTS = 64  # a batch of prompts in one /v1/completions request
+
+TOOLS_LATER = "tool calling is coming; remove it, or send null or []"
+OFF_TOOL_CHOICES = ("none", "auto")
+
+
+class ChatMessage(Request):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+    tool_calls: list[Any] = []  # an assistant's earlier calls: none can be made yet, so only [] (or null) is accepted
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v: str | list[TextPart]) -> str | list[TextPart]:
+        if isinstance(v, str):
+            check_unicode([v])
+        return v
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def turn(self) -> tuple[str, str]:
+        """(role, content) for the model's chat template; OpenAI's "developer" role is the older "system"."""
+        return ("system" if self.role == "developer" else self.role), self.text()
+
+
+class StreamOptions(Request):
+    include_usage: bool = False
+    include_obfuscation: bool = False  # ignored: nothing here pads stream chunks
+
+
+class SamplingRequest(Request):
+    """What chat and text completions share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] = {}
+    # llama.cpp's sampling extensions, with its defaults
+    top_k: int = Field(40, ge=0, lt=2**31)
+    min_p: float = Field(0.05, ge=0.0, le=1.0)
+    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
+    # accepted, ignored
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        check_stops([v] if isinstance(v, str) else v or [])
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def not_yet(self) -> NotYet:
+        """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
+        return [("logit_bias", bool(self.logit_bias), "token biases are not applied yet; send {} or null")]
+
+    def sampling(self, max_tokens: int | None, choice: int, logprobs: bool) -> SamplingParams:
+        """Engine parameters for choice number ``choice`` (seeded choices get ``seed + choice``, so they differ)."""
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=None if self.seed is None else (self.seed + choice) % SEED_LIMIT,
+            stop=self.stop_strings(),
+            logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
+    tools: list[Any] = []
+    tool_choice: str | dict[str, Any] = "auto"
+    functions: list[Any] = []  # the deprecated form of tools
+    function_call: str | dict[str, Any] = "auto"
+    response_format: dict[str, Any] = {"type": "text"}
+    modalities: list[str] = ["text"]
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    # accepted, ignored
+    parallel_tool_calls: bool | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+
+    def not_yet(self) -> NotYet:
+        calls = next((i for i, m in enumerate(self.messages) if m.tool_calls), None)
+        return [
+            *super().not_yet(),
+            ("top_logprobs", self.top_logprobs > 0, "top alternatives are not offered yet; use logprobs=true alone "
+                                                    "for the chosen tokens' logprobs"),
+            ("tools", bool(self.tools), TOOLS_LATER),
+            ("functions", bool(self.functions), TOOLS_LATER),
+            ("tool_choice", self.tool_choice not in OFF_TOOL_CHOICES, "no tools can be called yet; send "
+                                                                      "\"none\", \"auto\" or null"),
+            ("function_call", self.function_call not in OFF_TOOL_CHOICES, "no functions can be called yet; send "
+                                                                          "\"none\", \"auto\" or null"),
+            (f"messages[{calls}].tool_calls", calls is not None, TOOLS_LATER),
+            ("response_format", self.response_format.get("type") != "text",
+             "structured output (json_object, json_schema) is coming; send {\"type\": \"text\"} or null"),
+            ("modalities", self.modalities != ["text"], "this server answers with text only; send [\"text\"]"),
+            ("audio", self.audio is not None, "this server answers with text only"),
+            ("web_search_options", self.web_search_options is not None, "this server cannot search the web"),
+        ]
+
+    def token_limit(self) -> int | None:
+        """The answer's token limit, None if the client set none (the rest of the context)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for text completions
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompts(cls, v: str | list[Any]) -> str | list[Any]:
+        if isinstance(v, list) and not 1 <= len(v) <= MAX_PROMPTS:
+            raise ValueError(f"a list of prompts needs 1 to {MAX_PROMPTS} entries, got {len(v)}")
+        check_unicode([p for p in ([v] if isinstance(v, str) else v) if isinstance(p, str)])
+        return v
+
+    def not_yet(self) -> NotYet:
+        return [
+            *super().not_yet(),
+            ("logprobs", bool(self.logprobs), "top alternatives are not offered yet; use logprobs=0 for the chosen "
+                                              "tokens' logprobs"),
+            ("echo", self.echo, "the prompt cannot be echoed (with its logprobs) yet; send false or null"),
+            ("prompt", not isinstance(self.prompt, str) and any(not isinstance(p, str) for p in self.prompt),
+             "token-id prompts are not accepted yet; send the prompt as text"),
+            ("suffix", bool(self.suffix), "text insertion (fill in the middle) is not offered; send null"),
+            ("best_of", self.best_of not in (None, 1, self.n), "choosing the best of several completions is not "
+                                                               "offered; send null, or best_of equal to n"),
+        ]
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else [p for p in self.prompt if isinstance(p, str)]
