@@ -35,6 +35,7 @@ from llamafleet.engine.sampling import sample
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import (
+    ContextOverflow,
     EngineConfig,
     EngineStats,
     FinishReason,
@@ -116,20 +117,13 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------------------------
     def check_request(self, req: Request) -> None:
-        """Raise ``ValueError`` (with the numbers) if ``req`` can never run in this engine."""
+        """Raise ``ValueError`` (:class:`ContextOverflow` with the numbers when it is too long) if ``req`` can never
+        run in this engine."""
         n = len(req.prompt_tokens)
         limit = self.cfg.n_ctx_per_seq
         if n == 0:
             raise ValueError("the prompt is empty: it must contain at least one token")
-        max_tokens = req.params.max_tokens
-        if max_tokens is None and n >= limit:
-            raise ValueError(f"the prompt ({n} tokens) leaves no room for an answer in the context per sequence "
-                             f"({limit} tokens); shorten the prompt")
-        if max_tokens is not None and n + max_tokens > limit:
-            raise ValueError(
-                f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} tokens "
-                f"exceeds the context per sequence ({limit}); shorten the prompt or lower max_tokens"
-            )
+        ContextOverflow.check(limit, n, req.params.max_tokens)
         bad = [t for t in req.prompt_tokens if not 0 <= t < self.model.n_vocab]
         if bad:
             raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): {bad[:5]}")

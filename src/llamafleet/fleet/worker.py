@@ -101,7 +101,6 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
             ids = engine.tokenize(msg.prompt, add_special=True)
         if msg.count_only:
             return RequestOutput(msg.request_id, "", [], None, True, "length", prompt_tokens=len(ids))
-        ContextOverflow.check(engine.n_ctx_per_seq, len(ids), msg.params.max_tokens)
         engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
     except ContextOverflow as e:
         return Rejected(msg.request_id, str(e), status=400, overflow=e)
