@@ -184,3 +184,21 @@ def test_responses_is_stateless(served: tuple[OpenAI, str]) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=model, input="And Germany?", previous_response_id="resp_123")
     assert caught.value.param == "previous_response_id" and "stateless" in caught.value.message
+
+
+def test_prefix_cache_reads_show_in_each_dialects_usage(claude: anthropic.Anthropic,
+                                                         served: tuple[OpenAI, str]) -> None:
+    """The same long system prompt twice: the second request's cached prompt tokens are reported as each API does
+    (Anthropic apart from input_tokens, the Responses API inside them). Prefix routing sends both to one replica."""
+    client, model = served
+    system = "You answer questions about geography in one short sentence. " * 12  # about 130 tokens
+    first, second = (claude.messages.create(model=model, max_tokens=4, system=system, messages=QUESTION)
+                     for _ in range(2))
+    assert first.usage.input_tokens + first.usage.cache_read_input_tokens == \
+        second.usage.input_tokens + second.usage.cache_read_input_tokens
+    assert second.usage.cache_read_input_tokens >= 0.9 * (second.usage.input_tokens
+                                                          + second.usage.cache_read_input_tokens)
+    answers = [client.responses.create(model=model, instructions=system, input="What is the capital of Spain?",
+                                       max_output_tokens=4) for _ in range(2)]
+    usage = answers[1].usage
+    assert usage is not None and usage.input_tokens_details.cached_tokens >= 0.9 * usage.input_tokens

@@ -129,10 +129,18 @@ class TextBlock(BaseModel):
 
 
 class MessageUsage(BaseModel):
+    """Anthropic counts prompt tokens read from the cache apart from ``input_tokens`` (the rest); nothing here is
+    written to a cache on request, so ``cache_creation_input_tokens`` stays 0."""
+
     input_tokens: int
     output_tokens: int
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+
+    @classmethod
+    def of(cls, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> MessageUsage:
+        return cls(input_tokens=prompt_tokens - cached_tokens, output_tokens=output_tokens,
+                   cache_read_input_tokens=cached_tokens)
 
 
 class Message(BaseModel):
@@ -195,7 +203,7 @@ class MessageRenderer(NamedEvents):
         events = []
         if not self.started:  # the first output: its prompt count opens the message
             self.started = True
-            usage = MessageUsage(input_tokens=out.prompt_tokens, output_tokens=0)
+            usage = MessageUsage.of(out.prompt_tokens, out.cached_tokens, 0)
             events += [Event.of("message_start", message=self._message("", None, None, usage)),
                        Event.of("content_block_start", index=0, content_block=TextBlock(text="")),
                        Event.of("ping")]
@@ -220,7 +228,8 @@ class MessageRenderer(NamedEvents):
         gen = choice.generation
         stop = matched_stop(gen.text, choice.pieces, self.stops) if gen.finish_reason == "stop" else None
         return self._message(gen.text, gen.finish_reason, stop,
-                             MessageUsage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens))
+                             MessageUsage.of(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens,
+                                             usage.completion_tokens))
 
     def failed(self, error: ApiError) -> str:
         return sse_event(Event.model_validate(error.anthropic_body()))

@@ -207,6 +207,7 @@ class ResponseRenderer(NamedEvents):
             max_output_tokens=b.max_output_tokens, model=self.model, output=items, temperature=b.temperature,
             top_p=b.top_p, usage=None if usage is None else ResponseUsage(
                 input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
+                input_tokens_details={"cached_tokens": usage.prompt_tokens_details.cached_tokens},
                 total_tokens=usage.total_tokens))
 
     def _event(self, kind: str, **fields: Any) -> Event:
