@@ -137,7 +137,7 @@ if has serve; then
   for b in $BATCHES; do
     label=llamafleet-1gpu; [ "$BATCHES" = "$b" ] || label=llamafleet-1gpu-b$b
     log "llamafleet serve on GPU 0 ($SLOTS slots, ctx $CTX, batch $b)"
-    printf 'batch_size: %s\nubatch_size: 512\n' "$b" >"$WORK/batch-$b.yaml"
+    printf 'batch_size: %s\nubatch_size: %s\n' "$b" $((b < 512 ? b : 512)) >"$WORK/batch-$b.yaml"
     CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --config "$WORK/batch-$b.yaml" --port $PORT \
       --replicas 1 --parallel $SLOTS --ctx $CTX >"$REPORT/serve-$label.log" 2>&1 & pid=$!
     wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-$label.log"; exit 1; }
