@@ -1,4 +1,4 @@
-"""The seed service's ``POST /api/generate``: ``{"prompt", "max_tokens"}`` in, the text plus timings out.
+"""``POST /api/generate``, a simple route with timings: ``{"prompt", "max_tokens"}`` in, the text plus timings out.
 
 The prompt is raw text (no chat template). Timings are measured in the API process, so they include routing and
 queueing: time to first token, total time, and generated tokens per second after the first token.

@@ -1,4 +1,4 @@
-"""The HTTP API's shared shapes: what every route's request models build on, the seed service's request, and the
+"""The HTTP API's shared shapes: what every route's request models build on, the generate route's request, and the
 pydantic models of OpenAI-compatible responses.
 
 Requests are validated strictly (no "1" for 1, no unknown parameters), so a client's mistake is a 400 naming the
@@ -85,7 +85,7 @@ class Block(Request):
 
 
 class GenerateRequest(Request):
-    """The seed service's ``POST /api/generate``: raw text in, text and timings out."""
+    """``POST /api/generate``: raw text in, text and timings out."""
 
     prompt: str
     max_tokens: int = Field(128, ge=1)
