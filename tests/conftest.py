@@ -74,6 +74,15 @@ class FleetServer:
             time.sleep(0.2)
         pytest.fail(f"the server was not ready within {timeout:.0f}s:\n{self.log()[-4000:]}")
 
+    def wait_all_ready(self, timeout: float = READY_TIMEOUT_S) -> dict[str, Any]:
+        """Like :meth:`wait_ready`, but past 200 "degraded" too: until every replica is up (after a restart)."""
+        deadline = time.monotonic() + timeout
+        body = self.wait_ready(timeout)
+        while body["status"] != "ready" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            body = self.wait_ready(max(1.0, deadline - time.monotonic()))
+        return body
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
         """Send ``sig`` to the server, wait for it, then kill whatever is left of its process group."""
         if self._client is not None:

@@ -96,7 +96,7 @@ def test_a_frozen_worker_is_noticed_routed_around_killed_and_restarted(
     assert [x.status_code for x in served] == [200] * 5, [x.text for x in served]
     assert time.monotonic() - t0 < TIMEOUT_S + 10
 
-    server.wait_ready(timeout=120)
+    server.wait_all_ready(timeout=120)
     watch.done.set()
     watch.join(10)
     assert "unresponsive" in watch.seen, watch.seen

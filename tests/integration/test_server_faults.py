@@ -131,7 +131,7 @@ def test_sigkill_of_a_worker_fails_only_its_requests_and_it_comes_back(fleet: Fl
     # the failed requests ended at once, before any request of the surviving replica finished
     assert max(s.ended_as for s in lost) < min(s.ended_as for s in kept)
 
-    body = fleet.wait_ready(timeout=180)
+    body = fleet.wait_all_ready(timeout=180)
     back = body["replicas"][1]
     assert back["restarts"] == 1 and back["pid"] != victim and back["status"] == "ready"
     assert body["replicas"][0]["pid"] == before["replicas"][0]["pid"]
