@@ -206,7 +206,8 @@ def test_responses_request_becomes_chat_turns() -> None:
 @pytest.mark.parametrize(("change", "param", "words"), [
     ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
     ({"tools": [{"type": "function", "name": "f"}]}, "tools", "tool calling is coming"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format", "structured output"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"patternProperties": {}}}}},
+     "text.format.schema", "'patternProperties' (at patternProperties) cannot be enforced"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0]", "input_image content is not supported"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0]",

@@ -7,6 +7,8 @@ Three kinds of parameters, as docs/API.md lists them:
   extra knobs ``top_k``, ``min_p``, ``repeat_penalty`` too);
 * ignored: standard parameters that mean nothing to this server (``user``, ``store``, ``metadata``, ...), and
   any parameter sent as ``null`` or with its "off" value (``tools: []``, ``logit_bias: {}``, ``echo: false``);
+* structured output: ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's ``grammar`` (GBNF)
+  become one grammar the engine samples under (:func:`format_grammar`);
 * not built yet: each request type lists them in ``not_yet()`` (tools, structured output, top logprobs, echo, ...),
   and the route refuses the first one used with a 400 naming the parameter
   (:func:`~llamafleet.api.errors.refuse_unbuilt`). A feature that lands removes its line there and adds its field
@@ -15,12 +17,14 @@ Three kinds of parameters, as docs/API.md lists them:
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from llamafleet.api.errors import NotYet
+from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.protocol import SEED_LIMIT, Request, TextPart, check_stops, check_unicode
+from llamafleet.engine.grammar import check_gbnf, json_object_grammar, json_schema_grammar
 from llamafleet.engine.types import SamplingParams
 
 MAX_CHOICES = 16  # n
@@ -51,6 +55,47 @@ class ChatMessage(Request):
         return ("system" if self.role == "developer" else self.role), self.text()
 
 
+FormatType = Literal["text", "json_object", "json_schema"]
+
+
+class JsonSchemaFormat(Request):
+    name: str
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced, strict or not
+    description: str | None = None
+
+
+class ResponseFormat(Request):
+    type: FormatType
+    json_schema: JsonSchemaFormat | None = None
+
+
+def format_grammar(kind: FormatType, schema: dict[str, Any] | None, where: str) -> str | None:
+    """The GBNF for a structured-output format (None for plain text); ``where`` names the schema's parameter, which a
+    ``json_schema`` format needs, in the 400 when it is missing or cannot be enforced."""
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object_grammar()
+    if schema is None:
+        raise ApiError(400, f"missing required parameter '{where}'", param=where)
+    try:
+        return json_schema_grammar(schema)
+    except ValueError as e:
+        raise ApiError(400, f"invalid '{where}': {e}", param=where) from None
+
+
+def constrained(structured: str | None, grammar: str | None, ignore_eos: bool, param: str) -> str | None:
+    """The one grammar a request samples under: its structured output format's (``param``) or its GBNF
+    ``grammar``, not both; neither goes with ``ignore_eos``, since the grammar ends the answer."""
+    if structured is not None and grammar is not None:
+        raise ApiError(400, f"send '{param}' or 'grammar', not both", param="grammar")
+    if (structured or grammar) and ignore_eos:
+        raise ApiError(400, f"'ignore_eos' cannot be combined with '{param}' or 'grammar': the grammar ends the "
+                            "answer; send false or null", param="ignore_eos")
+    return structured or grammar
+
+
 class StreamOptions(Request):
     include_usage: bool = False
     include_obfuscation: bool = False  # ignored: nothing here pads stream chunks
@@ -76,6 +121,7 @@ class SamplingRequest(Request):
     min_p: float = Field(0.05, ge=0.0, le=1.0)
     repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
+    grammar: str | None = None  # GBNF, start rule "root"
     # accepted, ignored
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -89,6 +135,21 @@ class SamplingRequest(Request):
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         check_stops([v] if isinstance(v, str) else v or [])
         return v
+
+    @field_validator("grammar")
+    @classmethod
+    def _grammar(cls, v: str | None) -> str | None:
+        if v is not None:
+            if not v.strip():
+                raise ValueError("an empty grammar constrains nothing; send GBNF text or null")
+            check_unicode([v])
+            check_gbnf(v)
+        return v
+
+    @cached_property
+    def constraint(self) -> str | None:
+        """The grammar every choice samples under (see :func:`constrained`)."""
+        return constrained(None, self.grammar, self.ignore_eos, "grammar")
 
     @property
     def include_usage(self) -> bool:
@@ -116,6 +177,7 @@ class SamplingRequest(Request):
             stop=self.stop_strings(),
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
+            grammar=self.constraint,
         )
 
 
@@ -128,7 +190,7 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: str | dict[str, Any] = "auto"
     functions: list[Any] = []  # the deprecated form of tools
     function_call: str | dict[str, Any] = "auto"
-    response_format: dict[str, Any] = {"type": "text"}
+    response_format: ResponseFormat | None = None
     modalities: list[str] = ["text"]
     audio: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
@@ -151,12 +213,19 @@ class ChatCompletionRequest(SamplingRequest):
             ("function_call", self.function_call not in OFF_TOOL_CHOICES, "no functions can be called yet; send "
                                                                           "\"none\", \"auto\" or null"),
             (f"messages[{calls}].tool_calls", calls is not None, TOOLS_LATER),
-            ("response_format", self.response_format.get("type") != "text",
-             "structured output (json_object, json_schema) is coming; send {\"type\": \"text\"} or null"),
             ("modalities", self.modalities != ["text"], "this server answers with text only; send [\"text\"]"),
             ("audio", self.audio is not None, "this server answers with text only"),
             ("web_search_options", self.web_search_options is not None, "this server cannot search the web"),
         ]
+
+    @cached_property
+    def constraint(self) -> str | None:
+        structured = None
+        if (fmt := self.response_format) is not None:
+            spec = fmt.json_schema
+            where = "response_format.json_schema" if spec is None else "response_format.json_schema.schema"
+            structured = format_grammar(fmt.type, None if spec is None else spec.schema_, where)
+        return constrained(structured, self.grammar, self.ignore_eos, "response_format")
 
     def token_limit(self) -> int | None:
         """The answer's token limit, None if the client set none (the rest of the context)."""

@@ -4,7 +4,8 @@
 turns for the model's own template, as a chat completion's messages do. The answer is a ``response`` object with one
 assistant message; a stream sends the API's named events, each with its ``sequence_number``. The server is
 stateless: nothing is stored, so ``previous_response_id`` (and ``conversation``) are refused with a 400 that says so,
-and ``store`` is accepted and ignored. Tools are refused until tool calling exists.
+and ``store`` is accepted and ignored. ``text.format`` takes chat's structured output formats (flat). Tools are
+refused until tool calling exists.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llamafleet.api.aggregate import Choice, respond
 from llamafleet.api.errors import ApiError, NotYet, refuse_unbuilt, unsupported
+from llamafleet.api.openai_requests import FormatType, format_grammar
 from llamafleet.api.protocol import Block, Event, NamedEvents, Usage, check_unicode, sse_event
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.service import ServiceDep
@@ -62,6 +64,21 @@ class Item(Body):
         return role, "".join(part.text_of(f"{where}.content[{i}]", TEXT_PARTS) for i, part in enumerate(self.content))
 
 
+class TextFormat(Body):
+    """``text.format``: Responses spells chat's ``response_format`` flat (``name``, ``schema`` beside ``type``)."""
+
+    type: FormatType
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced
+    description: str | None = None
+
+
+class TextOptions(Body):
+    format: TextFormat | None = None
+    verbosity: str | None = None  # ignored
+
+
 class ResponsesRequest(Body):
     model: str
     input: str | list[Item]
@@ -72,7 +89,7 @@ class ResponsesRequest(Body):
     stream: bool = False
     tools: list[Any] = []
     tool_choice: str | dict[str, Any] = "auto"
-    text: dict[str, Any] = {}
+    text: TextOptions | None = None
     top_logprobs: int = Field(0, ge=0, le=20)
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
@@ -107,8 +124,6 @@ class ResponsesRequest(Body):
             ("tools", bool(self.tools), TOOLS_LATER),
             ("tool_choice", self.tool_choice not in ("none", "auto"),
              "no tools can be called yet; send \"none\", \"auto\" or null"),
-            ("text.format", self.text.get("format", {"type": "text"}) != {"type": "text"},
-             "structured output (json_object, json_schema) is coming; send {\"type\": \"text\"} or null"),
             ("top_logprobs", self.top_logprobs > 0, "top alternatives are not offered yet"),
             ("include", "message.output_text.logprobs" in self.include, "logprobs are not offered on this route"),
             ("background", self.background, "every response is answered while the request waits"),
@@ -122,8 +137,10 @@ class ResponsesRequest(Body):
         return (*system, *(item.turn(f"input[{i}]") for i, item in enumerate(self.input)))
 
     def sampling(self) -> SamplingParams:
+        fmt = None if self.text is None else self.text.format
+        grammar = None if fmt is None else format_grammar(fmt.type, fmt.schema_, "text.format.schema")
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=40, min_p=0.05)
+                              top_k=40, min_p=0.05, grammar=grammar)
 
 
 # -- responses -------------------------------------------------------------------------------------------------

@@ -127,6 +127,8 @@ class Engine:
         bad = [t for t in req.prompt_tokens if not 0 <= t < self.model.n_vocab]
         if bad:
             raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): {bad[:5]}")
+        if req.params.grammar is not None:  # parsed here, where a bad one is still the client's error to hear
+            self.model.check_grammar(req.params.grammar)
 
     def add_request(self, req: Request) -> None:
         self.check_request(req)
@@ -204,9 +206,10 @@ class Engine:
             req = self._waiting.popleft()
             p = req.params
             chain = None
-            if not p.greedy or p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+            penalties = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+            if not p.greedy or penalties or p.grammar is not None:  # a grammar needs a chain even when greedy
                 seed = p.seed if p.seed is not None else random.getrandbits(32)
-                chain = SamplerChain(p, self.model.n_vocab, seed)
+                chain = SamplerChain(p, self.model, seed)
                 if p.penalty_last_n:
                     chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
             place = self._slots.place(req.prompt_tokens)

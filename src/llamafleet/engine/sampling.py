@@ -2,7 +2,9 @@
 
 Plain greedy requests (no penalties) are sampled for the whole batch with one vectorised ``argmax`` (or, with
 backend sampling on, inside llama.cpp's graph, so no logits reach the host); the rest use
-their own llama.cpp sampler chain (penalties, top-k/top-p/min-p, temperature, seeded draw). Log-probabilities of the
+their own llama.cpp sampler chain (penalties, top-k/top-p/min-p, temperature, seeded draw, and a grammar for
+structured output), one sequence after another, so a constrained neighbour costs plain greedy ones nothing but
+its own time in the step. Log-probabilities of the
 chosen tokens come from the raw logits with one vectorised log-softmax, only for requests that asked for them.
 """
 
@@ -37,9 +39,9 @@ def sample(
         tokens[:] = argmax_rows(logits)
     elif greedy:
         tokens[greedy] = argmax_rows(logits[greedy])
-    for i, (s, bidx) in enumerate(outputs):
+    for i, (s, _) in enumerate(outputs):
         if s.chain is not None:
-            tokens[i] = s.chain.sample(ctx, bidx)
+            tokens[i] = s.chain.sample(ctx, logits[i])
     want = [i for i, (s, _) in enumerate(outputs) if s.req.params.logprobs]
     if not want:
         return tokens, None

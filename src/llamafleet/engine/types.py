@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llamafleet.engine.grammar import check_gbnf
+
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 SplitModeName = Literal["none", "layer", "tensor"]
 KvType = Literal["f16", "q8_0", "q4_0"]
@@ -19,6 +21,10 @@ class SamplingParams:
 
     ``max_tokens=None`` (OpenAI's "not given") means: until the end of the context per sequence. This is the one
     place that meaning lives; the engine applies it, nothing upstream resolves it.
+
+    ``grammar`` (GBNF text, start rule ``root``) constrains every sampled token, so the answer is a sentence of the
+    grammar (structured output: :mod:`llamafleet.engine.grammar`). It ends the answer with end-of-generation once
+    complete, so it cannot be combined with ``ignore_eos``.
     """
 
     max_tokens: int | None = None
@@ -34,6 +40,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -48,10 +55,15 @@ class SamplingParams:
             (self.penalty_last_n >= -1, "penalty_last_n must be >= -1"),
             (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2**32)"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+            (self.grammar is None or self.grammar.strip() != "", "grammar must not be empty (None = no grammar)"),
+            (self.grammar is None or not self.ignore_eos, "ignore_eos cannot be combined with a grammar: the "
+                                                          "grammar ends the answer; drop ignore_eos"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        if self.grammar is not None:
+            check_gbnf(self.grammar)
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,115 @@
+"""Grammars for constrained sampling: JSON schema -> GBNF, and the limits that keep a client's grammar harmless.
+
+Structured output is sampled under a GBNF grammar (llama.cpp's grammar sampler, :class:`~llamafleet.engine.llama.
+SamplerChain`), so the answer always parses. JSON schemas become GBNF through llama-cpp-python's port of llama.cpp's
+converter (``llama_cpp.llama_grammar``). That converter silently skips keywords it cannot express (``minimum``,
+``uniqueItems``, ...), which would let an answer parse yet fail validation; so the schema is walked first and any
+keyword outside :data:`KEYWORDS` is refused, named with where it is. The converter spells ``maxLength: n`` as ``n``
+nested groups and ``minLength: n`` as ``n`` copies, so length and count bounds are capped at :data:`MAX_REPEAT`.
+
+llama.cpp parses and walks a grammar recursively: nesting 20,000 groups deep crashed a worker (stack overflow) where
+10,000 did not, so :func:`check_gbnf` refuses grammars nested deeper than :data:`MAX_DEPTH` or longer than
+:data:`MAX_GRAMMAR_BYTES`. Everything here is plain Python; ``llama_cpp`` (which loads libllama) is imported only
+when a schema is first converted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_GRAMMAR_BYTES = 128 * 1024
+MAX_DEPTH = 2000  # nested groups in GBNF text; llama.cpp crashed at 20,000
+MAX_REPEAT = 1000  # minLength, maxLength, minItems, maxItems and {m,n} in patterns
+TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
+FORMATS = ("date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5")
+KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
+    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "pattern", "format", "minLength",
+    "maxLength",
+    # annotations: they constrain nothing
+    "title", "description", "default", "examples", "$comment", "$schema", "$id", "deprecated", "readOnly",
+    "writeOnly",
+})
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_BOUNDS = ("minLength", "maxLength", "minItems", "maxItems")
+_QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
+_GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[()]', re.DOTALL)
+
+
+def check_gbnf(text: str) -> None:
+    """Raise ``ValueError`` if the GBNF ``text`` is too big or nested too deeply to hand to llama.cpp."""
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_GRAMMAR_BYTES:
+        raise ValueError(f"the grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES} are accepted")
+    depth = deepest = 0
+    for m in _GBNF_TOKEN.finditer(text):  # quoted literals, character classes and comments hold no groups
+        depth += {"(": 1, ")": -1}.get(m.group(), 0)
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        raise ValueError(f"the grammar nests groups {deepest} deep; at most {MAX_DEPTH} are accepted")
+
+
+def json_object_grammar() -> str:
+    """GBNF for any JSON object (OpenAI's ``json_object`` mode)."""
+    return json_schema_grammar({"type": "object"})
+
+
+def json_schema_grammar(schema: Any) -> str:
+    """GBNF whose every sentence is a JSON document valid under ``schema``; ``ValueError`` naming the first keyword
+    (and where it is) that cannot be enforced, or why the schema cannot be converted."""
+    _check_schema(schema, "")
+    from llama_cpp.llama_grammar import json_schema_to_gbnf  # loads libllama: only once a schema is converted
+
+    try:
+        text: str = json_schema_to_gbnf(json.dumps(schema))  # a copy: the converter rewrites $refs in place
+    except (AssertionError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise ValueError(f"the schema cannot be turned into a grammar: {e}") from None
+    check_gbnf(text)
+    return text
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where or 'the schema'} must be a JSON object (a schema), not {json.dumps(schema)[:40]}")
+    for key, value in schema.items():
+        here = f"{where}.{key}" if where else key
+        if key not in KEYWORDS:
+            raise ValueError(f"'{key}' (at {here}) cannot be enforced by this server's structured output; remove "
+                             "it and check that constraint in your code")
+        if key == "type" and any(t not in TYPES for t in (value if isinstance(value, list) else [value])):
+            raise ValueError(f"{here} must be one of {', '.join(TYPES)} (or a list of them), not {value!r}")
+        elif key == "$ref" and not (isinstance(value, str) and value.startswith("#/")):
+            raise ValueError(f"$ref {value!r} (at {here}) is not supported: only references inside the schema "
+                             "('#/$defs/...') are; put the referenced schema under $defs")
+        elif key == "format" and value not in FORMATS:
+            raise ValueError(f"format {value!r} (at {here}) cannot be enforced; supported formats: "
+                             f"{', '.join(FORMATS)}")
+        elif key in _BOUNDS and not (isinstance(value, int) and 0 <= value <= MAX_REPEAT):
+            raise ValueError(f"{here} must be an integer from 0 to {MAX_REPEAT}, not {value!r}")
+        elif key == "pattern":
+            _check_pattern(value, here)
+        elif key in _SUBSCHEMA_MAPS:
+            if not isinstance(value, dict):
+                raise ValueError(f"{here} must be an object of schemas")
+            for name, sub in value.items():
+                _check_schema(sub, f"{here}.{name}")
+        elif key in _SUBSCHEMA_LISTS or (key == "items" and isinstance(value, list)):
+            if not isinstance(value, list) or not value:
+                raise ValueError(f"{here} must be a non-empty list of schemas")
+            for i, sub in enumerate(value):
+                _check_schema(sub, f"{here}[{i}]")
+        elif key == "items" or (key == "additionalProperties" and not isinstance(value, bool)):
+            _check_schema(value, here)
+        elif key in ("required", "enum") and not isinstance(value, list):
+            raise ValueError(f"{here} must be a list")
+
+
+def _check_pattern(pattern: Any, where: str) -> None:
+    if not isinstance(pattern, str) or not (pattern.startswith("^") and pattern.endswith("$")):
+        raise ValueError(f"{where} must be a regular expression anchored with ^ and $, not {pattern!r}")
+    for m in _QUANTIFIER.finditer(pattern):
+        if any(n and int(n) > MAX_REPEAT for n in m.groups()):
+            raise ValueError(f"{where}: the repetition {m.group()} exceeds {MAX_REPEAT}")
