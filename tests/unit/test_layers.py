@@ -86,3 +86,13 @@ def test_every_subpackage_init_is_a_docstring_only() -> None:
             continue  # re-exports the engine's plain types (engine/types.py loads nothing)
         body = ast.parse(init.read_text(encoding="utf-8")).body
         assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), init
+
+
+def test_the_api_converts_a_json_schema_without_loading_llama_cpp() -> None:
+    """The API process turns response_format schemas into grammars; it must not load libllama (and with it the CUDA
+    backend) to do so: it never loads a model."""
+    code = ("import sys, json; from llamafleet.engine.grammar import json_schema_grammar; "
+            "json_schema_grammar({'type': 'object', 'properties': {'a': {'type': 'integer'}}}); "
+            "print(json.dumps(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert not [m for m in json.loads(done.stdout) if m.split(".")[0] == "llama_cpp"]

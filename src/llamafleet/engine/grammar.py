@@ -9,14 +9,18 @@ nested groups and ``minLength: n`` as ``n`` copies, so length and count bounds a
 
 llama.cpp parses and walks a grammar recursively: nesting 20,000 groups deep crashed a worker (stack overflow) where
 10,000 did not, so :func:`check_gbnf` refuses grammars nested deeper than :data:`MAX_DEPTH` or longer than
-:data:`MAX_GRAMMAR_BYTES`. Everything here is plain Python; ``llama_cpp`` (which loads libllama) is imported only
-when a schema is first converted.
+:data:`MAX_GRAMMAR_BYTES`. Everything here is plain Python and loads no native library (see :func:`_converter`), so the
+API process converts a request's schema, and refuses it with a 400, before anything is queued.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import re
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 MAX_GRAMMAR_BYTES = 128 * 1024
@@ -61,14 +65,29 @@ def json_schema_grammar(schema: Any) -> str:
     """GBNF whose every sentence is a JSON document valid under ``schema``; ``ValueError`` naming the first keyword
     (and where it is) that cannot be enforced, or why the schema cannot be converted."""
     _check_schema(schema, "")
-    from llama_cpp.llama_grammar import json_schema_to_gbnf  # loads libllama: only once a schema is converted
-
     try:
-        text: str = json_schema_to_gbnf(json.dumps(schema))  # a copy: the converter rewrites $refs in place
+        text: str = _converter().json_schema_to_gbnf(json.dumps(schema))  # a copy: it rewrites $refs in place
     except (AssertionError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise ValueError(f"the schema cannot be turned into a grammar: {e}") from None
     check_gbnf(text)
     return text
+
+
+@functools.cache
+def _converter() -> ModuleType:
+    """llama-cpp-python's ``llama_grammar`` module, loaded from its file alone: the module is plain Python, but
+    importing it as ``llama_cpp.llama_grammar`` would run the package's ``__init__``, which loads libllama (and with it
+    the CUDA backend) into the API process, where no model is ever loaded."""
+    package = importlib.util.find_spec("llama_cpp")  # finds the package without running it
+    if package is None or not package.submodule_search_locations:
+        raise ValueError("structured output needs llama-cpp-python's grammar converter, which is not installed")
+    path = Path(next(iter(package.submodule_search_locations))) / "llama_grammar.py"
+    spec = importlib.util.spec_from_file_location("llamafleet_llama_grammar", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"structured output needs llama-cpp-python's grammar converter ({path} cannot be loaded)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _check_schema(schema: Any, where: str) -> None:
