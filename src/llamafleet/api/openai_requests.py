@@ -1,15 +1,17 @@
 """OpenAI's request bodies (``/v1/chat/completions``, ``/v1/completions``) and how each becomes engine work.
 
-Three kinds of parameters, as docs/API.md lists them:
+The kinds of parameters, as docs/API.md lists them:
 
 * honoured: validated with OpenAI's ranges and turned into the engine's
   :class:`~llamafleet.engine.types.SamplingParams` in one place, :meth:`SamplingRequest.sampling` (llama.cpp's
   extra knobs ``top_k``, ``min_p``, ``repeat_penalty`` too);
 * ignored: standard parameters that mean nothing to this server (``user``, ``store``, ``metadata``, ...), and
-  any parameter sent as ``null`` or with its "off" value (``tools: []``, ``logit_bias: {}``, ``echo: false``);
+  any parameter sent as ``null`` or with its "off" value (``logit_bias: {}``, ``echo: false``);
 * structured output: ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's ``grammar`` (GBNF)
   become one grammar the engine samples under (:func:`format_grammar`);
-* not built yet: each request type lists them in ``not_yet()`` (tools, structured output, top logprobs, echo, ...),
+* tools: ``tools``, ``tool_choice`` and tool messages, shown to the model and forced by :mod:`~llamafleet.api.tools`
+  (:meth:`ChatCompletionRequest.turns`, :attr:`ChatCompletionRequest.constraint`);
+* not built yet: each request type lists them in ``not_yet()`` (top logprobs, echo, ...),
   and the route refuses the first one used with a 400 naming the parameter
   (:func:`~llamafleet.api.errors.refuse_unbuilt`). A feature that lands removes its line there and adds its field
   to :meth:`SamplingRequest.sampling`.
