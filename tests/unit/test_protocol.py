@@ -69,8 +69,13 @@ def test_body_that_is_not_an_object(client: TestClient) -> None:
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
         ({"top_logprobs": 3}, "top_logprobs", "use logprobs=true"),
         ({"logit_bias": {"1": 2}}, "logit_bias", "not supported yet"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling is coming"),
-        ({"tool_choice": "required"}, "tool_choice", "no tools can be called yet"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 3}}}}}], "tool_choice": "required"}, "tools",
+         "'minimum' (at anyOf[0].properties.arguments.properties.n.minimum) cannot be enforced"),
+        ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
+          "function": {"name": "g"}}}, "tool_choice", "no function named 'g'"),
+        ({"functions": [{"name": "f"}]}, "functions", "send the functions as 'tools'"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
             "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}}},
          "response_format.json_schema.schema", "'minimum' (at properties.age.minimum) cannot be enforced"),
@@ -84,7 +89,9 @@ def test_body_that_is_not_an_object(client: TestClient) -> None:
         ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos", "ends the answer"),
         ({"grammar": "root ::= " + "(" * 3000 + '"a"' + ")" * 3000}, "grammar", "nests groups 3000 deep"),
         ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "c"}]}]},
-         "messages[0].tool_calls", "tool calling is coming"),
+         "messages[0].tool_calls[0].type", "missing required parameter"),
+        ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0]", "needs the 'tool_call_id'"),
+        ({"messages": [{"role": "assistant", "content": None}]}, "messages[0]", "'content' is required"),
         ({"frobnicate": 1}, "frobnicate", "unknown or unsupported parameter"),
     ],
 )

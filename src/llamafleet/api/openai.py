@@ -37,6 +37,7 @@ from llamafleet.api.protocol import (
     sse,
 )
 from llamafleet.api.service import ServiceDep
+from llamafleet.api.tool_calls import CallStreams, call_deltas, calls_out, finish_reason, parse
 from llamafleet.engine.types import ContextOverflow
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
@@ -109,6 +110,7 @@ class _Renderer:
 
 @dataclass(frozen=True)
 class ChatRenderer(_Renderer):
+    calls: CallStreams | None = None  # the tools whose calls are parsed out of the answers (None: no tools)
 
     def overflow(self, overflow: ContextOverflow) -> ApiError:
         return context_error(overflow, "messages")
@@ -125,8 +127,12 @@ class ChatRenderer(_Renderer):
             return []
         out = delta.output
         lps = _chat_logprobs(delta.pieces or [], out.logprobs) if self.logprobs else None
-        return [self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=out.text or None), logprobs=lps,
-                                             finish_reason=out.finish_reason)])]
+        text, calls = (out.text, []) if self.calls is None else self.calls.feed(index, out.text, out.finished)
+        if not (text or calls or out.finished or lps):
+            return []  # held back: it may be the start of a tool call
+        return [self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=text or None,
+                                                                          tool_calls=call_deltas(calls)),
+                                             logprobs=lps, finish_reason=finish_reason(calls, out.finish_reason))])]
 
     def closing(self, usage: Usage) -> list[ChatCompletionChunk]:
         return [self._chunk([], usage)] if self.include_usage else []
@@ -134,13 +140,15 @@ class ChatRenderer(_Renderer):
     def whole(self, choices: list[Choice], usage: Usage) -> ChatCompletion:
         return ChatCompletion(
             id=self.cid, created=self.created, model=self.model, usage=usage,
-            choices=[
-                ChatChoice(index=i, message=AssistantMessage(content=c.generation.text),
-                           finish_reason=c.generation.finish_reason,
-                           logprobs=_chat_logprobs(c.pieces, c.generation.logprobs) if self.logprobs else None)
-                for i, c in enumerate(choices)
-            ],
+            choices=[self._choice(i, c) for i, c in enumerate(choices)],
         )
+
+    def _choice(self, index: int, choice: Choice) -> ChatChoice:
+        gen = choice.generation
+        content, calls = (gen.text, []) if self.calls is None else parse(gen.text, self.calls.names)
+        return ChatChoice(index=index, message=AssistantMessage(content=content, tool_calls=calls_out(calls)),
+                          finish_reason=finish_reason(calls, gen.finish_reason),
+                          logprobs=_chat_logprobs(choice.pieces, gen.logprobs) if self.logprobs else None)
 
 
 @dataclass(frozen=True)
@@ -187,12 +195,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     service.check_model(body.model)
     refuse_unbuilt(body.not_yet())
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    turns = tuple(m.turn() for m in body.messages)
+    turns = body.turns()
     group = service.submit([
         Submit(f"{cid}-{c}", body.sampling(body.token_limit(), c, body.logprobs), chat=turns)
         for c in range(body.n)
     ])
-    render = ChatRenderer(cid, created, service.model_name, body.logprobs, body.include_usage)
+    calls = CallStreams([t.function.name for t in body.callable], body.forced) if body.callable else None
+    render = ChatRenderer(cid, created, service.model_name, body.logprobs, body.include_usage, calls)
     return await respond(group, render, request, body.stream, body.n)
 
 

@@ -1,15 +1,17 @@
 """OpenAI's request bodies (``/v1/chat/completions``, ``/v1/completions``) and how each becomes engine work.
 
-Three kinds of parameters, as docs/API.md lists them:
+The kinds of parameters, as docs/API.md lists them:
 
 * honoured: validated with OpenAI's ranges and turned into the engine's
   :class:`~llamafleet.engine.types.SamplingParams` in one place, :meth:`SamplingRequest.sampling` (llama.cpp's
   extra knobs ``top_k``, ``min_p``, ``repeat_penalty`` too);
 * ignored: standard parameters that mean nothing to this server (``user``, ``store``, ``metadata``, ...), and
-  any parameter sent as ``null`` or with its "off" value (``tools: []``, ``logit_bias: {}``, ``echo: false``);
+  any parameter sent as ``null`` or with its "off" value (``logit_bias: {}``, ``echo: false``);
 * structured output: ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's ``grammar`` (GBNF)
   become one grammar the engine samples under (:func:`format_grammar`);
-* not built yet: each request type lists them in ``not_yet()`` (tools, structured output, top logprobs, echo, ...),
+* tools: ``tools``, ``tool_choice`` and tool messages, shown to the model and forced by :mod:`~llamafleet.api.tools`
+  (:meth:`ChatCompletionRequest.turns`, :attr:`ChatCompletionRequest.constraint`);
+* not built yet: each request type lists them in ``not_yet()`` (top logprobs, echo, ...),
   and the route refuses the first one used with a 400 naming the parameter
   (:func:`~llamafleet.api.errors.refuse_unbuilt`). A feature that lands removes its line there and adds its field
   to :meth:`SamplingRequest.sampling`.
@@ -20,38 +22,67 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.protocol import SEED_LIMIT, Request, TextPart, check_stops, check_unicode
+from llamafleet.api.tools import (
+    MAX_TOOLS,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    assistant_text,
+    calls_grammar,
+    offered,
+    tool_result_text,
+    tools_prompt,
+)
 from llamafleet.engine.grammar import check_gbnf, json_object_grammar, json_schema_grammar
 from llamafleet.engine.types import SamplingParams
 
 MAX_CHOICES = 16  # n
 MAX_PROMPTS = 64  # a batch of prompts in one /v1/completions request
 
-TOOLS_LATER = "tool calling is coming; remove it, or send null or []"
+FUNCTIONS_OLD = "the deprecated functions API is not served; send the functions as 'tools' (and 'tool_choice')"
 OFF_TOOL_CHOICES = ("none", "auto")
 
 
 class ChatMessage(Request):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # null only in an assistant's turn that made tool calls
     name: str | None = None
-    tool_calls: list[Any] = []  # an assistant's earlier calls: none can be made yet, so only [] (or null) is accepted
+    tool_calls: list[ToolCall] = []  # an assistant's earlier calls
+    tool_call_id: str | None = None  # which call a tool's result answers
 
     @field_validator("content")
     @classmethod
-    def _content(cls, v: str | list[TextPart]) -> str | list[TextPart]:
+    def _content(cls, v: str | list[TextPart] | None) -> str | list[TextPart] | None:
         if isinstance(v, str):
             check_unicode([v])
         return v
 
+    @model_validator(mode="after")
+    def _complete(self) -> ChatMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("'content' is required (it may be null only in an assistant message with tool_calls)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry 'tool_calls'")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the 'tool_call_id' of the call it answers")
+        return self
+
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(p.text for p in self.content)
 
     def turn(self) -> tuple[str, str]:
-        """(role, content) for the model's chat template; OpenAI's "developer" role is the older "system"."""
+        """(role, content) for the model's chat template; OpenAI's "developer" role is the older "system", and tool
+        calls and results are written out as text (:mod:`~llamafleet.api.tools`)."""
+        if self.role == "tool":
+            return "user", tool_result_text(self.text())
+        if self.tool_calls:
+            return "assistant", assistant_text(self.text(), self.tool_calls)
         return ("system" if self.role == "developer" else self.role), self.text()
 
 
@@ -186,33 +217,27 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)
-    tools: list[Any] = []
-    tool_choice: str | dict[str, Any] = "auto"
+    tools: list[Tool] = Field([], max_length=MAX_TOOLS)
+    tool_choice: ToolChoice = "auto"
     functions: list[Any] = []  # the deprecated form of tools
     function_call: str | dict[str, Any] = "auto"
     response_format: ResponseFormat | None = None
     modalities: list[str] = ["text"]
     audio: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     # accepted, ignored
-    parallel_tool_calls: bool | None = None
     prediction: dict[str, Any] | None = None
     reasoning_effort: str | None = None
     verbosity: str | None = None
 
     def not_yet(self) -> NotYet:
-        calls = next((i for i, m in enumerate(self.messages) if m.tool_calls), None)
         return [
             *super().not_yet(),
             ("top_logprobs", self.top_logprobs > 0, "top alternatives are not offered yet; use logprobs=true alone "
                                                     "for the chosen tokens' logprobs"),
-            ("tools", bool(self.tools), TOOLS_LATER),
-            ("functions", bool(self.functions), TOOLS_LATER),
-            ("tool_choice", self.tool_choice not in OFF_TOOL_CHOICES, "no tools can be called yet; send "
-                                                                      "\"none\", \"auto\" or null"),
-            ("function_call", self.function_call not in OFF_TOOL_CHOICES, "no functions can be called yet; send "
-                                                                          "\"none\", \"auto\" or null"),
-            (f"messages[{calls}].tool_calls", calls is not None, TOOLS_LATER),
+            ("functions", bool(self.functions), FUNCTIONS_OLD),
+            ("function_call", self.function_call not in OFF_TOOL_CHOICES, FUNCTIONS_OLD),
             ("modalities", self.modalities != ["text"], "this server answers with text only; send [\"text\"]"),
             ("audio", self.audio is not None, "this server answers with text only"),
             ("web_search_options", self.web_search_options is not None, "this server cannot search the web"),
@@ -225,7 +250,34 @@ class ChatCompletionRequest(SamplingRequest):
             spec = fmt.json_schema
             where = "response_format.json_schema" if spec is None else "response_format.json_schema.schema"
             structured = format_grammar(fmt.type, None if spec is None else spec.schema_, where)
-        return constrained(structured, self.grammar, self.ignore_eos, "response_format")
+        tool = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls) \
+            if self.forced else None
+        if tool is not None and (structured or self.grammar):
+            raise ApiError(400, "a forced tool call ('tool_choice' \"required\" or a named function) cannot be "
+                                "combined with 'response_format' or 'grammar'; send one", param="tool_choice")
+        return constrained(structured or tool, self.grammar, self.ignore_eos, "response_format")
+
+    @cached_property
+    def callable(self) -> list[Tool]:
+        """The tools the model may call (:func:`~llamafleet.api.tools.offered`); their calls are parsed out."""
+        return offered(self.tools, self.tool_choice)
+
+    @property
+    def forced(self) -> bool:
+        """Whether the answer must be tool calls (``tool_choice`` "required" or a named function)."""
+        return self.tool_choice != "auto" and bool(self.callable)
+
+    def turns(self) -> tuple[tuple[str, str], ...]:
+        """The (role, content) turns for the model's chat template, the callable tools listed in the system
+        prompt (:func:`~llamafleet.api.tools.tools_prompt`)."""
+        turns = [m.turn() for m in self.messages]
+        if self.callable:
+            section = tools_prompt(self.callable)
+            if turns[0][0] == "system":
+                turns[0] = ("system", f"{turns[0][1]}\n\n{section}")
+            else:
+                turns.insert(0, ("system", section))
+        return tuple(turns)
 
     def token_limit(self) -> int | None:
         """The answer's token limit, None if the client set none (the rest of the context)."""

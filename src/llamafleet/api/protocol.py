@@ -129,16 +129,37 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(ToolCallOut):
+    """A streamed call, sent whole in one delta."""
+
+    index: int
+
+
+ChatFinish = FinishReason | Literal["tool_calls"]
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the answer is tool calls alone
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason | None
+    finish_reason: ChatFinish | None
 
 
 class ChatCompletion(BaseModel):
@@ -153,13 +174,14 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: ChatFinish | None = None
 
 
 class ChatCompletionChunk(BaseModel):

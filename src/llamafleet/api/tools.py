@@ -1,0 +1,150 @@
+"""OpenAI function tools on the way in: the request shapes, the prompt that shows them to the model, and the grammar
+that forces a call when ``tool_choice`` demands one.
+
+The worker renders chats with llama.cpp's built-in template families (``llama_chat_apply_template``), which know
+nothing of tools. So tools are shown the way Hermes 2 Pro and Qwen templates show them, as plain text any model can
+read: a section added to the system prompt (:func:`tools_prompt`) that lists each function's name, description and
+JSON-schema parameters and asks for ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks. Earlier
+calls are rendered as those blocks in the assistant's turn, and tool results as ``<tool_response>`` blocks in a user
+turn (every template family accepts the user role), so a conversation reads the same way it was asked for.
+
+``tool_choice`` ``"required"`` or a named function samples under a GBNF grammar (:func:`calls_grammar`) whose every
+sentence is one or more such blocks, each naming an offered function, with arguments valid under its schema
+(:func:`~llamafleet.engine.grammar.json_schema_grammar`). ``"auto"`` samples freely and parses what comes
+(:mod:`~llamafleet.api.tool_calls`); ``"none"`` neither lists the tools nor parses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import Field
+
+from llamafleet.api.errors import ApiError
+from llamafleet.api.protocol import Request
+from llamafleet.engine.grammar import json_schema_grammar
+
+MAX_TOOLS = 128
+MAX_PARALLEL_CALLS = 8  # calls one forced answer may hold (``tool_choice: "required"``)
+NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
+
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    "\n</tool_call>"
+)
+
+
+class Function(Request):
+    name: str = Field(pattern=NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # a forced call's arguments always follow the schema, strict or not
+
+    def arguments_schema(self) -> dict[str, Any]:
+        return self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+
+
+class Tool(Request):
+    type: Literal["function"]
+    function: Function
+
+
+class FunctionName(Request):
+    name: str
+
+
+class NamedChoice(Request):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedChoice
+
+
+class CalledFunction(Request):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Request):
+    """An assistant's earlier call, sent back in the conversation."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+def call_block(name: str, arguments: Any) -> str:
+    """One call as the model is asked to write it."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n</tool_call>"
+
+
+def _arguments(text: str) -> Any:
+    """A past call's arguments as JSON (shown as the object they spell; as the text itself if they spell none)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def tools_prompt(tools: list[Tool]) -> str:
+    """The system-prompt section that lists ``tools`` and the format of a call."""
+    specs = [json.dumps({"type": "function", "function": t.function.model_dump(exclude={"strict"}, exclude_none=True)},
+                        ensure_ascii=False) for t in tools]
+    return TOOLS_HEADER + "\n".join(specs) + TOOLS_FOOTER
+
+
+def assistant_text(content: str, calls: list[ToolCall]) -> str:
+    """An assistant turn that made ``calls``: its text, then one block per call."""
+    blocks = [call_block(c.function.name, _arguments(c.function.arguments)) for c in calls]
+    return "\n".join([content, *blocks] if content else blocks)
+
+
+def tool_result_text(content: str) -> str:
+    return f"<tool_response>\n{content}\n</tool_response>"
+
+
+def offered(tools: list[Tool], choice: ToolChoice, param: str = "tool_choice") -> list[Tool]:
+    """The tools the model may call under ``choice`` (none for ``"none"``; the named one alone)."""
+    names = [t.function.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ApiError(400, "'tools': function names must be unique", param="tools")
+    if choice == "none":
+        return []
+    if not tools and choice != "auto":
+        raise ApiError(400, f"'{param}' needs 'tools' to call; send tools or \"auto\"/\"none\"", param=param)
+    if isinstance(choice, NamedChoice):
+        named = [t for t in tools if t.function.name == choice.function.name]
+        if not named:
+            raise ApiError(400, f"'{param}': no function named {choice.function.name!r} in 'tools'; name one of "
+                                f"{', '.join(names)}", param=param)
+        return named
+    return tools
+
+
+_ROOT = re.compile(r"^root ::= ", re.MULTILINE)
+
+
+def calls_grammar(tools: list[Tool], many: bool) -> str:
+    """GBNF for one call (``many`` false) or up to :data:`MAX_PARALLEL_CALLS` calls of ``tools``: ``<tool_call>``
+    blocks whose JSON names one of them and holds arguments valid under its parameters schema."""
+    schema = {"anyOf": [
+        {"type": "object",
+         "properties": {"name": {"const": t.function.name}, "arguments": t.function.arguments_schema()},
+         "required": ["name", "arguments"], "additionalProperties": False}
+        for t in tools]}
+    try:
+        json_rules = json_schema_grammar(schema)  # its rules are named root, root-0, space, ... (no "tool-")
+    except ValueError as e:
+        raise ApiError(400, f"invalid 'tools' parameters schema for a forced call: {e}", param="tools") from None
+    more = f' ("\\n" tool-call){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else ""
+    return (f"root ::= tool-call{more}\n"
+            'tool-call ::= "<tool_call>\\n" tool-json "\\n</tool_call>"\n'
+            + _ROOT.sub("tool-json ::= ", json_rules, count=1))
