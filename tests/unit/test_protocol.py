@@ -6,6 +6,7 @@ worker, so the app answers these requests on its own.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -172,3 +173,11 @@ def test_generate_request() -> None:
     assert GenerateRequest.model_validate({"prompt": "x"}).max_tokens == 128
     with pytest.raises(ValidationError, match="stop strings must not be empty"):
         GenerateRequest.model_validate({"prompt": "x", "stop": [""]})
+
+
+def test_text_deltas_carry_no_tool_calls_key() -> None:
+    """Clients that test for the key (not its value) would read every text delta as a tool call."""
+    from llamafleet.api.protocol import ChatDelta
+
+    assert "tool_calls" not in json.loads(ChatDelta(content="x").model_dump_json())
+    assert "tool_calls" not in ChatDelta(content="x").model_dump()
