@@ -78,11 +78,17 @@ def test_accepted_chat_parameters_reach_the_replicas(client: TestClient, extra: 
     assert err["code"] == "service_unavailable"  # validated, checked, and only then refused: no replica is up
 
 
+@pytest.mark.parametrize("extra", [
+    {"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 0},
+    {"prompt": [1, 2, 3], "logprobs": 20},
+    {"prompt": [[1, 2], [3]], "echo": True},
+])
+def test_evaluation_parameters_reach_the_replicas(client: TestClient, extra: dict[str, Any]) -> None:
+    err = _openai_error(client.post("/v1/completions", json={"model": MODEL, **extra}), 503)
+    assert err["code"] == "service_unavailable"  # accepted: only the missing replicas refuse it
+
+
 @pytest.mark.parametrize(("change", "param", "words"), [
-    ({"echo": True}, "echo", "cannot be echoed"),
-    ({"logprobs": 3}, "logprobs", "use logprobs=0"),
-    ({"prompt": [1, 2, 3]}, "prompt", "token-id prompts"),
-    ({"prompt": [[1, 2], [3]]}, "prompt", "token-id prompts"),
     ({"suffix": "end"}, "suffix", "fill in the middle"),
     ({"best_of": 3}, "best_of", "best_of equal to n"),
     ({"logit_bias": {"50256": -100}}, "logit_bias", "send {} or null"),

@@ -68,7 +68,6 @@ def test_body_that_is_not_an_object(client: TestClient) -> None:
         ({"messages": []}, "messages", "at least 1 item"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "'user'"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
-        ({"top_logprobs": 3}, "top_logprobs", "use logprobs=true"),
         ({"logit_bias": {"1": 2}}, "logit_bias", "not supported yet"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
             "n": {"type": "integer", "minimum": 3}}}}}], "tool_choice": "required"}, "tools",
@@ -115,8 +114,10 @@ def test_missing_fields(client: TestClient) -> None:
 def test_prompt_batch_limits(client: TestClient) -> None:
     err = _error(client.post("/v1/completions", json={"model": MODEL, "prompt": []}), 400)
     assert "1 to 64 entries" in err["message"]
-    err = _error(client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "logprobs": 2}), 400)
-    assert "logprobs=0" in err["message"]
+    err = _error(client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "logprobs": 21}), 400)
+    assert err["param"] == "logprobs"
+    err = _error(client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0}), 400)
+    assert err["param"] == "max_tokens" and "echo and logprobs" in err["message"]
 
 
 def test_unknown_model_is_404_naming_the_served_one(client: TestClient) -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
 from llamafleet.api.errors import ApiError, refuse_unbuilt
+from llamafleet.api.logprobs import chat_logprobs, prompt_text, text_logprobs
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from llamafleet.api.protocol import (
     SSE_DONE,
@@ -26,46 +27,20 @@ from llamafleet.api.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
-    ChoiceLogprobs,
     Completion,
     CompletionChoice,
-    CompletionLogprobs,
     ModelCard,
     ModelList,
-    TokenLogprob,
     Usage,
     sse,
 )
 from llamafleet.api.service import ServiceDep
 from llamafleet.api.tool_calls import CallStreams, call_deltas, calls_out, finish_reason, parse
-from llamafleet.engine.types import ContextOverflow
+from llamafleet.engine.types import ContextOverflow, PromptLogprobs
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
 
 routes = APIRouter()
-
-
-def _token_text(piece: bytes) -> str:
-    """A token's text; a token holding only part of a UTF-8 character shows as U+FFFD (its ``bytes`` are exact)."""
-    return piece.decode("utf-8", errors="replace")
-
-
-def _chat_logprobs(pieces: list[bytes], logprobs: list[float] | None) -> ChoiceLogprobs | None:
-    if logprobs is None:
-        return None
-    return ChoiceLogprobs(content=[TokenLogprob(token=_token_text(p), logprob=lp, bytes=list(p))
-                                   for p, lp in zip(pieces, logprobs, strict=True)])
-
-
-def _text_logprobs(pieces: list[bytes], logprobs: list[float] | None, start: int = 0) -> CompletionLogprobs | None:
-    if logprobs is None:
-        return None
-    tokens = [_token_text(p) for p in pieces]
-    offsets, at = [], start
-    for t in tokens:
-        offsets.append(at)
-        at += len(t)
-    return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=None, text_offset=offsets)
 
 
 def context_error(overflow: ContextOverflow, param: str) -> ApiError:
@@ -126,7 +101,7 @@ class ChatRenderer(_Renderer):
         if not self.visible(delta):
             return []
         out = delta.output
-        lps = _chat_logprobs(delta.pieces or [], out.logprobs) if self.logprobs else None
+        lps = chat_logprobs(delta.pieces or [], out) if self.logprobs else None
         text, calls = (out.text, []) if self.calls is None else self.calls.feed(index, out.text, out.finished)
         if not (text or calls or out.finished or lps):
             return []  # held back: it may be the start of a tool call
@@ -148,13 +123,24 @@ class ChatRenderer(_Renderer):
         content, calls = (gen.text, []) if self.calls is None else parse(gen.text, self.calls.names)
         return ChatChoice(index=index, message=AssistantMessage(content=content, tool_calls=calls_out(calls)),
                           finish_reason=finish_reason(calls, gen.finish_reason),
-                          logprobs=_chat_logprobs(choice.pieces, gen.logprobs) if self.logprobs else None)
+                          logprobs=chat_logprobs(choice.pieces, gen) if self.logprobs else None)
 
 
 @dataclass(frozen=True)
 class TextRenderer(_Renderer):
     # where each choice's next token starts in its text, so streamed text_offset continues across chunks
     offsets: dict[int, int] = field(default_factory=dict)
+    # with echo: each sequence's prompt text (None: token ids, echoed from their scores); which have been echoed
+    echo: tuple[str | None, ...] | None = None
+    echoed: set[int] = field(default_factory=set)
+
+    def _echo(self, index: int, scores: PromptLogprobs | None, words: dict[int, bytes] | None) -> str:
+        assert self.echo is not None
+        text = self.echo[index]
+        if text is None:
+            assert scores is not None  # a token-id prompt that is echoed is always scored
+            return prompt_text(scores, words or {})
+        return text
 
     def overflow(self, overflow: ContextOverflow) -> ApiError:
         return context_error(overflow, "prompt")
@@ -166,12 +152,15 @@ class TextRenderer(_Renderer):
         if not self.visible(delta):
             return []
         out = delta.output
-        lps = None
+        lps, echoed = None, ""
+        if self.echo is not None and index not in self.echoed:  # the first output of this sequence
+            self.echoed.add(index)
+            echoed = self._echo(index, out.prompt_logprobs, out.token_bytes)
         if self.logprobs:
-            lps = _text_logprobs(delta.pieces or [], out.logprobs, self.offsets.get(index, 0))
+            lps = text_logprobs(delta.pieces or [], out, self.offsets.get(index, 0), out.prompt_logprobs)
             if lps is not None and lps.tokens:
                 self.offsets[index] = self.offsets.get(index, 0) + sum(len(t) for t in lps.tokens)
-        choice = CompletionChoice(index=index, text=out.text, logprobs=lps, finish_reason=out.finish_reason)
+        choice = CompletionChoice(index=index, text=echoed + out.text, logprobs=lps, finish_reason=out.finish_reason)
         return [Completion(id=self.cid, created=self.created, model=self.model, choices=[choice])]
 
     def closing(self, usage: Usage) -> list[Completion]:
@@ -182,12 +171,15 @@ class TextRenderer(_Renderer):
     def whole(self, choices: list[Choice], usage: Usage) -> Completion:
         return Completion(
             id=self.cid, created=self.created, model=self.model, usage=usage,
-            choices=[
-                CompletionChoice(index=i, text=c.generation.text, finish_reason=c.generation.finish_reason,
-                                 logprobs=_text_logprobs(c.pieces, c.generation.logprobs) if self.logprobs else None)
-                for i, c in enumerate(choices)
-            ],
+            choices=[self._whole(i, c) for i, c in enumerate(choices)],
         )
+
+    def _whole(self, index: int, choice: Choice) -> CompletionChoice:
+        gen = choice.generation
+        scores = gen.prompt_logprobs if self.echo is not None else None
+        echoed = "" if self.echo is None else self._echo(index, scores, gen.token_bytes)
+        lps = text_logprobs(choice.pieces, gen, 0, scores) if self.logprobs else None
+        return CompletionChoice(index=index, text=echoed + gen.text, finish_reason=gen.finish_reason, logprobs=lps)
 
 
 @routes.post("/v1/chat/completions", response_model=ChatCompletion)
@@ -211,12 +203,15 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     refuse_unbuilt(body.not_yet())
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     want_logprobs = body.logprobs is not None
+    prompts = body.prompts()
     group = service.submit([
-        Submit(f"{cid}-{p * body.n + c}", body.sampling(body.max_tokens, c, want_logprobs), prompt=prompt)
-        for p, prompt in enumerate(body.prompts())
+        Submit(f"{cid}-{p * body.n + c}", body.sampling(body.max_tokens, c, want_logprobs, body.scores_prompt(prompt)),
+               **({"prompt": prompt} if isinstance(prompt, str) else {"prompt_ids": prompt}))
+        for p, prompt in enumerate(prompts)
         for c in range(body.n)
     ])
-    render = TextRenderer(cid, created, service.model_name, want_logprobs, body.include_usage)
+    echo = tuple(p if isinstance(p, str) else None for p in prompts for _ in range(body.n)) if body.echo else None
+    render = TextRenderer(cid, created, service.model_name, want_logprobs, body.include_usage, echo=echo)
     return await respond(group, render, request, body.stream, body.n)
 
 

@@ -11,7 +11,7 @@ The kinds of parameters, as docs/API.md lists them:
   become one grammar the engine samples under (:func:`format_grammar`);
 * tools: ``tools``, ``tool_choice`` and tool messages, shown to the model and forced by :mod:`~llamafleet.api.tools`
   (:meth:`ChatCompletionRequest.turns`, :attr:`ChatCompletionRequest.constraint`);
-* not built yet: each request type lists them in ``not_yet()`` (top logprobs, echo, ...),
+* not built yet: each request type lists them in ``not_yet()`` (``logit_bias``, ...),
   and the route refuses the first one used with a 400 naming the parameter
   (:func:`~llamafleet.api.errors.refuse_unbuilt`). A feature that lands removes its line there and adds its field
   to :meth:`SamplingRequest.sampling`.
@@ -38,7 +38,7 @@ from llamafleet.api.tools import (
     tools_prompt,
 )
 from llamafleet.engine.grammar import check_gbnf, json_object_grammar, json_schema_grammar
-from llamafleet.engine.types import SamplingParams
+from llamafleet.engine.types import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_CHOICES = 16  # n
 MAX_PROMPTS = 64  # a batch of prompts in one /v1/completions request
@@ -193,8 +193,14 @@ class SamplingRequest(Request):
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
         return [("logit_bias", bool(self.logit_bias), "token biases are not applied yet; send {} or null")]
 
-    def sampling(self, max_tokens: int | None, choice: int, logprobs: bool) -> SamplingParams:
-        """Engine parameters for choice number ``choice`` (seeded choices get ``seed + choice``, so they differ)."""
+    def top_n(self) -> int:
+        """How many top alternatives each token's logprobs come with."""
+        return 0
+
+    def sampling(self, max_tokens: int | None, choice: int, logprobs: bool,
+                 prompt_logprobs: bool = False) -> SamplingParams:
+        """Engine parameters for choice number ``choice`` (seeded choices get ``seed + choice``, so they differ);
+        ``prompt_logprobs``: score the prompt's tokens too (``echo``)."""
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.temperature,
@@ -207,6 +213,8 @@ class SamplingRequest(Request):
             seed=None if self.seed is None else (self.seed + choice) % SEED_LIMIT,
             stop=self.stop_strings(),
             logprobs=logprobs,
+            top_logprobs=self.top_n() if logprobs else 0,
+            prompt_logprobs=prompt_logprobs,
             ignore_eos=self.ignore_eos,
             grammar=self.constraint,
         )
@@ -216,7 +224,7 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int = Field(0, ge=0, le=20)
+    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # with logprobs: true (ignored without)
     tools: list[Tool] = Field([], max_length=MAX_TOOLS)
     tool_choice: ToolChoice = "auto"
     functions: list[Any] = []  # the deprecated form of tools
@@ -234,8 +242,6 @@ class ChatCompletionRequest(SamplingRequest):
     def not_yet(self) -> NotYet:
         return [
             *super().not_yet(),
-            ("top_logprobs", self.top_logprobs > 0, "top alternatives are not offered yet; use logprobs=true alone "
-                                                    "for the chosen tokens' logprobs"),
             ("functions", bool(self.functions), FUNCTIONS_OLD),
             ("function_call", self.function_call not in OFF_TOOL_CHOICES, FUNCTIONS_OLD),
             ("modalities", self.modalities != ["text"], "this server answers with text only; send [\"text\"]"),
@@ -279,6 +285,9 @@ class ChatCompletionRequest(SamplingRequest):
                 turns.insert(0, ("system", section))
         return tuple(turns)
 
+    def top_n(self) -> int:
+        return self.top_logprobs
+
     def token_limit(self) -> int | None:
         """The answer's token limit, None if the client set none (the rest of the context)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -286,8 +295,8 @@ class ChatCompletionRequest(SamplingRequest):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for text completions
-    logprobs: int | None = Field(None, ge=0, le=5)
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for text completions; 0 only to score (echo)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # OpenAI allows up to 5
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
@@ -303,15 +312,28 @@ class CompletionRequest(SamplingRequest):
     def not_yet(self) -> NotYet:
         return [
             *super().not_yet(),
-            ("logprobs", bool(self.logprobs), "top alternatives are not offered yet; use logprobs=0 for the chosen "
-                                              "tokens' logprobs"),
-            ("echo", self.echo, "the prompt cannot be echoed (with its logprobs) yet; send false or null"),
-            ("prompt", not isinstance(self.prompt, str) and any(not isinstance(p, str) for p in self.prompt),
-             "token-id prompts are not accepted yet; send the prompt as text"),
             ("suffix", bool(self.suffix), "text insertion (fill in the middle) is not offered; send null"),
             ("best_of", self.best_of not in (None, 1, self.n), "choosing the best of several completions is not "
                                                                "offered; send null, or best_of equal to n"),
         ]
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else [p for p in self.prompt if isinstance(p, str)]
+    def top_n(self) -> int:
+        return self.logprobs or 0
+
+    def prompts(self) -> list[str | tuple[int, ...]]:
+        """Each prompt: text, or token ids taken as they are (the replica checks each id against its vocabulary)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        ids = [t for t in p if isinstance(t, int)]
+        if ids:
+            return [tuple(ids)]  # one prompt of token ids
+        return [t if isinstance(t, str) else tuple(t) for t in p if not isinstance(t, int)]
+
+    def scores_prompt(self, prompt: str | tuple[int, ...]) -> bool:
+        """Whether ``prompt``'s tokens are scored: with ``echo`` and ``logprobs``, or to echo token ids as text. The
+        one use of ``max_tokens: 0`` (score a prompt, generate nothing) is checked here, for a 400 naming it."""
+        if self.max_tokens == 0 and not (self.echo and self.logprobs is not None):
+            raise ApiError(400, "invalid 'max_tokens': 0 is allowed only with echo and logprobs, to score the "
+                                "prompt; send 1 or more", param="max_tokens")
+        return self.echo and (self.logprobs is not None or not isinstance(prompt, str))

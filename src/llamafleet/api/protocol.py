@@ -212,8 +212,8 @@ class ChatCompletionChunk(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None = None
+    token_logprobs: list[float | None]  # None for the first token of an echoed prompt
+    top_logprobs: list[dict[str, float] | None] | None = None
     text_offset: list[int]
 
 

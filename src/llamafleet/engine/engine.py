@@ -27,11 +27,12 @@ from types import TracebackType
 from typing import Self
 
 import numpy as np
+import numpy.typing as npt
 
 from llamafleet.engine.chat import chat_tokens
 from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
-from llamafleet.engine.sampling import sample
+from llamafleet.engine.sampling import sample, score_prompts
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import (
@@ -42,7 +43,10 @@ from llamafleet.engine.types import (
     Generation,
     Request,
     RequestOutput,
+    TopLogprobs,
 )
+
+Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReason | None]  # a sampled token
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,9 @@ class Engine:
         self._step_s = 0.0
         # the pass launched by the last step, not yet collected: its plan and the (sequence, batch index) to sample
         self._inflight: tuple[list[tuple[Sequence, int]], list[tuple[Sequence, int]]] | None = None
+        # with prompts scored in that pass: its number of logits rows, the sampled entries' rows, and per scored
+        # entry (sequence, first row, first position, positions)
+        self._rows: tuple[int, npt.NDArray[np.int64], list[tuple[Sequence, int, int, int]]] | None = None
         self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
 
     # -- lifetime ---------------------------------------------------------------------------------------------
@@ -124,9 +131,10 @@ class Engine:
         if n == 0:
             raise ValueError("the prompt is empty: it must contain at least one token")
         ContextOverflow.check(limit, n, req.params.max_tokens)
-        bad = [t for t in req.prompt_tokens if not 0 <= t < self.model.n_vocab]
+        bad = [(i, t) for i, t in enumerate(req.prompt_tokens) if not 0 <= t < self.model.n_vocab]
         if bad:
-            raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): {bad[:5]}")
+            raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): "
+                             + ", ".join(f"{t} at prompt index {i}" for i, t in bad[:5]))
         if req.params.grammar is not None:  # parsed here, where a bad one is still the client's error to hear
             self.model.check_grammar(req.params.grammar)
 
@@ -212,8 +220,8 @@ class Engine:
                 chain = SamplerChain(p, self.model, seed)
                 if p.penalty_last_n:
                     chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
-            place = self._slots.place(req.prompt_tokens)
-            in_graph = self.ctx.backend_sampling and chain is None and not p.logprobs
+            place = self._slots.place(req.prompt_tokens, reuse=not p.prompt_logprobs)  # scoring computes it all
+            in_graph = self.ctx.backend_sampling and chain is None and not p.logprobs and not p.prompt_logprobs
             if self.ctx.backend_sampling and not in_graph:
                 self.ctx.use_backend_greedy(place.slot, False)
             s = Sequence(req, place.slot, chain, in_graph)
@@ -260,6 +268,7 @@ class Engine:
         message if llama.cpp refused it."""
         b = self.batch
         n = len(plan)
+        self._rows = None
         if all(k == 1 and s.n_cached + 1 == len(s.tokens) for s, k in plan):  # one token each, each sampled
             b.token[:n] = [s.tokens[s.n_cached] for s, _ in plan]
             b.pos[:n] = [s.n_cached for s, _ in plan]
@@ -279,6 +288,14 @@ class Engine:
             sampled = [(s, int(first[i] + k - 1)) for i, (s, k) in enumerate(plan)
                        if s.n_cached + k == len(s.tokens)]
             b.logits[[bi for _, bi in sampled]] = 1
+            scored = [(s, int(first[i]), s.n_cached, k) for i, (s, k) in enumerate(plan)
+                      if s.scores is not None and s.n_cached < s.n_prompt - 1]
+            if scored:  # prompts being scored produce logits at every position
+                for _, bi, _, k in scored:
+                    b.logits[bi:bi + k] = 1
+                flagged = np.flatnonzero(b.logits[:n])
+                self._rows = (len(flagged), np.searchsorted(flagged, [bi for _, bi in sampled]),
+                              [(s, int(np.searchsorted(flagged, bi)), at, k) for s, bi, at, k in scored])
         b.n_tokens = n
         t0 = time.perf_counter()
         rc = self.ctx.launch(b)
@@ -290,7 +307,7 @@ class Engine:
         self._inflight = (plan, sampled)
         return None
 
-    def _collect(self) -> list[tuple[Sequence, int, float | None, FinishReason | None]]:
+    def _collect(self) -> list[Fresh]:
         """Wait for the launched pass, sample it, and append each new token to its sequence. Sequences that end
         here (EOS, length) leave at once; the text work for every token is left to :meth:`_emit`."""
         assert self._inflight is not None
@@ -304,21 +321,28 @@ class Engine:
             if s.n_cached < s.n_prompt:
                 self._prompt_total += min(k, s.n_prompt - s.n_cached)
             s.n_cached += k
-        fresh: list[tuple[Sequence, int, float | None, FinishReason | None]] = []
+        fresh: list[Fresh] = []
+        n_rows, rows = None, None
+        if self._rows is not None:
+            n_rows, rows, scored = self._rows
+            score_prompts(self.ctx.logits(n_rows), scored)
         if sampled:
-            tokens, logprobs = sample(self.ctx, sampled)
+            tokens, logprobs, tops = sample(self.ctx, sampled, n_rows, rows)
             self._sample_s += time.perf_counter() - t1
             for i, (s, _) in enumerate(sampled):
                 if not s.done:  # ended (stop string, cancel) while this pass ran: its token is dropped
-                    fresh.append(self._accept(s, int(tokens[i]), None if logprobs is None else float(logprobs[i])))
+                    fresh.append(self._accept(s, int(tokens[i]), None if logprobs is None else float(logprobs[i]),
+                                              None if tops is None else tops[i]))
         while self._deferred:  # slots and KV of sequences that ended while the pass ran
             self._release(self._deferred.pop())
         return fresh
 
-    def _accept(self, s: Sequence, tok: int, logprob: float | None
-                ) -> tuple[Sequence, int, float | None, FinishReason | None]:
+    def _accept(self, s: Sequence, tok: int, logprob: float | None, top: TopLogprobs | None) -> Fresh:
         """Count the sampled token and decide the ends that need no text: EOS, max_tokens, the context limit."""
         p = s.req.params
+        if p.max_tokens == 0:  # a prompt only scored: the token sampled after it is not part of the answer
+            self._retire(s)
+            return s, None, None, None, "length"
         self._gen_total += 1
         s.n_generated += 1
         end: FinishReason | None = None
@@ -330,12 +354,14 @@ class Engine:
                 end = "length"
         if end is not None:
             self._retire(s)
-        return s, tok, logprob, end
+        return s, tok, logprob, top, end
 
-    def _emit(self, s: Sequence, tok: int, logprob: float | None, end: FinishReason | None) -> RequestOutput:
-        """The output for one sampled token: its text (stop strings held back), and the end if there is one."""
+    def _emit(self, s: Sequence, tok: int | None, logprob: float | None, top: TopLogprobs | None,
+              end: FinishReason | None) -> RequestOutput:
+        """The output for one sampled token (None: none, a prompt only scored): its text (stop strings held back),
+        the end if there is one, and, the first time, the prompt's scores if they were asked for."""
         lps = None if logprob is None else [logprob]
-        text, hit = ("", False) if end == "stop" else s.stops.feed(s.detok.feed(self.model.pieces[tok]))
+        text, hit = ("", False) if end == "stop" or tok is None else s.stops.feed(s.detok.feed(self.model.pieces[tok]))
         if hit:
             if not s.done:
                 self._retire(s)
@@ -343,8 +369,11 @@ class Engine:
         elif end is not None:
             tail, _ = s.stops.feed(s.detok.flush())
             text += tail + s.stops.flush()
-        return RequestOutput(s.request_id, text, [tok], lps, end is not None, end, s.n_prompt, s.n_generated,
-                             cached_tokens=s.n_reused)
+        out = RequestOutput(s.request_id, text, [] if tok is None else [tok], lps, end is not None, end, s.n_prompt,
+                            s.n_generated, cached_tokens=s.n_reused, top_logprobs=None if top is None else [top],
+                            prompt_logprobs=s.scores)
+        s.scores = None
+        return out
 
     def _finish(self, s: Sequence, reason: FinishReason) -> RequestOutput:
         """End ``s`` without a new token (cancelled, or a failed decode)."""

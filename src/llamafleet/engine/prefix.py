@@ -113,11 +113,12 @@ class SlotIndex(Generic[H]):
         """Whether ``h``'s slot still holds ``h``'s KV (not taken by another sequence, not forgotten)."""
         return self._held[h.slot] is h
 
-    def place(self, prompt: Sequence[int]) -> Placement[H]:
+    def place(self, prompt: Sequence[int], reuse: bool = True) -> Placement[H]:
         """Choose a free slot for ``prompt`` and what it starts from (see the module's docstring); call
-        :meth:`take` next. There must be a free slot."""
+        :meth:`take` next. There must be a free slot. ``reuse=False`` (a prompt whose every token must be computed,
+        e.g. to score it): the lowest free slot, starting empty."""
         lowest = self._free[0]
-        if not self.enabled:
+        if not self.enabled or not reuse:
             return Placement(lowest)
         prompt = list(prompt)
         cap = len(prompt) - 1  # the last prompt token is always decoded: it yields the first answer's logits

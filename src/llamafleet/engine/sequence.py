@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from llamafleet.engine.text import Detokenizer, StopMatcher
-from llamafleet.engine.types import Request
+from llamafleet.engine.types import PromptLogprobs, Request
 
 if TYPE_CHECKING:  # only a type here: the scheduler and its tests import this module without loading llama.cpp
     from llamafleet.engine.llama import SamplerChain
@@ -27,10 +27,15 @@ class Sequence:
     done: bool = False  # out of the batch (finished or cancelled); its slot may still await release
     detok: Detokenizer = field(default_factory=Detokenizer)
     stops: StopMatcher = field(init=False)
+    # with prompt_logprobs: the prompt's scores, filled as its prefill runs, sent with its first output (then None)
+    scores: PromptLogprobs | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.req.prompt_tokens)
         self.stops = StopMatcher(self.req.params.stop)
+        p = self.req.params
+        if p.prompt_logprobs:
+            self.scores = PromptLogprobs(self.tokens[:], top=[] if p.top_logprobs else None)
 
     @property
     def request_id(self) -> str:

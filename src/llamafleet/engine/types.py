@@ -13,6 +13,8 @@ from llamafleet.engine.grammar import check_gbnf
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 SplitModeName = Literal["none", "layer", "tensor"]
 KvType = Literal["f16", "q8_0", "q4_0"]
+TopLogprobs = list[tuple[int, float]]  # (token id, logprob) of the most likely tokens at one position, best first
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,12 @@ class SamplingParams:
     ``grammar`` (GBNF text, start rule ``root``) constrains every sampled token, so the answer is a sentence of the
     grammar (structured output: :mod:`llamafleet.engine.grammar`). It ends the answer with end-of-generation once
     complete, so it cannot be combined with ``ignore_eos``.
+
+    Logprobs are the log-softmax of the raw logits (before penalties, temperature or a grammar), as OpenAI reports
+    them: ``logprobs`` gives the chosen token's, ``top_logprobs`` (needs ``logprobs``) the N most likely tokens at
+    each position too, and ``prompt_logprobs`` every prompt token's as the model scores it given the tokens before
+    it (evaluation harnesses' loglikelihood; it computes the whole prompt, the prefix cache is not used for it).
+    ``max_tokens=0`` is allowed with ``prompt_logprobs`` alone: the prompt is scored and nothing is generated.
     """
 
     max_tokens: int | None = None
@@ -40,11 +48,16 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
     grammar: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.max_tokens is None or self.max_tokens >= 1 or (self.max_tokens == 0 and self.prompt_logprobs),
+             "max_tokens must be >= 1 (0 only with prompt_logprobs, to score a prompt)"),
+            (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
+            (self.logprobs or not self.top_logprobs, "top_logprobs needs logprobs"),
             (0.0 <= self.temperature <= 100.0, "temperature must be between 0 and 100"),
             (self.top_k >= 0, "top_k must be >= 0 (0 = off)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
@@ -105,8 +118,22 @@ class Request:
 
 
 @dataclass
+class PromptLogprobs:
+    """How the model scores a prompt: ``logprobs[i]`` is that of ``token_ids[i + 1]`` given the tokens before it
+    (the first token has none), ``top`` the most likely tokens at each of those positions (when asked for)."""
+
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    top: list[TopLogprobs] | None = None
+
+
+@dataclass
 class RequestOutput:
-    """What one step produced for one request: new text and tokens, and, on the last one, why it ended."""
+    """What one step produced for one request: new text and tokens, and, on the last one, why it ended.
+
+    With logprobs asked for, ``top_logprobs`` holds the top alternatives of each token and the first output holds
+    ``prompt_logprobs``; the engine gives token ids, and the worker fills ``token_bytes`` with the bytes of every id
+    those two name (the API process has no vocabulary)."""
 
     request_id: str
     text: str  # new text since the previous output (never half a UTF-8 character, never part of a stop string)
@@ -118,6 +145,9 @@ class RequestOutput:
     completion_tokens: int = 0
     error: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, how many came from the prefix cache instead of being computed
+    top_logprobs: list[TopLogprobs] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    token_bytes: dict[int, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -174,12 +204,18 @@ class Generation:
     completion_tokens: int = 0
     error: str | None = None
     cached_tokens: int = 0
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None
+    token_bytes: dict[int, bytes] = field(default_factory=dict)
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
         self.token_ids.extend(out.token_ids)
         if out.logprobs:
             self.logprobs.extend(out.logprobs)
+        self.top_logprobs.extend(out.top_logprobs or [])
+        self.prompt_logprobs = out.prompt_logprobs or self.prompt_logprobs
+        self.token_bytes.update(out.token_bytes or {})
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens

@@ -23,7 +23,8 @@ ChatTurn = tuple[str, str]  # (role, content)
 # -- API process -> worker -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Submit:
-    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``.
+    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``;
+    ``prompt_ids`` (a client's token-id prompt) is taken as it is, no tokenizing, nothing added.
 
     With ``count_only`` nothing is generated: the answer is one finished output of no tokens whose ``prompt_tokens``
     is the prompt's length (finish reason ``length``, as a limit of zero tokens would end it), context or not.
@@ -33,6 +34,7 @@ class Submit:
     params: SamplingParams
     prompt: str = ""
     chat: tuple[ChatTurn, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
     count_only: bool = False
 
 
@@ -93,7 +95,8 @@ class StepOutputs:
     """Everything one engine step produced on one worker.
 
     ``pieces`` holds, for requests that asked for logprobs only, the bytes of each token in the matching output's
-    ``token_ids`` (the API process has no vocabulary).
+    ``token_ids`` (the API process has no vocabulary); the bytes of the ids named by top logprobs and prompt scores
+    ride in each output's ``token_bytes``.
     """
 
     outputs: list[RequestOutput]

@@ -95,7 +95,9 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
     """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`, one that
     only counts its tokens as its one (finished) output."""
     try:
-        if msg.chat is not None:
+        if msg.prompt_ids is not None:
+            ids = list(msg.prompt_ids)
+        elif msg.chat is not None:
             ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat])
         else:
             ids = engine.tokenize(msg.prompt, add_special=True)
@@ -110,6 +112,15 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
         log.exception("request %s could not be started", msg.request_id)
         return Rejected(msg.request_id, f"{type(e).__name__}: {e}", status=500)
     return None
+
+
+def _named_ids(out: RequestOutput) -> set[int]:
+    """The token ids whose bytes the API needs to render ``out``'s top logprobs and prompt scores."""
+    ids = {t for top in out.top_logprobs or [] for t, _ in top}
+    if (scores := out.prompt_logprobs) is not None:
+        ids.update(scores.token_ids)
+        ids.update(t for top in scores.top or [] for t, _ in top)
+    return ids
 
 
 def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> None:
@@ -142,6 +153,9 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
                     engine.abort(rid)
         outputs = engine.step() if engine.has_work() else []
         pieces = {o.request_id: [engine.token_bytes(t) for t in o.token_ids] for o in outputs if active[o.request_id]}
+        for o in outputs:
+            if o.top_logprobs or o.prompt_logprobs:
+                o.token_bytes = {t: engine.token_bytes(t) for t in _named_ids(o)}
         for o in outputs:
             if o.finished:
                 del active[o.request_id]
