@@ -72,7 +72,8 @@ CHAT_BAD = {
     "top_logprobs": [3],
     "max_completion_tokens": [0, -5, 10**30],
 }
-TEXT_BAD = {"prompt": [None, 5, [], ["x"] * 65, [1, 2], {"text": "x"}, ""], "logprobs": [5, "1"]}
+TEXT_BAD = {"prompt": [None, 5, [], ["x"] * 65, [-1, 2], [[1], []], {"text": "x"}, ""], "logprobs": [21, "1"],
+            "echo": ["yes"], "max_tokens": [0]}
 GEN_BAD = {"prompt": [None, 5, ["x"]], "max_tokens": [0, 10**30, "9"], "stop": [[""], "x"], "extra": [1]}
 
 

@@ -230,3 +230,9 @@ def test_responses_overflow_words() -> None:
     err = ResponseRenderer(req, "resp_1", MODEL, 0).overflow(ContextOverflow(512, 600, None))
     assert err.code == "context_length_exceeded" and err.param == "input"
     assert err.message.startswith("Your input exceeds the context window of this model (512 tokens)")
+
+
+def test_top_logprobs_without_logprobs_is_refused_as_openai_does(client: TestClient) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}
+    err = _openai_error(client.post("/v1/chat/completions", json=body), 400)
+    assert err["param"] == "top_logprobs" and "'logprobs': true" in err["message"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.protocol import SEED_LIMIT, Request, TextPart, check_stops, check_unicode
@@ -224,7 +224,7 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # with logprobs: true (ignored without)
+    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # needs logprobs: true, as OpenAI's API says
     tools: list[Tool] = Field([], max_length=MAX_TOOLS)
     tool_choice: ToolChoice = "auto"
     functions: list[Any] = []  # the deprecated form of tools
@@ -248,6 +248,13 @@ class ChatCompletionRequest(SamplingRequest):
             ("audio", self.audio is not None, "this server answers with text only"),
             ("web_search_options", self.web_search_options is not None, "this server cannot search the web"),
         ]
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, v: int, info: ValidationInfo) -> int:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("it needs 'logprobs': true (the alternatives come with the chosen tokens' logprobs)")
+        return v
 
     @cached_property
     def constraint(self) -> str | None:
