@@ -139,3 +139,15 @@ def fleet(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) ->
                            "--threads", "1"])
     server.wait_ready()
     return server
+
+
+@pytest.fixture(scope="session")
+def client(fleet: FleetServer) -> OpenAI:
+    """The OpenAI SDK's client of the shared server."""
+    return fleet.client()
+
+
+@pytest.fixture(scope="session")
+def model(fleet: FleetServer) -> str:
+    """The shared server's model name."""
+    return fleet.model()

@@ -19,16 +19,6 @@ STEM = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def client(fleet: FleetServer) -> OpenAI:
-    return fleet.client()
-
-
-@pytest.fixture(scope="module")
-def model(fleet: FleetServer) -> str:
-    return fleet.model()
-
-
-@pytest.fixture(scope="module")
 def tokenizer(model_path: Path) -> Iterator[Engine]:
     """The same model in this process, to tokenize as the replicas do."""
     with Engine(EngineConfig(model_path=str(model_path), n_seq=1, n_ctx_per_seq=64, n_threads=1)) as eng:

@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 from openai import OpenAI
 
 from conftest import FleetServer
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def client(fleet: FleetServer) -> OpenAI:
-    return fleet.client()
-
-
-@pytest.fixture(scope="module")
-def model(fleet: FleetServer) -> str:
-    return fleet.model()
 
 
 def test_models(client: OpenAI, model: str) -> None:

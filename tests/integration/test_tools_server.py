@@ -48,11 +48,6 @@ def valid_call(call: Any) -> dict[str, Any]:
     return dict(args)
 
 
-@pytest.fixture(scope="module")
-def client(fleet: FleetServer) -> OpenAI:
-    return fleet.client()
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_required_gives_well_formed_calls(client: OpenAI, fleet: FleetServer, temperature: float) -> None:
     out = client.chat.completions.create(model=fleet.model(), messages=ASK, tools=[WEATHER, TIME],  # type: ignore
