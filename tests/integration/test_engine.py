@@ -187,6 +187,17 @@ def test_text_that_is_not_unicode_is_refused_not_crashed_on(engine: Engine) -> N
         engine.tokenize_chat([{"role": "user", "content": "\udfff"}])
 
 
+def test_logit_bias_bans_and_forces_tokens_greedy_included(engine: Engine) -> None:
+    plain = engine.generate([req(engine, "p", PROMPTS[0])])["p"].token_ids
+    banned = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True, logit_bias=((plain[0], -100.0),))
+    first = engine.generate([req(engine, "b", PROMPTS[0], banned)])["b"].token_ids[0]
+    assert first != plain[0]
+    forced = SamplingParams(max_tokens=4, temperature=0.9, seed=1, ignore_eos=True, logit_bias=((plain[3], 100.0),))
+    assert set(engine.generate([req(engine, "f", PROMPTS[0], forced)])["f"].token_ids) == {plain[3]}
+    with pytest.raises(ValueError, match="logit_bias names token ids outside the vocabulary"):
+        engine.add_request(Request("o", (1, 2), SamplingParams(logit_bias=((10**7, 1.0),))))
+
+
 def test_backend_sampling_gives_the_same_answers(engine: Engine) -> None:
     """In-graph greedy sampling, mixed with CPU-sampled and logprob requests that detach and re-attach slots."""
     mixed = [

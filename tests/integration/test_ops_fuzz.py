@@ -61,7 +61,7 @@ BAD_VALUES: dict[str, list[Any]] = {
     "presence_penalty": [3, -3],
     "frequency_penalty": [3, -3],
     "stream_options": [{"include_usage": "yes"}, {"x": 1}, []],
-    "logit_bias": [{"1": 2}],
+    "logit_bias": [{"the": 2}, {"1": 101}, {"-1": 5}, {"1": "x"}],
     "model": [None, 5, ["x"], "gpt-4o", "../../../etc/passwd", "/models/other.gguf"],
 }
 CHAT_BAD = {

@@ -140,3 +140,15 @@ def test_streamed_text_offsets_continue_across_chunks(client: OpenAI, model: str
                 assert c.logprobs.text_offset[0] == len(text)  # where this chunk's text starts
             text += c.text
     assert len(offsets) == 6 and offsets == sorted(offsets) and offsets[0] == 0
+
+
+
+def test_logit_bias_reaches_the_sampler_through_the_sdk(client: OpenAI, model: str) -> None:
+    """+100 on one token id makes it every token of the answer (greedy: no chain was needed before the bias)."""
+    ask = {"model": model, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "logprobs": 0}
+    plain = client.completions.create(**ask)
+    forced = client.completions.create(**ask, logit_bias={"1000": 100})
+    assert plain.choices[0].logprobs is not None and forced.choices[0].logprobs is not None
+    assert len(set(plain.choices[0].logprobs.tokens or [])) > 1
+    tokens = forced.choices[0].logprobs.tokens or []
+    assert len(tokens) == 4 and len(set(tokens)) == 1

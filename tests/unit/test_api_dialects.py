@@ -91,7 +91,6 @@ def test_evaluation_parameters_reach_the_replicas(client: TestClient, extra: dic
 @pytest.mark.parametrize(("change", "param", "words"), [
     ({"suffix": "end"}, "suffix", "fill in the middle"),
     ({"best_of": 3}, "best_of", "best_of equal to n"),
-    ({"logit_bias": {"50256": -100}}, "logit_bias", "send {} or null"),
 ])
 def test_completion_features_not_built_yet_are_named(client: TestClient, change: dict[str, Any], param: str,
                                                      words: str) -> None:

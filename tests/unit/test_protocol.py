@@ -68,7 +68,8 @@ def test_body_that_is_not_an_object(client: TestClient) -> None:
         ({"messages": []}, "messages", "at least 1 item"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "'user'"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "valid string"),
-        ({"logit_bias": {"1": 2}}, "logit_bias", "not supported yet"),
+        ({"logit_bias": {"the": 2}}, "logit_bias", "keys are token ids"),
+        ({"logit_bias": {"1": 200}}, "logit_bias", "between -100 and 100"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
             "n": {"type": "integer", "minimum": 3}}}}}], "tool_choice": "required"}, "tools",
          "'minimum' (at anyOf[0].properties.arguments.properties.n.minimum) cannot be enforced"),

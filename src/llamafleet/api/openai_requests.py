@@ -6,12 +6,12 @@ The kinds of parameters, as docs/API.md lists them:
   :class:`~llamafleet.engine.types.SamplingParams` in one place, :meth:`SamplingRequest.sampling` (llama.cpp's
   extra knobs ``top_k``, ``min_p``, ``repeat_penalty`` too);
 * ignored: standard parameters that mean nothing to this server (``user``, ``store``, ``metadata``, ...), and
-  any parameter sent as ``null`` or with its "off" value (``logit_bias: {}``, ``echo: false``);
+  any parameter sent as ``null`` or with its "off" value (``echo: false``, ``tools: []``);
 * structured output: ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's ``grammar`` (GBNF)
   become one grammar the engine samples under (:func:`format_grammar`);
 * tools: ``tools``, ``tool_choice`` and tool messages, shown to the model and forced by :mod:`~llamafleet.api.tools`
   (:meth:`ChatCompletionRequest.turns`, :attr:`ChatCompletionRequest.constraint`);
-* not built yet: each request type lists them in ``not_yet()`` (``logit_bias``, ...),
+* not built yet: each request type lists them in ``not_yet()`` (``modalities`` beyond text, ...),
   and the route refuses the first one used with a 400 naming the parameter
   (:func:`~llamafleet.api.errors.refuse_unbuilt`). A feature that lands removes its line there and adds its field
   to :meth:`SamplingRequest.sampling`.
@@ -38,7 +38,7 @@ from llamafleet.api.tools import (
     tools_prompt,
 )
 from llamafleet.engine.grammar import check_gbnf, json_object_grammar, json_schema_grammar
-from llamafleet.engine.types import MAX_TOP_LOGPROBS, SamplingParams
+from llamafleet.engine.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_CHOICES = 16  # n
 MAX_PROMPTS = 64  # a batch of prompts in one /v1/completions request
@@ -167,6 +167,18 @@ class SamplingRequest(Request):
         check_stops([v] if isinstance(v, str) else v or [])
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, v: dict[str, float]) -> dict[str, float]:
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased")
+        for key, bias in v.items():
+            if not key.isdecimal():
+                raise ValueError(f"keys are token ids (decimal integers as strings), not {key[:20]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"the bias of token {key} must be between -100 and 100, not {bias}")
+        return v
+
     @field_validator("grammar")
     @classmethod
     def _grammar(cls, v: str | None) -> str | None:
@@ -191,7 +203,7 @@ class SamplingRequest(Request):
 
     def not_yet(self) -> NotYet:
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
-        return [("logit_bias", bool(self.logit_bias), "token biases are not applied yet; send {} or null")]
+        return []
 
     def top_n(self) -> int:
         """How many top alternatives each token's logprobs come with."""
@@ -217,6 +229,7 @@ class SamplingRequest(Request):
             prompt_logprobs=prompt_logprobs,
             ignore_eos=self.ignore_eos,
             grammar=self.constraint,
+            logit_bias=tuple(sorted((int(token), bias) for token, bias in self.logit_bias.items())),
         )
 
 

@@ -135,6 +135,9 @@ class Engine:
         if bad:
             raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): "
                              + ", ".join(f"{t} at prompt index {i}" for i, t in bad[:5]))
+        if biased := [t for t, _ in req.params.logit_bias if t >= self.model.n_vocab]:
+            raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {self.model.n_vocab}): "
+                             f"{biased[:5]}")
         if req.params.grammar is not None:  # parsed here, where a bad one is still the client's error to hear
             self.model.check_grammar(req.params.grammar)
 
@@ -215,7 +218,7 @@ class Engine:
             p = req.params
             chain = None
             penalties = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-            if not p.greedy or penalties or p.grammar is not None:  # a grammar needs a chain even when greedy
+            if not p.greedy or penalties or p.grammar is not None or p.logit_bias:  # these need a chain, greedy too
                 seed = p.seed if p.seed is not None else random.getrandbits(32)
                 chain = SamplerChain(p, self.model, seed)
                 if p.penalty_last_n:

@@ -392,6 +392,10 @@ class SamplerChain(_Native):
         sp.no_perf = True
         self.ptr = lc.llama_sampler_chain_init(sp)
         add = lc.llama_sampler_chain_add
+        if params.logit_bias:  # first, so every later step (and greedy) sees the biased logits
+            bias = (lc.llama_logit_bias * len(params.logit_bias))(*(lc.llama_logit_bias(t, b) for t, b in
+                                                                    params.logit_bias))
+            add(self.ptr, lc.llama_sampler_init_logit_bias(model.n_vocab, len(params.logit_bias), bias))
         if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
             add(self.ptr, lc.llama_sampler_init_penalties(
                 model.n_vocab, params.penalty_last_n, params.repeat_penalty, params.frequency_penalty,

@@ -15,6 +15,7 @@ SplitModeName = Literal["none", "layer", "tensor"]
 KvType = Literal["f16", "q8_0", "q4_0"]
 TopLogprobs = list[tuple[int, float]]  # (token id, logprob) of the most likely tokens at one position, best first
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class SamplingParams:
     top_logprobs: int = 0
     prompt_logprobs: bool = False
     grammar: str | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it, +100 forces it
 
     def __post_init__(self) -> None:
         checks = [
@@ -69,6 +71,9 @@ class SamplingParams:
             (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2**32)"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
             (self.grammar is None or self.grammar.strip() != "", "grammar must not be empty (None = no grammar)"),
+            (len(self.logit_bias) <= MAX_LOGIT_BIAS, f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens"),
+            (all(t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias),
+             "logit_bias maps token ids (>= 0) to biases between -100 and 100"),
             (self.grammar is None or not self.ignore_eos, "ignore_eos cannot be combined with a grammar: the "
                                                           "grammar ends the answer; drop ignore_eos"),
         ]
