@@ -68,6 +68,8 @@ def _banner(cfg: FleetConfig, model_name: str, n_replicas: int) -> str:
         f"llamafleet is serving '{model_name}' with {n_replicas} replica(s) at {url}",
         "  POST /v1/chat/completions   OpenAI chat completions (\"stream\": true for server-sent events)",
         "  POST /v1/completions        OpenAI text completions (a list of prompts is served as a batch)",
+        "  POST /v1/responses          OpenAI Responses API (text)",
+        "  POST /v1/messages           Anthropic Messages API (+ /v1/messages/count_tokens)",
         "  GET  /v1/models             the served model",
         "  POST /api/generate          {\"prompt\": ..., \"max_tokens\": ...} -> text and timings",
         "  GET  /health, /ready        liveness and readiness",
