@@ -27,12 +27,11 @@ from types import TracebackType
 from typing import Self
 
 import numpy as np
-import numpy.typing as npt
 
 from llamafleet.engine.chat import chat_tokens
 from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
-from llamafleet.engine.sampling import sample, score_prompts
+from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import (
@@ -80,7 +79,7 @@ class Engine:
         self._inflight: tuple[list[tuple[Sequence, int]], list[tuple[Sequence, int]]] | None = None
         # with prompts scored in that pass: its number of logits rows, the sampled entries' rows, and per scored
         # entry (sequence, first row, first position, positions)
-        self._rows: tuple[int, npt.NDArray[np.int64], list[tuple[Sequence, int, int, int]]] | None = None
+        self._rows: Rows | None = None  # where the in-flight pass's logits rows are, when it scores prompts
         self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
 
     # -- lifetime ---------------------------------------------------------------------------------------------
@@ -291,14 +290,7 @@ class Engine:
             sampled = [(s, int(first[i] + k - 1)) for i, (s, k) in enumerate(plan)
                        if s.n_cached + k == len(s.tokens)]
             b.logits[[bi for _, bi in sampled]] = 1
-            scored = [(s, int(first[i]), s.n_cached, k) for i, (s, k) in enumerate(plan)
-                      if s.scores is not None and s.n_cached < s.n_prompt - 1]
-            if scored:  # prompts being scored produce logits at every position
-                for _, bi, _, k in scored:
-                    b.logits[bi:bi + k] = 1
-                flagged = np.flatnonzero(b.logits[:n])
-                self._rows = (len(flagged), np.searchsorted(flagged, [bi for _, bi in sampled]),
-                              [(s, int(np.searchsorted(flagged, bi)), at, k) for s, bi, at, k in scored])
+            self._rows = scoring_rows(plan, first, sampled, b.logits[:n])
         b.n_tokens = n
         t0 = time.perf_counter()
         rc = self.ctx.launch(b)

@@ -115,6 +115,25 @@ def argmax_rows(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
     return out
 
 
+Rows = tuple[int, npt.NDArray[np.int64], list[tuple[Sequence, int, int, int]]]  # (rows, sampled rows, scored)
+
+
+def scoring_rows(plan: list[tuple[Sequence, int]], first: npt.NDArray[np.int32], sampled: list[tuple[Sequence, int]],
+                 flags: npt.NDArray[np.int8]) -> Rows | None:
+    """For a pass with prompts being scored: set ``flags`` (the batch's logits flags) at every position of their
+    chunks, and say where the logits rows land: how many there are, the rows of ``sampled``, and per scored chunk
+    (sequence, first row, first position, positions). None when the pass scores nothing (rows = sampled, in order)."""
+    scored = [(s, int(first[i]), s.n_cached, k) for i, (s, k) in enumerate(plan)
+              if s.scores is not None and s.n_cached < s.n_prompt - 1]
+    if not scored:
+        return None
+    for _, bi, _, k in scored:
+        flags[bi:bi + k] = 1
+    flagged = np.flatnonzero(flags)
+    return (len(flagged), np.searchsorted(flagged, [bi for _, bi in sampled]),
+            [(s, int(np.searchsorted(flagged, bi)), at, k) for s, bi, at, k in scored])
+
+
 def score_prompts(logits: npt.NDArray[np.float32], scored: list[tuple[Sequence, int, int, int]]) -> None:
     """Add to each prompt's scores those of one pass: ``scored`` lists (sequence, first logits row, first position,
     positions) for the chunks of prompts being scored; the row of position ``p`` scores prompt token ``p + 1``."""
