@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from llamafleet.api.anthropic import MessageRenderer, MessagesRequest, matched_stop
+from llamafleet.api.anthropic import MessageRenderer, matched_stop
+from llamafleet.api.anthropic_requests import MessagesRequest
 from llamafleet.api.app import create_app
 from llamafleet.api.openai import context_error
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
@@ -153,8 +154,8 @@ def test_which_stop_sequence_matched() -> None:
 @pytest.mark.parametrize(("block", "param", "kind", "words"), [
     ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
      "messages[0].content[1]", "invalid_request_error", "image content is not supported"),
-    ({"type": "tool_result", "tool_use_id": "t1", "content": "42"}, "messages[0].content[1]",
-     "invalid_request_error", "tool use is coming"),
+    ({"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}}, "messages[0].content[1]",
+     "invalid_request_error", "server_tool_use content is not supported"),
 ])
 def test_anthropic_blocks_that_are_not_text_are_refused(client: TestClient, block: dict[str, Any], param: str,
                                                         kind: str, words: str) -> None:
