@@ -34,7 +34,7 @@ from llamafleet.api.tools import (
     calls_grammar,
     offered,
     tool_result_text,
-    tools_prompt,
+    with_tools,
 )
 from llamafleet.engine.types import SamplingParams
 from llamafleet.fleet.messages import ChatTurn
@@ -179,10 +179,9 @@ class CountTokensRequest(Body):
     def turns(self) -> tuple[ChatTurn, ...]:
         """The chat turns for the model's template, the callable tools listed in the system prompt (400 naming a
         block that is not text or a tool's)."""
-        sections = [_text(self.system, "system"), tools_prompt(self.callable) if self.callable else ""]
-        system = "\n\n".join(s for s in sections if s)
+        system = _text(self.system, "system")
         turns = [t for i, m in enumerate(self.messages) for t in m.turns(f"messages[{i}].content")]
-        return ((("system", system),) if system else ()) + tuple(turns)
+        return with_tools([("system", system), *turns] if system else turns, self.callable)
 
     def not_yet(self) -> NotYet:
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""

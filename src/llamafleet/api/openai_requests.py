@@ -35,7 +35,7 @@ from llamafleet.api.tools import (
     calls_grammar,
     offered,
     tool_result_text,
-    tools_prompt,
+    with_tools,
 )
 from llamafleet.engine.grammar import check_gbnf, json_object_grammar, json_schema_grammar
 from llamafleet.engine.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
@@ -296,14 +296,7 @@ class ChatCompletionRequest(SamplingRequest):
     def turns(self) -> tuple[tuple[str, str], ...]:
         """The (role, content) turns for the model's chat template, the callable tools listed in the system
         prompt (:func:`~llamafleet.api.tools.tools_prompt`)."""
-        turns = [m.turn() for m in self.messages]
-        if self.callable:
-            section = tools_prompt(self.callable)
-            if turns[0][0] == "system":
-                turns[0] = ("system", f"{turns[0][1]}\n\n{section}")
-            else:
-                turns.insert(0, ("system", section))
-        return tuple(turns)
+        return with_tools([m.turn() for m in self.messages], self.callable)
 
     def top_n(self) -> int:
         return self.top_logprobs

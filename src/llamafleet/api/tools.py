@@ -101,6 +101,17 @@ def tools_prompt(tools: list[Tool]) -> str:
     return TOOLS_HEADER + "\n".join(specs) + TOOLS_FOOTER
 
 
+def with_tools(turns: list[tuple[str, str]], tools: list[Tool]) -> tuple[tuple[str, str], ...]:
+    """The (role, content) turns with ``tools`` listed (:func:`tools_prompt`) at the end of the system prompt, which
+    is added when the conversation has none; unchanged when no tool can be called."""
+    if not tools:
+        return tuple(turns)
+    section = tools_prompt(tools)
+    if turns and turns[0][0] == "system":
+        return (("system", f"{turns[0][1]}\n\n{section}"), *turns[1:])
+    return (("system", section), *turns)
+
+
 def assistant_text(content: str, calls: list[ToolCall]) -> str:
     """An assistant turn that made ``calls``: its text, then one block per call."""
     blocks = [call_block(c.function.name, _arguments(c.function.arguments)) for c in calls]
