@@ -8,6 +8,7 @@
 #                llama-bench, llama-batched-bench, llama-server for the comparison, one build for both
 #   models       synthesize LLaMA-2-shaped GGUF files with random weights (llamafleet synth)
 #   llama        llama-bench (pp512, tg128) and llama-batched-bench (128 prompt + 128 answer, 1..128 sequences)
+#   policy       prefill policies in-process (scripts/wave_probe.py): closed-loop streams, TTFT / ITL / tok/s each
 #   engine       llamafleet's engine in-process: 1 and 128 concurrent requests; decode overlapped with the text work
 #                (default), one pass at a time (--no-overlap), and sampling in llama.cpp's graph (--backend-sampling)
 #   serve        HTTP, one GPU: llamafleet serve vs llama-server, same slots and context, concurrency 1..128
@@ -26,8 +27,11 @@
 #   QUICK=1             fewer requests per level (a smoke run); REQS=N sets the requests per level (default: the
 #                       bench's own, 4 x concurrency and at least 16)
 #   SKIP_LLAMA_SERVER=1 the serve and multiturn phases measure llamafleet only; LEVELS=1,8,32 picks the serve
-#                       phase's concurrency levels; BATCHES="512 2048" runs llamafleet once per batch_size (n_batch,
-#                       the prompt tokens one step may take; n_ubatch stays 512), labelled -b<N> when more than one
+#                       phase's concurrency levels; BATCHES="2048 512:512" runs llamafleet once per entry B[:P]
+#                       (batch_size B, the tokens one step may take; prefill_tokens P, the prompt tokens among them,
+#                       default 512; 512:512 is the rule before run 9), labelled -b<B>[-<P>] when more than one;
+#                       POLICIES="B:P ..." (P - = what running answers leave of B) and POLICY_STREAMS="32 128"
+#                       choose the policy phase's runs
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$repo/.gpu-work}
@@ -115,6 +119,15 @@ if has engine; then
     || log "decode probe failed (see engine.log)"
 fi
 
+# --- prefill policies in-process -----------------------------------------------------------------------------------
+if has policy; then
+  for n in ${POLICY_STREAMS:-128}; do
+    log "prefill policies in-process: $n closed-loop streams, $((3 * n)) requests of 128 + 128 tokens"
+    CUDA_VISIBLE_DEVICES=0 "$PY" "$repo/scripts/wave_probe.py" "$M7" "$n" $((3 * n)) \
+      ${POLICIES:-2048:512 512:-} 2>>"$REPORT/policy.log" | tee -a "$REPORT/policy-$n.txt"
+  done
+fi
+
 # --- HTTP, one GPU ------------------------------------------------------------------------------------------------
 wait_ready() {  # readiness url (llamafleet: /ready, 200 once every replica is up; llama-server: /health), pid
   for _ in $(seq 1 300); do
@@ -132,13 +145,14 @@ bench_http() {  # label, url, levels
 stop() { kill -INT "$1" 2>/dev/null || true; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null || true; }
 dmon() { nvidia-smi dmon -s um -d 1 >"$REPORT/dmon-$1.log" 2>&1 & echo $!; }
 
-BATCHES=${BATCHES:-512}
+BATCHES=${BATCHES:-2048}
 if has serve; then
-  for b in $BATCHES; do
-    label=llamafleet-1gpu; [ "$BATCHES" = "$b" ] || label=llamafleet-1gpu-b$b
-    log "llamafleet serve on GPU 0 ($SLOTS slots, ctx $CTX, batch $b)"
-    printf 'batch_size: %s\nubatch_size: %s\n' "$b" $((b < 512 ? b : 512)) >"$WORK/batch-$b.yaml"
-    CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --config "$WORK/batch-$b.yaml" --port $PORT \
+  for policy in $BATCHES; do
+    IFS=: read -r b pf <<<"$policy"; yaml=$WORK/policy-${policy//:/-}.yaml
+    label=llamafleet-1gpu; [ "$BATCHES" = "$policy" ] || label=llamafleet-1gpu-b${policy//:/-}
+    log "llamafleet serve on GPU 0 ($SLOTS slots, ctx $CTX, batch $b, prefill ${pf:-512})"
+    printf 'batch_size: %s\nprefill_tokens: %s\n' "$b" "${pf:-512}" >"$yaml"
+    CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$M7" --config "$yaml" --port $PORT \
       --replicas 1 --parallel $SLOTS --ctx $CTX >"$REPORT/serve-$label.log" 2>&1 & pid=$!
     wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-$label.log"; exit 1; }
     d=$(dmon $label); bench_http $label "http://127.0.0.1:$PORT" "${LEVELS:-1,8,32,64,128}"; kill $d

@@ -77,19 +77,24 @@ def http(d: Path, label: str) -> dict[int, dict[str, Any]]:
     return {lv["concurrency"]: lv for lv in r["levels"]} if r else {}
 
 
-def batch_runs(d: Path) -> dict[int, dict[int, dict[str, Any]]]:
-    """The serve phase's llamafleet runs by batch size (BATCHES with more than one value: llamafleet-1gpu-b<N>)."""
-    return {int(p.name.rsplit("-b", 1)[1]): http(d, p.name) for p in d.glob("llamafleet-1gpu-b*")}
+def batch_runs(d: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """The serve phase's llamafleet runs by policy (BATCHES with more than one entry: llamafleet-1gpu-b<B>[-<P>]),
+    named "batch B, prefill P"."""
+    runs = {}
+    for p in d.glob("llamafleet-1gpu-b*"):
+        b, _, pf = p.name.rsplit("-b", 1)[1].partition("-")
+        runs[f"batch {b}, prefill {pf or 512}"] = http(d, p.name)
+    return runs
 
 
 def batch_sweep(d: Path, ls: dict[int, dict[str, Any]]) -> None:
     runs = batch_runs(d)
     if not runs:
         return
-    print("\n## Prefill budget: llamafleet's batch_size (prompt tokens per step; n_ubatch 512) vs llama-server\n")
+    print("\n## Prefill policy: llamafleet's batch_size and prefill_tokens (n_ubatch 512) vs llama-server\n")
     print("| streams | server | output tok/s | steady tok/s | TTFT ms p50/p90 | ITL ms p50/p90 |\n"
           "|---:|---|---:|---:|---|---|")
-    named = [(f"llamafleet, batch {b}", runs[b]) for b in sorted(runs)] + [("llama-server -b 2048 -ub 512", ls)]
+    named = [(f"llamafleet, {name}", runs[name]) for name in sorted(runs)] + [("llama-server -b 2048 -ub 512", ls)]
     for c in sorted({c for _, r in named for c in r}):
         for name, r in named:
             lv = r.get(c)
@@ -130,8 +135,9 @@ def dmon_util(d: Path, name: str) -> str:
 def main(d: Path) -> None:
     lb, bb = llama_bench(d), batched_bench(d)
     lf, ls = http(d, "llamafleet-1gpu"), http(d, "llama-server-1gpu")
-    if not lf and batch_runs(d):  # BATCHES with several sizes: the smallest stands for llamafleet in the tables
-        lf = batch_runs(d)[min(batch_runs(d))]
+    if not lf and batch_runs(d):  # BATCHES with several entries: the defaults stand for llamafleet in the tables
+        runs = batch_runs(d)
+        lf = runs.get("batch 2048, prefill 512") or runs[min(runs)]
     print("# GPU benchmark report\n")
     run_log = d / "run.log"
     if run_log.exists():

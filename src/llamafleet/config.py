@@ -47,8 +47,12 @@ class FleetConfig(BaseModel):
     # Capacity of each replica.
     context_length: int = Field(4096, ge=64, description="tokens of context per sequence (prompt + answer)")
     parallel: int = Field(8, ge=1, le=256, description="sequence slots per replica (continuous batching width)")
-    batch_size: int = Field(512, ge=1, description="n_batch: tokens decoded per llama_decode step")
-    ubatch_size: int | None = Field(None, ge=1, description="n_ubatch: physical micro-batch; default = batch_size")
+    batch_size: int = Field(2048, ge=1, description="n_batch: most tokens one llama_decode step takes (running "
+                            "answers + prompt chunks)")
+    ubatch_size: int | None = Field(None, ge=1, description="n_ubatch: physical micro-batch; default = "
+                                    "min(batch_size, 512)")
+    prefill_tokens: int = Field(512, ge=1, description="most prompt tokens one step prefills, besides the running "
+                                "answers' tokens (see docs/OPERATIONS.md, Prefill)")
     threads: int | None = Field(None, ge=1, description="CPU threads per replica; default = every core")
     kv_cache_type: KvCacheType = "f16"
     flash_attn: bool | None = Field(None, description="None = let llama.cpp decide")
@@ -135,7 +139,7 @@ class FleetConfig(BaseModel):
 
     @property
     def n_ubatch(self) -> int:
-        return self.ubatch_size or self.batch_size
+        return self.ubatch_size or min(self.batch_size, 512)
 
 
 def read_yaml(path: Path, what: str, error: type[ValueError]) -> Any:

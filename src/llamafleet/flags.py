@@ -38,7 +38,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("replicas", "--replicas", "number of replicas", "N", unset="what the plan picks"),
     Flag("parallel", "--parallel", "sequence slots per replica (requests decoded together)", "N"),
     Flag("context_length", "--ctx", "context per sequence, prompt + answer", "TOKENS"),
-    Flag("batch_size", "--batch", "n_batch: tokens per llama_decode step", "TOKENS", aliases=("--n-batch",)),
+    Flag("batch_size", "--batch", "n_batch: most tokens per llama_decode step", "TOKENS", aliases=("--n-batch",)),
     Flag("threads", "--threads", "CPU threads per replica", "N",
          unset="every core; a CPU plan shares them between its replicas"),
     Flag("split_mode", "--split-mode", "how a replica spreads over GPUs (auto: one GPU per replica when it fits)"),

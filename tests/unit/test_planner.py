@@ -203,7 +203,7 @@ def test_refusal_advice_fits_when_followed(models: dict[str, ModelInfo]) -> None
 
 def test_context_rounding_and_training_length_warnings(models: dict[str, ModelInfo]) -> None:
     plan = plan_for(models, "7b-q4_0", "2x141gb-nvlink", context_length=5000, batch_size=8192)
-    assert plan.n_ctx_per_seq == 5120 and plan.n_batch == 8192 and plan.n_ubatch == 8192
+    assert plan.n_ctx_per_seq == 5120 and plan.n_batch == 8192 and plan.n_ubatch == 512  # min(batch_size, 512)
     assert any("rounded up to 5120" in w for w in plan.warnings)
     assert any("exceeds the 4096 tokens the model was trained on" in w for w in plan.warnings)
 
@@ -247,7 +247,8 @@ def test_launch_spec_pins_each_replica_to_its_gpus(models: dict[str, ModelInfo])
     assert (engine.split_mode, engine.tensor_split, engine.main_gpu) == ("tensor", (0.5, 0.5), 1)  # GPU 3 -> 1
     assert (engine.model_path, engine.n_seq, engine.n_ctx_per_seq, engine.n_gpu_layers) == ("/models/m.gguf", 8,
                                                                                              4096, -1)
-    assert (engine.kv_type, engine.llama_log_level, engine.n_batch, engine.n_ubatch) == ("q8_0", "info", 512, 512)
+    assert (engine.kv_type, engine.llama_log_level, engine.n_batch, engine.n_ubatch, engine.n_prefill) == (
+        "q8_0", "info", 2048, 512, 512)
     with pytest.raises(IndexError, match="replica 2 is not in the plan"):
         launch_spec(plan, 2, cfg, "m.gguf")
 

@@ -49,3 +49,14 @@ def test_plan_is_in_slot_order_for_llamas_consecutive_micro_batches() -> None:
     plan = schedule([*seqs, new], budget=64)
     assert [s.slot for s, _ in plan] == [2, 3, 4, 5, 7]
     assert dict((s.request_id, n) for s, n in plan)["e"] == 30
+
+
+def test_prefill_budget_is_kept_for_prompts_however_many_answers_run() -> None:
+    running = [seq(f"d{i}", 4, cached=4, generated=1) for i in range(100)]  # 100 answers, 1 token each
+    prompts = [seq("p", 300), seq("q", 300)]
+    plan = schedule(running + prompts, budget=2048, prefill_budget=512)
+    assert sum(n for s, n in plan if s.request_id.startswith("d")) == 100  # every running answer advances
+    assert [(s.request_id, n) for s, n in plan if not s.request_id.startswith("d")] == [("p", 300), ("q", 212)]
+    # without a prefill budget the running answers eat into the prompts' share of the step
+    plan = schedule(running + prompts, budget=512)
+    assert sum(n for s, n in plan if not s.request_id.startswith("d")) == 412

@@ -219,7 +219,7 @@ def run_engine(args: argparse.Namespace) -> int:
     n, max_tokens = args.requests, args.max_tokens
     # the built-in prompts are a few dozen tokens; 128 tokens of headroom per sequence holds any of them
     engine_cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + 128, n_threads=cfg.threads,
-                              n_batch=cfg.batch_size, n_ubatch=min(cfg.batch_size, 512),
+                              n_batch=cfg.batch_size, n_ubatch=cfg.n_ubatch, n_prefill=cfg.prefill_tokens,
                               backend_sampling=cfg.backend_sampling, kv_unified=bool(args.kv_unified),
                               overlap=not args.no_overlap)
     result = enginebench.run(engine_cfg, n_requests=n, max_tokens=max_tokens)

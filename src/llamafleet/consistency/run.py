@@ -10,7 +10,8 @@ Configurations (``--configs``):
 
 * ``reference``: one sequence at a time, ``n_batch`` as given. Always runs first; the others are compared to it.
 * ``batched``: the same prompts with ``concurrency`` sequences decoding together in one engine.
-* ``nbatch-<k>``: one sequence at a time with ``n_batch = n_ubatch = k`` (prompts are decoded in chunks of k).
+* ``nbatch-<k>``: one sequence at a time with ``n_batch = k`` (prompts are decoded in chunks of k, at most
+  ``prefill_tokens``).
 * ``replica-<i>``: replica i of a set of ``max(i) + 1`` replicas loaded together, as a fleet would be; each
   replica answers the prompts one at a time, one replica after another (so CPU replicas never compete for cores).
 * ``layer`` / ``tensor``: one replica whose weights are split over every GPU by layer or by tensor. GPU only.
@@ -130,7 +131,8 @@ def place(opts: CheckOptions, model: ModelInfo, inventory: Inventory, kind: str,
     split = kind if kind in GPU_ONLY else "none"
     cfg = FleetConfig.model_validate({
         **opts.fleet.model_dump(), "split_mode": split, "replicas": n, "parallel": n_seq, "batch_size": n_batch,
-        "ubatch_size": None, "threads": threads_per_worker(opts.fleet),
+        "prefill_tokens": min(n_batch, opts.fleet.prefill_tokens), "ubatch_size": None,
+        "threads": threads_per_worker(opts.fleet),
         "split_ratio": opts.fleet.split_ratio if split != "none" else None,
     })
     plan = make_plan(model, inventory, cfg)

@@ -178,7 +178,8 @@ class Engine:
         self._apply_aborts(outs)
         fresh = self._collect() if self._inflight is not None else []
         self._admit()
-        plan = schedule([s for s in self._running if s.wait_for is None], self.cfg.n_batch, self._steps)
+        ready = [s for s in self._running if s.wait_for is None]
+        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.n_prefill)
         error = None
         if plan:
             error = self._launch(plan)

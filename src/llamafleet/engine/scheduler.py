@@ -15,11 +15,13 @@ from __future__ import annotations
 from llamafleet.engine.sequence import Sequence
 
 
-def schedule(running: list[Sequence], budget: int, rotate: int = 0) -> list[tuple[Sequence, int]]:
+def schedule(running: list[Sequence], budget: int, rotate: int = 0,
+             prefill_budget: int | None = None) -> list[tuple[Sequence, int]]:
     """Return ``(sequence, n_tokens)`` pairs for the next step, using at most ``budget`` tokens.
 
     ``running`` is in admission order. ``rotate`` shifts which generating sequences go first when there are more of
-    them than budget (so none starves); with ``budget >= len(running)`` it has no effect.
+    them than budget (so none starves); with ``budget >= len(running)`` it has no effect. ``prefill_budget`` caps
+    the prompt tokens of the step (None: whatever the running answers leave of ``budget``).
     """
     decoding = [s for s in running if s.pending == 1]
     prefilling = [s for s in running if s.pending > 1]
@@ -32,6 +34,8 @@ def schedule(running: list[Sequence], budget: int, rotate: int = 0) -> list[tupl
             break
         plan.append((s, 1))
         budget -= 1
+    if prefill_budget is not None:
+        budget = min(budget, prefill_budget)
     for s in prefilling:
         if budget <= 0:
             break

@@ -162,8 +162,9 @@ class EngineConfig:
     model_path: str
     n_seq: int = 8
     n_ctx_per_seq: int = 4096
-    n_batch: int = 512
+    n_batch: int = 2048  # most tokens per step: the running answers' tokens, then prompt chunks
     n_ubatch: int = 512
+    n_prefill: int | None = 512  # most prompt tokens per step; None = what the running answers leave of n_batch
     n_threads: int | None = None
     n_gpu_layers: int = -1
     split_mode: SplitModeName = "none"

@@ -360,6 +360,7 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
         n_ctx_per_seq=plan.n_ctx_per_seq,
         n_batch=plan.n_batch,
         n_ubatch=plan.n_ubatch,
+        n_prefill=cfg.prefill_tokens,
         n_threads=threads,
         n_gpu_layers=cfg.n_gpu_layers if r.gpus else 0,
         split_mode=r.split_mode,
