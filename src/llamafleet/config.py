@@ -45,6 +45,7 @@ class FleetConfig(BaseModel):
     port: int = Field(8080, ge=1, le=65535)
 
     # Capacity of each replica.
+    # Left unset (not merely equal to the default), these two are fitted by the planner: see docs/PLANNER.md.
     context_length: int = Field(4096, ge=64, description="tokens of context per sequence (prompt + answer)")
     parallel: int = Field(8, ge=1, le=256, description="sequence slots per replica (continuous batching width)")
     batch_size: int = Field(512, ge=1, description="n_batch: tokens decoded per llama_decode step")

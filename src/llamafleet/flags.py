@@ -27,6 +27,7 @@ class Flag:
     metavar: str | None = None
     unset: str = ""  # what the field's default of None means, e.g. "the built-in demo model"
     aliases: tuple[str, ...] = ()  # older spellings: still accepted, not shown in --help
+    fitted: str = ""  # left unset, what the planner may choose instead of the default ({}: the default)
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -36,8 +37,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("host", "--host", "address to listen on"),
     Flag("port", "--port", "port to listen on"),
     Flag("replicas", "--replicas", "number of replicas", "N", unset="what the plan picks"),
-    Flag("parallel", "--parallel", "sequence slots per replica (requests decoded together)", "N"),
-    Flag("context_length", "--ctx", "context per sequence, prompt + answer", "TOKENS"),
+    Flag("parallel", "--parallel", "sequence slots per replica (requests decoded together)", "N",
+         fitted="unset: fewer, down to 1, if {} do not fit"),
+    Flag("context_length", "--ctx", "context per sequence, prompt + answer", "TOKENS",
+         fitted="unset: at most the trained context, down to 2048 if {} does not fit"),
     Flag("batch_size", "--batch", "n_batch: tokens per llama_decode step", "TOKENS", aliases=("--n-batch",)),
     Flag("threads", "--threads", "CPU threads per replica", "N",
          unset="every core; a CPU plan shares them between its replicas"),
@@ -80,7 +83,7 @@ def default_text(key: str) -> str:
         return BY_KEY[key].unset or "unset"
     if isinstance(default, bool):
         return "on" if default else "off"
-    return str(default)
+    return f"{default} ({BY_KEY[key].fitted.format(default)})" if BY_KEY[key].fitted else str(default)
 
 
 def help_text(key: str) -> str:
