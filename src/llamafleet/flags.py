@@ -34,6 +34,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("model_path", "--model", "GGUF model file", "FILE", unset="the built-in demo model"),
     Flag("model_name", "--model-name", "the name clients send as 'model' and /v1/models lists", "NAME",
          unset="the file name without .gguf"),
+    Flag("models_dir", "--models-dir", "serve every .gguf file in this folder under its file name (without .gguf), "
+         "loaded on demand", "DIR", unset="none"),
     Flag("host", "--host", "address to listen on"),
     Flag("port", "--port", "port to listen on"),
     Flag("replicas", "--replicas", "number of replicas", "N", unset="what the plan picks"),
@@ -62,7 +64,8 @@ BY_KEY = {f.key: f for f in FLAGS}
 # The keys each command takes as flags, in the order --help lists them.
 COMMAND_KEYS: dict[str, tuple[str, ...]] = {
     "serve": tuple(f.key for f in FLAGS),
-    "plan": ("model_path", "replicas", "parallel", "context_length", "batch_size", "split_mode", "prefer"),
+    "plan": ("model_path", "models_dir", "replicas", "parallel", "context_length", "batch_size", "split_mode",
+             "prefer"),
     "consistency": ("model_path", "context_length", "batch_size", "threads", "log_level"),
     "bench engine": ("model_path", "batch_size", "threads", "backend_sampling"),
 }
