@@ -155,6 +155,9 @@ class FleetConfig(BaseModel):
     api_keys_file: str | None = Field(
         None, description="file of API keys, one per line ('#' comments); with LLAMAFLEET_API_KEYS, turns auth on"
     )
+    admin_api_keys_file: str | None = Field(
+        None, description="file of admin API keys (the same form); with LLAMAFLEET_ADMIN_API_KEYS, the only keys that "
+        "open /admin/ (loading and unloading models)")
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty = CORS off")
 
     # Watchdog.
