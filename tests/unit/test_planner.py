@@ -15,8 +15,9 @@ from synth_models import sparse_models
 from llamafleet.cli import main
 from llamafleet.config import FleetConfig, load_config
 from llamafleet.model.header import ModelInfo
+from llamafleet.placement.autofit import auto_shapes
 from llamafleet.placement.gpus import Inventory, load_inventory
-from llamafleet.placement.planner import Plan, auto_shapes, launch_spec, make_plan
+from llamafleet.placement.planner import Plan, launch_spec, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORIES = ("1x24gb", "2x24gb-pcie", "2x141gb-nvlink", "4x80gb-nvlink", "80gb-24gb-mixed", "24gb-12gb-mixed")

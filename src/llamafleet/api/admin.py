@@ -26,6 +26,7 @@ class FleetModelCard(ModelCard):
     where: list[str]  # where its replicas run (or are being loaded), e.g. ["GPU 0"]; empty when unloaded
     context_length: int  # per sequence
     waiting: int  # requests waiting for it to load
+    load_progress: float | None = None  # while loading: the fraction of its replicas' weights loaded
     last_error: str | None = None
 
 
@@ -36,9 +37,11 @@ class FleetModelList(BaseModel):
 
 def card(service: Service, m: ManagedModel) -> FleetModelCard:
     states = m.dispatcher.replicas.states if m.dispatcher else []
-    where = m.where or [st.label for st in states]
+    progress = sum(1.0 if st.status == "ready" else st.load_fraction for st in states) / len(states) if states else 0
     return FleetModelCard(id=m.name, created=service.created, aliases=list(m.aliases), state=m.state, pinned=m.pinned,
-                          where=where, context_length=m.n_ctx_per_seq, waiting=m.waiting, last_error=m.last_error)
+                          where=m.where, context_length=m.n_ctx_per_seq, waiting=m.waiting,
+                          load_progress=round(progress, 3) if m.state == "loading" else None,
+                          last_error=m.last_error)
 
 
 @routes.get("/v1/models")

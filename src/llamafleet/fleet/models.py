@@ -76,7 +76,9 @@ class ManagedModel:
     @property
     def where(self) -> list[str]:
         """Where its replicas run ("GPU 0", "GPUs 0,1", "CPU"); empty while it holds no memory."""
-        return [r.label for r in self.placed.plan.replicas] if self.placed else []
+        if self.placed is not None:
+            return [r.label for r in self.placed.plan.replicas]
+        return [spec.label for spec in self.dispatcher.replicas.specs] if self.dispatcher else []
 
 
 def is_loaded(m: ManagedModel) -> bool:

@@ -13,6 +13,8 @@ anything loads, with the numbers and what would make it fit. Policy (measured fa
   a GPU that overflows is named with the amount; a lopsided ``split_ratio`` is flagged.
 * Without GPUs the plan is a CPU plan: ``replicas`` (default 1) processes sharing the mapped weights, checked
   against available RAM.
+* ``parallel`` and ``context_length`` left unset are fitted: the largest shape that fits, down to floors
+  (:mod:`llamafleet.placement.autofit`).
 
 :func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`.
 """
@@ -20,17 +22,18 @@ anything loads, with the numbers and what would make it fit. Policy (measured fa
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
+from llamafleet.placement.autofit import fit_unset
 from llamafleet.placement.gpus import Gpu, Inventory
-from llamafleet.placement.memory import CTX_PAD, MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
+from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
 from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
 
-__all__ = ["Budget", "Plan", "ReplicaPlan", "auto_shapes", "context_shape", "launch_spec", "make_plan"]
+__all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "launch_spec", "make_plan"]
 
 
 @dataclass
@@ -75,55 +78,10 @@ def context_shape(model: ModelInfo, cfg: FleetConfig) -> ContextShape:
 def make_plan(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> Plan:
     """Plan ``model`` on ``inventory`` under ``cfg``. Pure: reads nothing, loads nothing.
 
-    ``parallel`` and ``context_length`` that the configuration does not set are fitted (:func:`auto_shapes`): the
-    first shape that fits, from the defaults down to the floors, and the plan's reasons say which was chosen.
+    ``parallel`` and ``context_length`` that the configuration does not set are fitted
+    (:func:`~llamafleet.placement.autofit.fit_unset`).
     """
-    auto = AUTO_KNOBS - cfg.model_fields_set
-    if not auto:
-        return _place(model, inventory, cfg)[0]
-    shapes = auto_shapes(model, cfg, auto)
-    for n_seq, n_ctx in shapes:
-        plan, ruled_out = _place(model, inventory, cfg.model_copy(update={"parallel": n_seq, "context_length": n_ctx}))
-        if plan.fits or ruled_out:  # a rule, not memory, refused it: a smaller shape would not help
-            break
-    chosen, first = f"{plan.n_seq} slot(s) x {plan.n_ctx_per_seq} tokens", shapes[0]
-    unset = " and ".join(k for k in AUTO_KNOBS_ORDER if k in auto)
-    if ruled_out:
-        note = f"{unset} not set, but no size helps: the plan is refused by a rule"
-    elif not plan.fits:
-        note = f"{unset} not set: even the floors ({chosen}) do not fit"
-    elif (plan.n_seq, plan.n_ctx_per_seq) == (first[0], pad_ctx(first[1])):
-        note = f"{unset} not set: {chosen}, the largest auto-fit tries, fit"
-    else:
-        note = (f"{unset} not set: {chosen}, the most that fit ({first[0]} x {pad_ctx(first[1])} does not); "
-                "set them to choose yourself")
-    return replace(plan, reasons=(plan.reasons[0], note, *plan.reasons[1:]))
-
-
-AUTO_KNOBS_ORDER = ("parallel", "context_length")
-AUTO_KNOBS = frozenset(AUTO_KNOBS_ORDER)
-AUTO_CTX_FLOOR = 2048  # an unset context_length is never fitted below this (or the trained context, if shorter)
-
-
-def auto_shapes(model: ModelInfo, cfg: FleetConfig, auto: frozenset[str] | set[str]) -> list[tuple[int, int]]:
-    """The (parallel, context_length) shapes auto-fit tries, largest first.
-
-    An unset ``parallel`` goes from its default down to 1 slot; an unset ``context_length`` starts at its default
-    (never above the model's trained context, rounded down to llama.cpp's steps of 256) and, once parallel is at
-    its floor, goes down in steps of 256 to :data:`AUTO_CTX_FLOOR` (or the trained context if shorter). Slots go
-    first: one slot with a long context serves what several short ones cannot.
-    """
-    top_ctx = cfg.context_length
-    if "context_length" in auto:
-        top_ctx = pad_ctx(top_ctx)
-        if model.n_ctx_train:
-            top_ctx = min(top_ctx, max(model.n_ctx_train // CTX_PAD, 1) * CTX_PAD)
-    seqs = list(range(cfg.parallel, 0, -1)) if "parallel" in auto else [cfg.parallel]
-    shapes = [(n, top_ctx) for n in seqs]
-    if "context_length" in auto:
-        floor = min(AUTO_CTX_FLOOR, top_ctx)
-        shapes += [(seqs[-1], c) for c in range(top_ctx - CTX_PAD, floor - 1, -CTX_PAD)]
-    return shapes
+    return fit_unset(model, inventory, cfg, _place)
 
 
 def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Plan, bool]:
