@@ -35,6 +35,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             for q in ("q4_0", "q8_0", "f16")}
 
 
+def unknown_tokenizer(gguf: bytes) -> bytes:
+    """The model with its tokenizer renamed: the planner reads it, llama.cpp refuses to load it."""
+    key = b"tokenizer.ggml.model"
+    at = gguf.index(key) + len(key) + 4 + 8  # then the value's type (uint32) and length (uint64): "llama"
+    assert gguf[at:at + 5] == b"llama"
+    return gguf[:at] + b"nope!" + gguf[at + 5:]
+
+
 def write_config(folder: Path, body: str) -> tuple[Path, Path]:
     (folder / "inventory.yaml").write_text(INVENTORY, encoding="utf-8")
     (folder / "fleet.yaml").write_text("vram_margin_mib: 0\nparallel: 2\ncontext_length: 512\nthreads: 1\n" + body,
@@ -164,19 +172,34 @@ def test_admin_routes_need_an_admin_key(server: FleetServer) -> None:
     assert admin(server, "nope", "load").status_code == 404
 
 
-def test_models_dir_and_the_bounded_wait_for_a_load(launch_fleet: Callable[[list[str]], FleetServer],
-                                                    tiny: dict[str, Path], tmp_path: Path) -> None:
+def test_models_dir_a_failed_load_and_the_bounded_wait(launch_fleet: Callable[[list[str]], FleetServer],
+                                                       tiny: dict[str, Path], tmp_path: Path) -> None:
     folder = tmp_path / "models"
     folder.mkdir()
     for q, path in tiny.items():
         shutil.copy(path, folder / f"{q}.gguf")
-    config, inventory = write_config(tmp_path, "max_loading_queue: 0\n")
+    (folder / "broken.gguf").write_bytes(unknown_tokenizer(tiny["q4_0"].read_bytes()))
+    config, inventory = write_config(tmp_path, "max_loading_queue: 1\n")
     fleet = launch_fleet(["--config", str(config), "--inventory", str(inventory), "--models-dir", str(folder)])
     fleet.wait_ready()  # nothing pinned: ready at once, every model loads on demand
-    assert {m: v["state"] for m, v in models(fleet).items()} == {"f16": "unloaded", "q4_0": "unloaded",
-                                                                 "q8_0": "unloaded"}
-    refused = chat(fleet, "q4_0")  # no request may wait for a load
+    assert {m: v["state"] for m, v in models(fleet).items()} == {
+        "broken": "unloaded", "f16": "unloaded", "q4_0": "unloaded", "q8_0": "unloaded"}
+    failed: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: failed.append(chat(fleet, "broken")))
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while models(fleet)["broken"]["waiting"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    refused = chat(fleet, "q4_0")  # one request already waits for a load: the queue is full
+    waiting.join(60)
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
     assert "max_loading_queue" in refused.json()["error"]["message"]
+    (broken,) = failed
+    assert broken.status_code == 503 and broken.headers["Retry-After"] == "5"
+    assert "model 'broken' failed to load" in broken.json()["error"]["message"]
+    listed = models(fleet)["broken"]
+    assert listed["state"] == "failed" and listed["last_error"]
+    ok = chat(fleet, "q4_0")  # the others are untouched
+    assert ok.status_code == 200 and ok.json()["model"] == "q4_0"
     assert admin(fleet, "q4_0", "load").status_code == 403  # no admin key configured: admin routes are off
     assert "admin_api_keys_file" in admin(fleet, "q4_0", "load").text

@@ -71,6 +71,13 @@ def test_entry_knobs_override_the_fleet_and_unset_stays_unset() -> None:
     assert lone.pinned and lone.cfg.replicas is None  # a lone model: the plan's replicas, loaded at start
 
 
+def test_the_example_fleet_loads() -> None:
+    chat, coder, small = served_models(load_config(ROOT / "examples" / "models.yaml"), lambda: DEMO)
+    assert chat.pinned and chat.aliases == ("gpt-4o-mini",) and chat.idle_ttl_s == 900 and chat.cfg.parallel == 4
+    assert coder.cfg.context_length == 8192 and "context_length" not in chat.cfg.model_fields_set
+    assert (small.cfg.parallel, small.idle_ttl_s, small.cfg.replicas) == (16, 120, 1)
+
+
 def test_models_dir_serves_every_gguf_by_its_stem(tmp_path: Path) -> None:
     for name in ("b.gguf", "a.gguf", "notes.txt"):
         (tmp_path / name).write_bytes(b"")

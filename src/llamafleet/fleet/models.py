@@ -223,8 +223,11 @@ class ModelManager:
             if m.dispatcher is None:
                 m.dispatcher = self._build(m, await self._reserve(m))
             await m.dispatcher.start()  # its replicas take the shared load lock, one at a time
-        except LoadError as e:
-            log.error("model %s: %s", m.name, e)
+        except Exception as e:  # a load that fails in any way must not leave the model "loading" for ever
+            if isinstance(e, LoadError):
+                log.error("model %s: %s", m.name, e)
+            else:
+                log.exception("model %s: loading failed", m.name)
             if m.dispatcher is not None:
                 await m.dispatcher.replicas.stop(WORKER_EXIT_S)
             m.dispatcher, m.placed, m.state = (None if m.demand else m.dispatcher), None, "failed"
@@ -267,7 +270,8 @@ class ModelManager:
         m.state = "unloading"
         self.metrics.model_evictions.inc(m.name, reason)
         self._notify()
-        return asyncio.get_running_loop().create_task(self._unload(m, reason))
+        m.task = asyncio.get_running_loop().create_task(self._unload(m, reason))
+        return m.task
 
     async def _unload(self, m: ManagedModel, reason: str) -> None:
         d = m.dispatcher
