@@ -129,6 +129,9 @@ def test_auto_fit_touches_only_unset_knobs(models: dict[str, ModelInfo]) -> None
     slots_only = plan_for(models, "13b-f16", "2x24gb-pcie", context_length=4096)
     assert slots_only.fits and (slots_only.n_seq, slots_only.n_ctx_per_seq) == (6, 4096)
     assert slots_only.reasons[1].startswith("parallel not set: 6 slot(s)")
+    # on the CPU, RAM is the budget: 8 slots of 4096 (16 GiB of KV) do not fit 8000 MiB, fewer do
+    cpu = make_plan(models["7b-q4_0"], Inventory((), (), "none", host_mem_mib=8000), FleetConfig())
+    assert cpu.fits and cpu.device == "cpu" and (cpu.n_seq, cpu.n_ctx_per_seq) == (1, 4096)
     # a rule that refuses (quantized KV without flash attention) is not retried at smaller sizes
     ruled = plan_for(models, "7b-q4_0", "1x24gb", kv_cache_type="q8_0", flash_attn=False)
     assert not ruled.fits and "no size helps" in ruled.reasons[1] and ruled.n_seq == 8

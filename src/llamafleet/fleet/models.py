@@ -153,12 +153,13 @@ class ModelManager:
         return sum(m.dispatcher.abort_all(message) for m in self.loaded() if m.dispatcher is not None)
 
     # -- requests -----------------------------------------------------------------------------------------------
-    async def acquire(self, m: ManagedModel) -> Dispatcher | None:
-        """The dispatcher of ``m``, loading it first if needed (the caller waits, bounded; see the module
-        docstring). A pinned model is never waited for: its dispatcher (maybe still loading) comes back at once."""
+    async def acquire(self, m: ManagedModel) -> None:
+        """Return once ``m`` is loaded, loading it first if needed (the caller waits, bounded; see the module
+        docstring); :class:`ModelUnavailable` if it cannot be. A pinned model is never waited for (while its
+        replicas load or restart, its requests get the router's 503)."""
         if m.pinned or m.state == "loaded":
             m.last_used = time.monotonic()
-            return m.dispatcher
+            return
         if self._waiting >= self.cfg.max_loading_queue:
             self.metrics.refused.inc("loading_queue_full")
             raise ModelUnavailable(f"{self._waiting} request(s) already wait for models to load (max_loading_queue "
@@ -176,7 +177,6 @@ class ModelManager:
             m.waiting -= 1
             if not m.waiting:
                 self._notify()  # it may be unloaded now, if a load waits for room
-        return m.dispatcher
 
     # -- admin --------------------------------------------------------------------------------------------------
     async def load(self, m: ManagedModel) -> None:
