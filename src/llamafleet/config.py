@@ -31,6 +31,55 @@ class ConfigError(ValueError):
     """A configuration problem, worded for the person who wrote the file."""
 
 
+# The keys a `models:` entry may set for its model alone; the others are the fleet's (one server, one port, ...).
+PER_MODEL_KEYS = ("context_length", "parallel", "batch_size", "ubatch_size", "kv_cache_type", "flash_attn",
+                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer")
+
+
+class ModelEntry(BaseModel):
+    """One entry of the ``models:`` list: a model the fleet serves, loaded on demand (or kept loaded: ``pinned``).
+
+    The per-model knobs (:data:`PER_MODEL_KEYS`) override the fleet's for this model; their values are checked by
+    :class:`FleetConfig`'s own rules when the model's configuration is built (:func:`llamafleet.catalog`).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)  # the per-model knobs; anything else is refused
+
+    name: str = Field(min_length=1, description="the name clients send as 'model'")
+    path: str = Field(min_length=1, description="the GGUF file")
+    aliases: list[str] = Field(default_factory=list, description="other names clients may send for it")
+    replicas: int | Literal["auto"] = Field(
+        "auto", description="replicas while loaded; auto = 1 when the fleet has several models, else the plan's")
+    pinned: bool = Field(False, description="loaded at start and never evicted")
+    idle_ttl_s: float | None = Field(None, gt=0, description="unloaded after this long without a request; "
+                                     "unset = the fleet's idle_ttl_s")
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas_positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("replicas must be 1 or more, or auto")
+        return v
+
+    @model_validator(mode="after")
+    def _known_knobs(self) -> ModelEntry:
+        unknown = sorted(set(self.model_extra or {}) - set(PER_MODEL_KEYS))
+        if unknown:
+            raise ValueError("; ".join(unknown_key(k, [*PER_MODEL_KEYS, *ModelEntry.model_fields]) for k in unknown))
+        try:  # the knobs' values, by the fleet's own rules
+            FleetConfig.model_validate(self.knobs)
+        except ValidationError as e:
+            raise ValueError("; ".join(
+                (f"'{'.'.join(map(str, x['loc']))}': " if x["loc"] else "") + x["msg"].removeprefix("Value error, ")
+                for x in e.errors())) from None
+        return self
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The per-model knobs this entry sets."""
+        return dict(self.model_extra or {})
+
+
 class FleetConfig(BaseModel):
     """Everything ``llamafleet serve`` and ``llamafleet plan`` need to know. All fields are optional."""
 
@@ -40,11 +89,21 @@ class FleetConfig(BaseModel):
     model_path: str | None = Field(None, description="GGUF file to serve; unset = the built-in demo model")
     model_name: str | None = Field(None, description="name clients use in 'model'; default: the file's stem")
 
+    models: list[ModelEntry] | None = Field(
+        None, description="several models, loaded on demand and placed together (see docs/OPERATIONS.md, "
+        "Several models); replaces model_path / model_name")
+    models_dir: str | None = Field(None, description="serve every .gguf file in this folder, named by its file stem")
+    idle_ttl_s: float | None = Field(None, gt=0, description="with several models: an unpinned model idle this long "
+                                     "is unloaded; unset = kept until evicted")
+    max_loading_queue: int = Field(64, ge=0, description="requests waiting for their model to load, over all "
+                                   "models (then 503 with Retry-After)")
+
     # Where to listen.
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
 
     # Capacity of each replica.
+    # Left unset (not merely equal to the default), these two are fitted by the planner: see docs/PLANNER.md.
     context_length: int = Field(4096, ge=64, description="tokens of context per sequence (prompt + answer)")
     parallel: int = Field(8, ge=1, le=256, description="sequence slots per replica (continuous batching width)")
     batch_size: int = Field(2048, ge=1, description="n_batch: most tokens one llama_decode step takes (running "
@@ -100,6 +159,9 @@ class FleetConfig(BaseModel):
     api_keys_file: str | None = Field(
         None, description="file of API keys, one per line ('#' comments); with LLAMAFLEET_API_KEYS, turns auth on"
     )
+    admin_api_keys_file: str | None = Field(
+        None, description="file of admin API keys (the same form); with LLAMAFLEET_ADMIN_API_KEYS, the only keys that "
+        "open /admin/ (loading and unloading models)")
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty = CORS off")
 
     # Watchdog.
@@ -135,6 +197,19 @@ class FleetConfig(BaseModel):
     def _consistent(self) -> FleetConfig:
         if self.ubatch_size is not None and self.ubatch_size > self.batch_size:
             raise ValueError(f"ubatch_size ({self.ubatch_size}) cannot exceed batch_size ({self.batch_size})")
+        several = [k for k in ("models", "models_dir") if getattr(self, k) is not None]
+        single = [k for k in ("model_path", "model_name") if getattr(self, k) is not None]
+        if several and single:
+            verb = "names" if len(single) == 1 else "name"
+            raise ValueError(f"{' and '.join(single)} {verb} one model, {' and '.join(several)} several: keep one "
+                             "way (a models: entry takes name and path)")
+        names: dict[str, str] = {}
+        for entry in self.models or ():
+            for name in (entry.name, *entry.aliases):
+                if name in names:
+                    raise ValueError(f"models: '{name}' names both '{names[name]}' and '{entry.name}'; give each "
+                                     "model and alias a distinct name")
+                names[name] = entry.name
         return self
 
     @property
@@ -152,19 +227,25 @@ def read_yaml(path: Path, what: str, error: type[ValueError]) -> Any:
         raise error(f"{path} is not valid YAML: {e}") from None
 
 
+def unknown_key(key: str, known_keys: Iterable[str]) -> str:
+    """An unknown key with the nearest known one ("did you mean"), or the whole list when none is near."""
+    known = sorted(known_keys)
+    near = difflib.get_close_matches(key, known, n=1)
+    if near:
+        return f"unknown key '{key}': did you mean '{near[0]}'?"
+    return f"unknown key '{key}': remove it or use one of: {', '.join(known)}"
+
+
 def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str] = ()) -> str:
-    """One line per pydantic error, naming the key; with ``known_keys``, an unknown key gets the nearest known one
-    ("did you mean"), or the whole list when none is near."""
+    """One line per pydantic error, naming the key; with ``known_keys``, an unknown key gets :func:`unknown_key`."""
     known = sorted(known_keys)
     lines = [header]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden" and known:
-            near = difflib.get_close_matches(key, known, n=1)
-            if near:
-                lines.append(f"  - unknown key '{key}': did you mean '{near[0]}'?")
-            else:
-                lines.append(f"  - unknown key '{key}': remove it or use one of: {', '.join(known)}")
+            lines.append(f"  - {unknown_key(key, known)}")
+        elif e["type"] == "value_error":  # our own checks: their message names the key and the fix
+            lines.append(f"  - '{key}': {e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  - '{key}': {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)

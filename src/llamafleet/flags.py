@@ -27,17 +27,22 @@ class Flag:
     metavar: str | None = None
     unset: str = ""  # what the field's default of None means, e.g. "the built-in demo model"
     aliases: tuple[str, ...] = ()  # older spellings: still accepted, not shown in --help
+    fitted: str = ""  # left unset, what the planner may choose instead of the default ({}: the default)
 
 
 FLAGS: tuple[Flag, ...] = (
     Flag("model_path", "--model", "GGUF model file", "FILE", unset="the built-in demo model"),
     Flag("model_name", "--model-name", "the name clients send as 'model' and /v1/models lists", "NAME",
          unset="the file name without .gguf"),
+    Flag("models_dir", "--models-dir", "serve every .gguf file in this folder under its file name (without .gguf), "
+         "loaded on demand", "DIR", unset="none"),
     Flag("host", "--host", "address to listen on"),
     Flag("port", "--port", "port to listen on"),
     Flag("replicas", "--replicas", "number of replicas", "N", unset="what the plan picks"),
-    Flag("parallel", "--parallel", "sequence slots per replica (requests decoded together)", "N"),
-    Flag("context_length", "--ctx", "context per sequence, prompt + answer", "TOKENS"),
+    Flag("parallel", "--parallel", "sequence slots per replica (requests decoded together)", "N",
+         fitted="unset: fewer, down to 1, if {} do not fit"),
+    Flag("context_length", "--ctx", "context per sequence, prompt + answer", "TOKENS",
+         fitted="unset: at most the trained context, down to 2048 if {} does not fit"),
     Flag("batch_size", "--batch", "n_batch: most tokens per llama_decode step", "TOKENS", aliases=("--n-batch",)),
     Flag("threads", "--threads", "CPU threads per replica", "N",
          unset="every core; a CPU plan shares them between its replicas"),
@@ -59,7 +64,8 @@ BY_KEY = {f.key: f for f in FLAGS}
 # The keys each command takes as flags, in the order --help lists them.
 COMMAND_KEYS: dict[str, tuple[str, ...]] = {
     "serve": tuple(f.key for f in FLAGS),
-    "plan": ("model_path", "replicas", "parallel", "context_length", "batch_size", "split_mode", "prefer"),
+    "plan": ("model_path", "models_dir", "replicas", "parallel", "context_length", "batch_size", "split_mode",
+             "prefer"),
     "consistency": ("model_path", "context_length", "batch_size", "threads", "log_level"),
     "bench engine": ("model_path", "batch_size", "threads", "backend_sampling"),
 }
@@ -80,7 +86,7 @@ def default_text(key: str) -> str:
         return BY_KEY[key].unset or "unset"
     if isinstance(default, bool):
         return "on" if default else "off"
-    return str(default)
+    return f"{default} ({BY_KEY[key].fitted.format(default)})" if BY_KEY[key].fitted else str(default)
 
 
 def help_text(key: str) -> str:

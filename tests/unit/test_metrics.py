@@ -61,7 +61,7 @@ def test_fleet_refresh_reflects_replicas_queue_and_gpus() -> None:
                       stats=EngineStats(1, 1, 1, 30, 512, 9, 10, 20, 0.5, 0.6, 0.1))
     down = ReplicaState(1, "GPU 1", status="down")
     gpu = GpuSample(0, "H200", used_bytes=3 << 30, total_bytes=4 << 30, utilization_pct=55.0)
-    m.refresh([up, down], router, [gpu], overloaded=True)
+    m.refresh([("", [up, down], router)], [gpu], overloaded=True)
     text = m.registry.render()
     for line in ('llamafleet_replica_up{replica="0",where="GPU 0"} 1',
                  'llamafleet_replica_up{replica="1",where="GPU 1"} 0',
@@ -80,7 +80,7 @@ def test_engine_steps_keep_counting_across_a_replica_restart() -> None:
     def refresh(pid: int, steps: int) -> float:
         st = ReplicaState(0, "GPU 0", status="ready", pid=pid,
                           stats=EngineStats(1, 0, 0, 0, 512, steps, 0, 0, 0.0, 0.0, 0.0))
-        m.refresh([st], router, [], overloaded=False)
+        m.refresh([("", [st], router)], [], overloaded=False)
         return m.steps.get("0")
 
     assert [refresh(10, 9), refresh(10, 12), refresh(11, 3), refresh(11, 5)] == [9, 12, 15, 17]

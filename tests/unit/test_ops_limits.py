@@ -63,10 +63,11 @@ def test_leak_is_reported_after_it_lasts_and_only_with_nothing_in_flight() -> No
     assert leaking(states, router, since, now=200.0, leak_s=30.0) == [] and since == {}
 
 
-def _client(api_keys: frozenset[str] = frozenset(), **config: Any) -> TestClient:
+def _client(api_keys: frozenset[str] = frozenset(), admin_keys: frozenset[str] = frozenset(),
+            **config: Any) -> TestClient:
     specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
     cfg = FleetConfig.model_validate(config)
-    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512, cfg, api_keys)
+    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512, cfg, api_keys, admin_keys)
     return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
 
 
@@ -80,6 +81,21 @@ def test_api_keys_guard_everything_but_the_probes() -> None:
     assert client.get("/health").status_code == 200
     assert client.get("/metrics").status_code == 401
     assert "llamafleet_http_requests_total" in client.get("/metrics", headers={"Authorization": "Bearer k1"}).text
+
+
+def test_admin_routes_take_only_admin_keys() -> None:
+    unload = f"/admin/models/{MODEL}/unload"
+    off = _client(frozenset({"k1"})).post(unload, headers={"Authorization": "Bearer k1"})
+    assert off.status_code == 403 and "admin_api_keys_file" in off.json()["error"]["message"]
+    assert _client().post(unload).status_code == 403  # no keys at all: the admin routes stay closed
+    client = _client(frozenset({"k1"}), frozenset({"root"}))
+    assert client.post(unload, headers={"Authorization": "Bearer k1"}).status_code == 401  # an API key is not one
+    pinned = client.post(unload, headers={"Authorization": "Bearer root"})  # a lone model is pinned
+    assert pinned.status_code == 409 and pinned.json()["error"]["code"] == "model_pinned"
+    assert client.get("/v1/models", headers={"Authorization": "Bearer root"}).status_code == 200  # and it is one
+    open_api = _client(admin_keys=frozenset({"root"}))  # admin keys alone leave the API open, as before
+    card = open_api.get("/v1/models").json()["data"][0]
+    assert card["id"] == MODEL and card["pinned"] and card["state"] == "loading" and card["where"] == ["CPU"]
 
 
 def test_body_limit_gives_413_announced_or_chunked() -> None:
@@ -109,6 +125,7 @@ def test_keys_load_from_env_and_file(tmp_path: Path) -> None:
     keys.write_text("# ops\nk-file  # the CI key\n\n", encoding="utf-8")
     assert load_api_keys(str(keys), {"LLAMAFLEET_API_KEYS": "a, b,,"}) == {"a", "b", "k-file"}
     assert load_api_keys(None, {}) == frozenset()
+    assert load_api_keys(None, {"LLAMAFLEET_ADMIN_API_KEYS": "r"}, "LLAMAFLEET_ADMIN_API_KEYS") == {"r"}
     with pytest.raises(ApiKeysError, match="cannot be read"):
         load_api_keys(str(tmp_path / "missing"), {})
     (tmp_path / "empty").write_text("# none\n", encoding="utf-8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,13 @@ from synth_models import sparse_models
 from llamafleet.cli import main
 from llamafleet.config import FleetConfig, load_config
 from llamafleet.model.header import ModelInfo
+from llamafleet.placement.autofit import auto_shapes
 from llamafleet.placement.gpus import Inventory, load_inventory
 from llamafleet.placement.planner import Plan, launch_spec, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORIES = ("1x24gb", "2x24gb-pcie", "2x141gb-nvlink", "4x80gb-nvlink", "80gb-24gb-mixed", "24gb-12gb-mixed")
-# Default config (8 slots x 4096 tokens, f16 KV, 1 GiB margin). "!" = refused; replicas as "gpus/mode".
+# 8 slots x 4096 tokens set explicitly (the defaults), f16 KV, 1 GiB margin. "!" = refused; replicas as "gpus/mode".
 DP2, DP4 = "0/none 1/none", "0/none 1/none 2/none 3/none"
 EXPECTED = {
     "7b-q4_0": ["0/none", DP2, DP2, DP4, DP2, "0/none"],
@@ -55,7 +57,7 @@ def plan_for(models: dict[str, ModelInfo], model: str, inv: str, **cfg: Any) -> 
 @pytest.mark.parametrize("model", sorted(EXPECTED))
 @pytest.mark.parametrize("inv", INVENTORIES)
 def test_issue_matrix(models: dict[str, ModelInfo], model: str, inv: str) -> None:
-    plan = make_plan(models[model], inventory(inv), FleetConfig())
+    plan = make_plan(models[model], inventory(inv), FleetConfig(parallel=8, context_length=4096))
     assert layout(plan) == EXPECTED[model][INVENTORIES.index(inv)], plan.reasons
     assert plan.device == "gpu" and plan.n_seq == 8 and plan.n_ctx_per_seq == 4096
     gpus = {g.index: g for g in inventory(inv).gpus}
@@ -73,6 +75,77 @@ def test_issue_matrix(models: dict[str, ModelInfo], model: str, inv: str) -> Non
     else:  # refusals say by how much, and what would make it fit
         assert any("overflows by" in x and "MiB" in x for x in plan.reasons), plan.reasons
         assert any(x.startswith(("lower context_length", "a Q4_0 file", "or about")) for x in plan.reasons)
+
+
+# The same machines with parallel and context_length unset: auto-fit takes the most that fit, from 8 x 4096 down
+# to 1 slot, then down to 2048 tokens; "!" = refused even at those floors. "slots x tokens:gpus/mode ...".
+AUTO = {
+    "7b-q8_0": ["7x4096:0/none", "8x4096:0,1/layer", "8x4096:0/none 1/none"],
+    "13b-q4_0": ["5x4096:0/none", "8x4096:0,1/layer", "8x4096:0/none 1/none"],
+    "13b-f16": ["!1x2048:0/none", "6x4096:0,1/layer", "8x4096:0/none 1/none"],
+    "70b-q4_0": ["!1x2048:0/none", "6x4096:0,1/layer", "8x4096:0/none 1/none"],
+    "70b-f16": ["!1x2048:0/none", "!1x2048:0,1/layer", "8x4096:0/none 1/none"],
+}
+
+
+@pytest.mark.parametrize("model", sorted(AUTO))
+def test_auto_fit_matrix(models: dict[str, ModelInfo], model: str) -> None:
+    for inv, expected in zip(INVENTORIES, AUTO[model], strict=False):
+        plan = make_plan(models[model], inventory(inv), FleetConfig())
+        assert f"{plan.n_seq}x{plan.n_ctx_per_seq}:{layout(plan).lstrip('!')}" == expected.lstrip("!"), inv
+        assert plan.fits == (not expected.startswith("!")), (inv, plan.reasons)
+        note = plan.reasons[1]
+        assert note.startswith("parallel and context_length not set: "), note
+        if not plan.fits:  # refused at the floors: said, with the usual reasons and fixes
+            assert "even the floors (1 slot(s) x 2048 tokens) do not fit" in note
+            assert any("overflows by" in x for x in plan.reasons)
+        elif plan.n_seq < 8:
+            assert f"{plan.n_seq} slot(s) x 4096 tokens, the most that fit (8 x 4096 does not)" in note
+
+
+def test_issue_70b_q4_0_on_two_24gb_cards_fits_with_fewer_slots(models: dict[str, ModelInfo]) -> None:
+    """Issue 16: refused at the default 8 x 4096 although fewer slots of 4096 fit; unset knobs are now fitted."""
+    assert not plan_for(models, "70b-q4_0", "2x24gb-pcie", parallel=8, context_length=4096).fits
+    plan = plan_for(models, "70b-q4_0", "2x24gb-pcie")
+    assert plan.fits and layout(plan) == "0,1/layer" and plan.n_ctx_per_seq == 4096 and 1 <= plan.n_seq < 8
+    assert all(b.overflow_mib == 0 for b in plan.budgets)
+    assert not plan_for(models, "70b-q4_0", "2x24gb-pcie", parallel=plan.n_seq + 1, context_length=4096).fits
+    assert any(f"{plan.n_seq} slot(s) x 4096 tokens, the most that fit" in x for x in plan.reasons)
+    cli = load_config(None, {"context_length": 4096})  # a flag sets only what it names: parallel stays fitted
+    assert make_plan(models["70b-q4_0"], inventory("2x24gb-pcie"), cli).n_seq == plan.n_seq
+
+
+def test_auto_fit_touches_only_unset_knobs(models: dict[str, ModelInfo]) -> None:
+    # parallel set: only the context is fitted, in steps of 256, down to its floor
+    ctx_only = plan_for(models, "70b-q4_0", "2x24gb-pcie", parallel=8)
+    assert ctx_only.fits and (ctx_only.n_seq, ctx_only.n_ctx_per_seq) == (8, 3328)
+    assert ctx_only.reasons[1].startswith("context_length not set: 8 slot(s) x 3328 tokens, the most that fit")
+    floor = plan_for(models, "13b-f16", "1x24gb", parallel=8)
+    assert not floor.fits and (floor.n_seq, floor.n_ctx_per_seq) == (8, 2048)
+    assert "context_length not set: even the floors (8 slot(s) x 2048 tokens) do not fit" in floor.reasons[1]
+    both_set = plan_for(models, "70b-q4_0", "2x24gb-pcie", parallel=8, context_length=4096)
+    assert not any("not set" in x for x in both_set.reasons)
+    # context set: only the slots are fitted; a set value is never changed, even one equal to the default
+    slots_only = plan_for(models, "13b-f16", "2x24gb-pcie", context_length=4096)
+    assert slots_only.fits and (slots_only.n_seq, slots_only.n_ctx_per_seq) == (6, 4096)
+    assert slots_only.reasons[1].startswith("parallel not set: 6 slot(s)")
+    # on the CPU, RAM is the budget: 8 slots of 4096 (16 GiB of KV) do not fit 8000 MiB, fewer do
+    cpu = make_plan(models["7b-q4_0"], Inventory((), (), "none", host_mem_mib=8000), FleetConfig())
+    assert cpu.fits and cpu.device == "cpu" and (cpu.n_seq, cpu.n_ctx_per_seq) == (1, 4096)
+    # a rule that refuses (quantized KV without flash attention) is not retried at smaller sizes
+    ruled = plan_for(models, "7b-q4_0", "1x24gb", kv_cache_type="q8_0", flash_attn=False)
+    assert not ruled.fits and "no size helps" in ruled.reasons[1] and ruled.n_seq == 8
+
+
+def test_auto_context_stops_at_the_trained_context(models: dict[str, ModelInfo]) -> None:
+    short = replace(models["7b-q4_0"], n_ctx_train=1000)  # trained on fewer tokens than the default and the floor
+    plan = make_plan(short, inventory("1x24gb"), FleetConfig())
+    assert plan.fits and plan.n_ctx_per_seq == 768 and not any("exceeds" in w for w in plan.warnings)
+    assert auto_shapes(short, FleetConfig(), {"context_length"}) == [(8, 768)]
+    assert auto_shapes(models["7b-q4_0"], FleetConfig(parallel=2), {"context_length"}) == [
+        (2, 4096), (2, 3840), (2, 3584), (2, 3328), (2, 3072), (2, 2816), (2, 2560), (2, 2304), (2, 2048)]
+    set_long = plan_for(models, "7b-q4_0", "2x141gb-nvlink", context_length=8192)
+    assert set_long.n_ctx_per_seq == 8192  # a set context is kept (and warned about), not capped
 
 
 def test_budget_adds_up_on_one_gpu(models: dict[str, ModelInfo]) -> None:
@@ -104,7 +177,8 @@ def test_seed_even_ratio_on_80_24_names_the_overflowing_gpu(models: dict[str, Mo
 
 
 def test_seed_config_on_24_12_is_refused_and_flagged(models: dict[str, ModelInfo]) -> None:
-    cfg = load_config(ROOT / "examples" / "fleet.yaml")  # the seed's file: 13B Q8_0, split_ratio [0.5, 0.5]
+    # the seed's file (13B Q8_0, split_ratio [0.5, 0.5]) at 8 slots; with parallel unset, auto-fit takes fewer
+    cfg = load_config(ROOT / "examples" / "fleet.yaml", {"parallel": 8})
     plan = make_plan(models["13b-q8_0"], inventory("24gb-12gb-mixed"), cfg)
     assert not plan.fits and layout(plan) == "!0,1/layer" and plan.replicas[0].main_gpu == 0
     assert any("GPU 1 overflows by" in x for x in plan.reasons)
@@ -193,7 +267,7 @@ def test_quantized_kv_without_flash_attention_is_refused(models: dict[str, Model
 
 
 def test_refusal_advice_fits_when_followed(models: dict[str, ModelInfo]) -> None:
-    plan = plan_for(models, "70b-q4_0", "2x24gb-pcie")
+    plan = plan_for(models, "70b-q4_0", "2x24gb-pcie", parallel=8, context_length=4096)
     advice = next(x for x in plan.reasons if x.startswith("lower context_length to "))
     ctx = int(advice.split()[3])
     assert plan_for(models, "70b-q4_0", "2x24gb-pcie", context_length=ctx).fits
@@ -276,7 +350,8 @@ def test_plan_command(models: dict[str, ModelInfo], capsys: pytest.CaptureFixtur
     d = json.loads(capsys.readouterr().out)
     assert d["fits"] is True and d["replicas"][0]["split_mode"] == "tensor"
     assert d["inventory"] == "file:2x141gb-nvlink.yaml"
-    assert main(["plan", "--model", models["70b-f16"].path, "--inventory", inv, "--ctx", "65536"]) == 1
+    assert main(["plan", "--model", models["70b-f16"].path, "--inventory", inv, "--ctx", "65536",
+                 "--parallel", "8"]) == 1
     text = capsys.readouterr().out
     assert "DOES NOT FIT" in text and "overflows by" in text and "lower context_length to" in text
     assert main(["plan", "--model", models["7b-q4_0"].path, "--inventory", inv, "--parallel", "4"]) == 0

@@ -190,7 +190,7 @@ class MessageRenderer(NamedEvents):
 
 @routes.post("/v1/messages", response_model=Message)
 async def messages(body: MessagesRequest, request: Request, service: ServiceDep) -> Response:
-    service.check_model(body.model)
+    service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     mid = f"msg_{uuid.uuid4().hex}"
     group = service.submit([Submit(mid, body.sampling(), chat=body.turns())])
@@ -201,7 +201,7 @@ async def messages(body: MessagesRequest, request: Request, service: ServiceDep)
 
 @routes.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request, service: ServiceDep) -> TokenCount:
-    service.check_model(body.model)
+    service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     group = service.submit([Submit(f"count-{uuid.uuid4().hex}", SamplingParams(), chat=body.turns(),
                                    count_only=True)])

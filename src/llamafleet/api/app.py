@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import anthropic, generate, openai, responses
+from llamafleet.api import admin, anthropic, generate, openai, responses
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
@@ -83,17 +83,21 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
 
 
 def _replica_report(service: Service, detail: bool) -> list[dict[str, Any]]:
-    """Each replica as a load balancer needs it; with ``detail`` (an operator), also pids, loads and last errors."""
-    router = service.dispatcher.router
+    """Each replica as a load balancer needs it; with ``detail`` (an operator), also pids, loads and last errors.
+    With several models, each loaded model's replicas, their index prefixed by the model ("chat/0")."""
     report = []
-    for st in service.dispatcher.replicas.states:
-        replica: dict[str, Any] = {"index": st.index, "where": st.label, "status": st.status, "restarts": st.restarts,
-                                   "slots": st.slots, "slots_busy": st.stats.slots_busy if st.stats else 0}
-        if detail:
-            replica |= {"pid": st.pid, "load_fraction": st.load_fraction, "outstanding": router.outstanding(st.index),
-                        "generated_tokens": st.stats.generated_tokens_total if st.stats else 0,
-                        "last_error": st.last_error}
-        report.append(replica)
+    for prefix, dispatcher in service.dispatchers():
+        router = dispatcher.router
+        for st in dispatcher.replicas.states:
+            replica: dict[str, Any] = {"index": f"{prefix}{st.index}" if prefix else st.index, "where": st.label,
+                                       "status": st.status, "restarts": st.restarts, "slots": st.slots,
+                                       "slots_busy": st.stats.slots_busy if st.stats else 0}
+            if detail:
+                replica |= {"pid": st.pid, "load_fraction": st.load_fraction,
+                            "outstanding": router.outstanding(st.index),
+                            "generated_tokens": st.stats.generated_tokens_total if st.stats else 0,
+                            "last_error": st.last_error}
+            report.append(replica)
     return report
 
 
@@ -102,7 +106,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
 
     async def load() -> None:
         try:
-            await service.dispatcher.start()
+            await service.models.start()
         except LoadError as e:
             on_fatal(str(e))
             return
@@ -116,7 +120,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
         yield
         loading.cancel()
         watching.cancel()
-        await service.dispatcher.replicas.stop(WORKER_EXIT_S)
+        await service.models.stop(WORKER_EXIT_S)
 
     app = FastAPI(title="llamafleet", version=__version__, lifespan=lifespan)
     app.state.service = service
@@ -124,8 +128,10 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(anthropic.routes)
     app.include_router(responses.routes)
     app.include_router(generate.routes)
+    app.include_router(admin.routes)
     cfg = service.config
-    app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes)
+    app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
+                       admin_keys=service.admin_keys)
     if cfg.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
@@ -159,11 +165,10 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
         without a valid key sees what a load balancer needs (no pids, error texts or why the server is overloaded).
         """
         detail = authenticated(request.scope)
-        states = svc.dispatcher.replicas.states
-        serving = any(r.status == "ready" for r in states)
+        serving, all_ready = svc.serving()
         ok = svc.loaded and serving and svc.overloaded is None
         status = ("loading" if not svc.loaded else "overloaded" if svc.overloaded is not None
-                  else "ready" if svc.dispatcher.replicas.all_ready else "degraded" if serving else "down")
+                  else "ready" if all_ready else "degraded" if serving else "down")
         body = {"status": status, "model": svc.model_name, "replicas": _replica_report(svc, detail)}
         if svc.overloaded is not None and detail:
             body["overloaded"] = svc.overloaded
@@ -172,8 +177,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     @app.get("/metrics")
     async def metrics(svc: ServiceDep) -> Response:
         """Prometheus text format; see docs/OPERATIONS.md for what each metric means."""
-        dispatcher = svc.dispatcher
-        svc.metrics.refresh(dispatcher.replicas.states, dispatcher.router, svc.gpus, svc.overloaded is not None)
+        svc.refresh_metrics()
         return Response(svc.metrics.registry.render(), media_type=CONTENT_TYPE)
 
     return app
@@ -254,6 +258,6 @@ def run_server(service: Service, sock: socket.socket, log_level: str, on_ready: 
                             http=guarded_http(HttpLimits.of(cfg)), ws="none", lifespan="on",
                             # the last resort, should ending the requests and cutting connections not be enough
                             timeout_graceful_shutdown=math.ceil(cfg.drain_timeout_s + CUT_S) + 1)
-    server = _Uvicorn(config, cfg.drain_timeout_s, service.dispatcher.abort_all)
+    server = _Uvicorn(config, cfg.drain_timeout_s, service.models.abort_all)
     server.run(sockets=[sock])
     return rc

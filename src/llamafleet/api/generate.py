@@ -26,6 +26,7 @@ async def generate(body: GenerateRequest, request: Request, response: Response,
     t0 = time.perf_counter()
     params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature, seed=body.seed,
                             stop=tuple(body.stop or ()))
+    service = await service.for_model(service.model_name)  # no 'model' field: the first configured model
     group = service.submit([Submit(f"gen-{uuid.uuid4().hex}", params, prompt=body.prompt)])
     response.headers[REPLICAS_HEADER] = str(group.replicas[0])
     try:

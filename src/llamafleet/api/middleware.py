@@ -9,6 +9,10 @@ gets 401 with the error body of the route's dialect. ``/health`` and
 ``/ready`` stay open for probes (``/ready`` shows its details only to callers with a key, see :func:`authenticated`).
 Keys are compared by their SHA-256 digests in constant time.
 
+Admin keys (``LLAMAFLEET_ADMIN_API_KEYS`` and/or ``admin_api_keys_file``, the same forms) are the only ones that open
+the ``/admin/`` routes (loading and unloading models); without any, those routes answer 403. An admin key also
+works wherever an API key does.
+
 Bodies larger than ``max_body_bytes`` get 413, whether announced by ``Content-Length`` or streamed chunked; the body
 is read here (bounded) and handed on whole, so nothing downstream ever holds more than the limit.
 """
@@ -28,6 +32,8 @@ from llamafleet.api.protocol import SSE_DONE, Event, sse, sse_event
 from llamafleet.fleet.telemetry import FleetMetrics
 
 KEYS_ENV = "LLAMAFLEET_API_KEYS"
+ADMIN_KEYS_ENV = "LLAMAFLEET_ADMIN_API_KEYS"
+ADMIN_PREFIX = "/admin/"
 OPEN_PATHS = frozenset({"/health", "/ready"})
 DRAIN_FACTOR = 16  # an oversize body is read (and dropped) up to this many times the limit, so the client sees 413
 AUTHENTICATED = "llamafleet.authenticated"  # scope["state"] key: the request to an open path carried a valid key
@@ -37,20 +43,21 @@ class ApiKeysError(ValueError):
     """The API keys cannot be loaded (named file missing or empty)."""
 
 
-def load_api_keys(keys_file: str | None, environ: dict[str, str] | None = None) -> frozenset[str]:
-    """Every key from ``LLAMAFLEET_API_KEYS`` and ``keys_file``; empty means authentication is off."""
+def load_api_keys(keys_file: str | None, environ: dict[str, str] | None = None, variable: str = KEYS_ENV,
+                  key: str = "api_keys_file") -> frozenset[str]:
+    """Every key from the environment ``variable`` and ``keys_file`` (the config ``key`` that named it); empty
+    means authentication is off (for admin keys: the admin routes are)."""
     env = os.environ if environ is None else environ
-    keys = {k.strip() for k in env.get(KEYS_ENV, "").split(",") if k.strip()}
+    keys = {k.strip() for k in env.get(variable, "").split(",") if k.strip()}
     if keys_file is not None:
         path = Path(keys_file)
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except OSError as e:
-            raise ApiKeysError(f"api_keys_file {path} cannot be read ({e.strerror}); fix the path or unset it") \
-                from None
+            raise ApiKeysError(f"{key} {path} cannot be read ({e.strerror}); fix the path or unset it") from None
         from_file = {line.split("#", 1)[0].strip() for line in lines} - {""}
         if not from_file:
-            raise ApiKeysError(f"api_keys_file {path} holds no key; put one key per line")
+            raise ApiKeysError(f"{key} {path} holds no key; put one key per line")
         keys |= from_file
     return frozenset(keys)
 
@@ -60,18 +67,20 @@ def _digest(key: str | bytes) -> bytes:
 
 
 class Gate:
-    """ASGI middleware: API key check (when keys are set), then the body size limit."""
+    """ASGI middleware: API key check (when keys are set; admin keys on ``/admin/``), then the body size limit."""
 
-    def __init__(self, app: ASGIApp, api_keys: frozenset[str], max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, api_keys: frozenset[str], max_body_bytes: int,
+                 admin_keys: frozenset[str] = frozenset()) -> None:
         self.app = app
-        self._digests = [_digest(k) for k in api_keys]
+        self._admin = [_digest(k) for k in admin_keys]
+        self._digests = [_digest(k) for k in api_keys] + self._admin if api_keys else []
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._check_key(scope)
+        refusal = self._check_key(scope, scope["path"].startswith(ADMIN_PREFIX))
         if scope["path"] in OPEN_PATHS:
             scope.setdefault("state", {})[AUTHENTICATED] = refusal is None
             refusal = None
@@ -84,8 +93,12 @@ class Gate:
                 return
         await error_response(refusal, scope["path"])(scope, receive, send)
 
-    def _check_key(self, scope: Scope) -> ApiError | None:
-        if not self._digests:
+    def _check_key(self, scope: Scope, admin: bool) -> ApiError | None:
+        digests = self._admin if admin else self._digests
+        if admin and not digests:
+            return ApiError(403, "the admin routes need an admin API key, and none is set: set admin_api_keys_file "
+                                 f"or {ADMIN_KEYS_ENV}", code="admin_disabled")
+        if not digests:
             return None
         headers = dict(scope["headers"])
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
@@ -95,8 +108,9 @@ class Gate:
             return ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         given = _digest(token.strip())
-        if not any([hmac.compare_digest(given, d) for d in self._digests]):  # every key compared: constant time
-            return ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        if not any([hmac.compare_digest(given, d) for d in digests]):  # every key compared: constant time
+            what = "invalid admin API key" if admin else "invalid API key"
+            return ApiError(401, what, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         return None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | ApiError:

@@ -29,8 +29,6 @@ from llamafleet.api.protocol import (
     ChatDelta,
     Completion,
     CompletionChoice,
-    ModelCard,
-    ModelList,
     Usage,
     sse,
 )
@@ -184,7 +182,7 @@ class TextRenderer(_Renderer):
 
 @routes.post("/v1/chat/completions", response_model=ChatCompletion)
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
-    service.check_model(body.model)
+    service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     turns = body.turns()
@@ -199,7 +197,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
 
 @routes.post("/v1/completions", response_model=Completion)
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
-    service.check_model(body.model)
+    service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     want_logprobs = body.logprobs is not None
@@ -215,12 +213,3 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
     return await respond(group, render, request, body.stream, body.n)
 
 
-@routes.get("/v1/models")
-async def list_models(service: ServiceDep) -> ModelList:
-    return ModelList(data=[ModelCard(id=service.model_name, created=service.created)])
-
-
-@routes.get("/v1/models/{model_id:path}")
-async def get_model(model_id: str, service: ServiceDep) -> ModelCard:
-    service.check_model(model_id)
-    return ModelCard(id=service.model_name, created=service.created)

@@ -242,11 +242,6 @@ class ModelCard(BaseModel):
     owned_by: str = "llamafleet"
 
 
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
 class Timings(BaseModel):
     ttft_ms: float = Field(description="request received -> first token")
     total_ms: float

@@ -275,7 +275,7 @@ class ResponseRenderer(NamedEvents):
 
 @routes.post("/v1/responses", response_model=ResponseObject)
 async def create_response(body: ResponsesRequest, request: Request, service: ServiceDep) -> Response:
-    service.check_model(body.model)
+    service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     rid = f"resp_{uuid.uuid4().hex}"
     group = service.submit([Submit(rid, body.sampling(), chat=body.turns())])

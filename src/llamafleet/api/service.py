@@ -1,15 +1,18 @@
-"""What the HTTP handlers share: the served model's name and limits, and the dispatcher to submit work to.
+"""What the HTTP handlers share: the served models, their limits, and the way to each model's replicas.
 
 One :class:`Service` lives on the FastAPI app (``app.state.service``); handlers get it with
-``Depends(get_service)``. Everything that refuses work before it is queued lives in :meth:`Service.submit`, so every
-route words it the same way: a wrong model name (404), ``max_tokens`` that cannot fit the context (400 with the
-numbers), no replica up or GPU memory above the refuse watermark (503), full queues (429); 503 and 429 carry
-``Retry-After``.
+``Depends(get_service)`` and, for a request that names a model, ``await service.for_model(name)``: a view of the
+same service bound to that model (loaded first if it is not, see :mod:`llamafleet.fleet.models`). Everything that
+refuses work before it is queued lives in :meth:`Service.for_model` and :meth:`Service.submit`, so every route words
+it the same way: a wrong model name (404), ``max_tokens`` that cannot fit the context (400 with the numbers), a model
+that cannot load now, no replica up or GPU memory above the refuse watermark (503), full queues (429); 503 and 429
+carry ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Annotated, cast
 
 from fastapi import Depends, Request
@@ -18,35 +21,126 @@ from llamafleet.api.errors import ApiError
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher, Group
 from llamafleet.fleet.messages import Submit
+from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
 from llamafleet.fleet.router import NoReplicaError, QueueFullError
 from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
 
 
+@dataclass
+class _Shared:
+    """What every view of one service shares: configuration, keys, models, and the state the watchdog sets."""
+
+    config: FleetConfig
+    api_keys: frozenset[str]
+    admin_keys: frozenset[str]
+    models: ModelManager
+    created: int = field(default_factory=lambda: int(time.time()))
+    loaded: bool = False  # set once the first load of every pinned model finished
+    overloaded: str | None = None  # set by the watchdog: why new work is refused (GPU memory)
+    gpus: list[GpuSample] = field(default_factory=list)  # the watchdog's latest GPU samples
+
+
 class Service:
-    """The served model, the way to it, and the limits on the way in."""
+    """The served models, the way to them, and the limits on the way in; bound to one model (the first configured
+    one, unless :meth:`for_model` gave this view)."""
 
     def __init__(self, dispatcher: Dispatcher, model_name: str, n_ctx_per_seq: int,
-                 config: FleetConfig | None = None, api_keys: frozenset[str] = frozenset()) -> None:
-        self.dispatcher = dispatcher
-        self.model_name = model_name
-        self.n_ctx_per_seq = n_ctx_per_seq
-        self.config = config or FleetConfig.model_validate({})
-        self.api_keys = api_keys  # empty: no authentication
-        self.created = int(time.time())
-        self.loaded = False  # set once the first load of every replica finished
-        self.overloaded: str | None = None  # set by the watchdog: why new work is refused (GPU memory)
-        self.gpus: list[GpuSample] = []  # the watchdog's latest GPU samples
+                 config: FleetConfig | None = None, api_keys: frozenset[str] = frozenset(),
+                 admin_keys: frozenset[str] = frozenset()) -> None:
+        """A service of one model whose replicas ``dispatcher`` reaches."""
+        cfg = config or FleetConfig.model_validate({})
+        models = ModelManager.single(model_name, dispatcher, n_ctx_per_seq, cfg)
+        self._shared = _Shared(cfg, api_keys, admin_keys, models)
+        self.model = models.models[0]
+
+    @classmethod
+    def of_models(cls, models: ModelManager, config: FleetConfig, api_keys: frozenset[str] = frozenset(),
+                  admin_keys: frozenset[str] = frozenset()) -> Service:
+        """A service of several models, loaded on demand."""
+        service = cls.__new__(cls)
+        service._shared = _Shared(config, api_keys, admin_keys, models)
+        service.model = models.models[0]
+        return service
+
+    # -- what every view shares ----------------------------------------------------------------------------------
+    @property
+    def config(self) -> FleetConfig:
+        return self._shared.config
+
+    @property
+    def api_keys(self) -> frozenset[str]:
+        return self._shared.api_keys
+
+    @property
+    def admin_keys(self) -> frozenset[str]:
+        return self._shared.admin_keys
+
+    @property
+    def models(self) -> ModelManager:
+        return self._shared.models
 
     @property
     def metrics(self) -> FleetMetrics:
-        return self.dispatcher.metrics
+        return self._shared.models.metrics
 
-    def check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise ApiError(404, f"model '{name}' is not served here; this server serves '{self.model_name}' "
+    @property
+    def created(self) -> int:
+        return self._shared.created
+
+    @property
+    def loaded(self) -> bool:
+        return self._shared.loaded
+
+    @loaded.setter
+    def loaded(self, value: bool) -> None:
+        self._shared.loaded = value
+
+    @property
+    def overloaded(self) -> str | None:
+        return self._shared.overloaded
+
+    @overloaded.setter
+    def overloaded(self, value: str | None) -> None:
+        self._shared.overloaded = value
+
+    @property
+    def gpus(self) -> list[GpuSample]:
+        return self._shared.gpus
+
+    @gpus.setter
+    def gpus(self, value: list[GpuSample]) -> None:
+        self._shared.gpus = value
+
+    # -- the bound model -----------------------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    @property
+    def n_ctx_per_seq(self) -> int:
+        return self.model.n_ctx_per_seq
+
+    def find_model(self, name: str) -> ManagedModel:
+        """The configured model ``name`` names (or an alias of it); 404 if none."""
+        model = self.models.find(name)
+        if model is None:
+            served = ", ".join(f"'{m.name}'" for m in self.models.models)
+            raise ApiError(404, f"model '{name}' is not served here; this server serves {served} "
                                 "(see GET /v1/models)", param="model", code="model_not_found")
+        return model
+
+    async def for_model(self, name: str) -> Service:
+        """This service bound to the model ``name``, once it is loaded (see :meth:`ModelManager.acquire`)."""
+        model = self.find_model(name)
+        try:
+            await self.models.acquire(model)
+        except ModelUnavailable as e:
+            raise self._refuse(503, "model_unavailable", str(e), LOAD_RETRY_S) from None
+        view = Service.__new__(Service)
+        view._shared, view.model = self._shared, model
+        return view
 
     def submit(self, msgs: list[Submit]) -> Group:
         for m in msgs:
@@ -55,18 +149,43 @@ class Service:
                                     f"per sequence ({self.n_ctx_per_seq}); lower max_tokens", param="max_tokens")
         if self.overloaded is not None:
             raise self._refuse(503, "overloaded", f"the server is refusing new work: {self.overloaded}; retry shortly")
+        dispatcher = self.model.dispatcher
         try:
-            return self.dispatcher.submit(msgs, self.config.request_timeout_s)
+            if dispatcher is None or self.model.state == "unloading":
+                raise NoReplicaError(f"model '{self.model_name}' is {self.model.state}")
+            return dispatcher.submit(msgs, self.config.request_timeout_s)
         except NoReplicaError as e:
             raise self._refuse(503, "no_replica",
                                f"{e}; retry shortly (GET /ready reports when replicas are up)") from None
         except QueueFullError as e:
             raise self._refuse(429, "queue_full", f"{e}; retry after {RETRY_AFTER_S}s") from None
 
-    def _refuse(self, status: int, reason: str, message: str) -> ApiError:
+    def _refuse(self, status: int, reason: str, message: str, retry_after_s: int = RETRY_AFTER_S) -> ApiError:
         self.metrics.refused.inc(reason)
         code = "rate_limit_exceeded" if status == 429 else "service_unavailable"
-        return ApiError(status, message, code=code, headers={"Retry-After": str(RETRY_AFTER_S)})
+        return ApiError(status, message, code=code, headers={"Retry-After": str(retry_after_s)})
+
+    # -- the whole fleet, for probes and metrics -----------------------------------------------------------------
+    def dispatchers(self) -> list[tuple[str, Dispatcher]]:
+        """Each model with replicas now and its replica label prefix ("" for a lone model; "chat/" for several)."""
+        prefix = self.models.several
+        return [(f"{m.name}/" if prefix else "", m.dispatcher) for m in self.models.loaded()
+                if m.dispatcher is not None]
+
+    def serving(self) -> tuple[bool, bool]:
+        """Whether requests are served now (a replica of a pinned model is up; with none pinned, models load on
+        demand), and whether every replica of every pinned or loaded model is up."""
+        pinned = [m for m in self.models.models if m.pinned]
+        kept = [m.dispatcher for m in self.models.models if m.pinned or m.state == "loaded"]
+        up = any(m.dispatcher is not None and m.dispatcher.replicas.ready_count() for m in pinned)
+        return up or not pinned, all(d is not None and d.replicas.all_ready for d in kept)
+
+    def refresh_metrics(self) -> None:
+        """Copy replica, queue, model and GPU state into the metrics' gauges (just before a scrape)."""
+        fleets = [(prefix, d.replicas.states, d.router) for prefix, d in self.dispatchers()]
+        self.metrics.refresh(fleets, self.gpus, self.overloaded is not None)
+        self.metrics.refresh_models((m.name, m.state, m.waiting, m.dispatcher.router.queue_depth() if m.dispatcher
+                                     else 0) for m in self.models.models)
 
 
 def get_service(request: Request) -> Service:

@@ -103,7 +103,7 @@ class Watchdog:
     def __init__(self, service: Service, monitor: GpuMonitor | None = None) -> None:
         self.service = service
         self.monitor = monitor or GpuMonitor()
-        self._leak_since: dict[int, float] = {}
+        self._leak_since: dict[str, dict[int, float]] = {}  # per model (replica label prefix)
         self._warned: set[int] = set()
 
     async def run(self) -> None:
@@ -131,7 +131,8 @@ class Watchdog:
                     log.warning("GPU %d (%s): %.0f%% of its memory is in use (warning watermark %.0f%%)", g.index,
                                 g.name, 100 * g.used_fraction, 100 * cfg.vram_warn_fraction)
             (self._warned.add if high else self._warned.discard)(g.index)
-        reason = refusal(gpus, fleet_gpus(self.service.dispatcher.replicas.specs), cfg.vram_refuse_free_mib)
+        specs = [spec for _, d in self.service.dispatchers() for spec in d.replicas.specs]
+        reason = refusal(gpus, fleet_gpus(specs), cfg.vram_refuse_free_mib)
         if reason != self.service.overloaded:
             if reason:
                 log.error("refusing new work: %s", reason)
@@ -140,13 +141,13 @@ class Watchdog:
         self.service.overloaded = reason
 
     def _check_slots(self) -> None:
-        dispatcher = self.service.dispatcher
-        replicas = dispatcher.replicas
-        for i in leaking(replicas.states, dispatcher.router, self._leak_since, time.monotonic(),
-                         self.service.config.slot_leak_s):
-            stats = replicas.states[i].stats
-            log.error("replica %d: %s slot(s) busy and %s waiting with no request in flight for %.0fs; restarting it",
-                      i, stats.slots_busy if stats else "?", stats.waiting if stats else "?",
-                      self.service.config.slot_leak_s)
-            self.service.metrics.recoveries.inc(str(i), "slot_leak")
-            replicas.recycle(i, "the watchdog found its slots leaking")
+        for prefix, dispatcher in self.service.dispatchers():
+            replicas = dispatcher.replicas
+            for i in leaking(replicas.states, dispatcher.router, self._leak_since.setdefault(prefix, {}),
+                             time.monotonic(), self.service.config.slot_leak_s):
+                stats = replicas.states[i].stats
+                log.error("replica %s%d: %s slot(s) busy and %s waiting with no request in flight for %.0fs; "
+                          "restarting it", prefix, i, stats.slots_busy if stats else "?",
+                          stats.waiting if stats else "?", self.service.config.slot_leak_s)
+                self.service.metrics.recoveries.inc(f"{prefix}{i}", "slot_leak")
+                replicas.recycle(i, "the watchdog found its slots leaking")

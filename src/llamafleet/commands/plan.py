@@ -1,5 +1,6 @@
 """``llamafleet plan``: show how a model would be placed on this machine's GPUs (or a described one); exit 0 if it
-fits, 1 if not, 2 on bad input."""
+fits, 1 if not, 2 on bad input. With several models (``models:`` or ``--models-dir``), the whole fleet: each model's
+shape, the resident set with the memory per device, and what loading each swapped model would evict."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from llamafleet.config import ConfigError, inapplicable, load_config
+from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
+    from llamafleet.catalog import ServedModel
     from llamafleet.model.header import ModelInfo
     from llamafleet.placement.gpus import Inventory
+    from llamafleet.placement.packing import Demand, Packing
     from llamafleet.placement.planner import Plan
 
 
@@ -64,6 +67,82 @@ def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
     return "\n".join(lines)
 
 
+def fleet_json(packing: Packing, demands: list[Demand], served: list[ServedModel], inventory: Inventory,
+               margin_mib: int) -> dict[str, Any]:
+    """The fleet's placement as JSON: models (state, shape, resident plan), devices, swaps, reasons."""
+    from llamafleet.placement.packing import device_use, swaps
+
+    resident = {p.name: p for p in packing.resident}
+    evictions = swaps(packing, demands, inventory)
+    models = []
+    for m in served:
+        state = "resident" if m.name in resident else "swapped" if m.name in evictions else "never"
+        models.append({
+            "name": m.name, "aliases": list(m.aliases), "path": str(m.path), "pinned": m.pinned,
+            "idle_ttl_s": m.idle_ttl_s, "state": state, "shape": packing.shapes[m.name].to_json(),
+            "placement": resident[m.name].plan.to_json() if m.name in resident else None,
+            "usage_mib": {("CPU" if k < 0 else f"GPU {k}"): v for k, v in resident[m.name].usage.items()}
+            if m.name in resident else {},
+            "evicts": list(evictions[m.name].evict) if m.name in evictions else [],
+            "swap_note": evictions[m.name].reason if m.name in evictions else "",
+        })
+    devices = [{"device": d.device, "free_mib": d.free_mib, "margin_mib": d.margin_mib, "models": dict(d.models),
+                "left_mib": d.left_mib} for d in device_use(packing, inventory, margin_mib)]
+    return {"fits": packing.fits, "inventory": inventory.source, "models": models, "devices": devices,
+            "reasons": list(packing.reasons)}
+
+
+def format_fleet(d: dict[str, Any], inventory: Inventory) -> str:
+    """:func:`fleet_json`'s answer as text: one row per model, the memory per device, swaps, reasons."""
+    from llamafleet.placement.gpus import describe_inventory
+
+    resident = [m for m in d["models"] if m["state"] == "resident"]
+    lines = [describe_inventory(inventory), "",
+             f"fleet: {'FITS' if d['fits'] else 'DOES NOT FIT'} ({len(d['models'])} model(s); {len(resident)} fit in "
+             "memory together, in this order, the others swap; pinned models load at start, the rest on demand)"]
+    rows = [["model", "pinned", "state", "replicas", "slots x ctx", "where", "file"]]
+    for m in d["models"]:
+        shape, where = m["shape"], m["placement"] or m["shape"]
+        rows.append([m["name"], "yes" if m["pinned"] else "no", m["state"], str(len(where["replicas"])),
+                     f"{shape['n_seq']} x {shape['n_ctx_per_seq']}",
+                     " ".join(_where(r) for r in where["replicas"]) if m["placement"] else "-", m["path"]])
+    lines += _table(rows)
+    lines.append("memory (MiB) with the models that fit together loaded:")
+    names = [m["name"] for m in resident]
+    rows = [["device", "free", "margin", *names, "left"]]
+    for dev in d["devices"]:
+        rows.append([dev["device"], "?" if dev["free_mib"] is None else str(dev["free_mib"]), str(dev["margin_mib"]),
+                     *(str(dev["models"].get(n, "-")) for n in names),
+                     "?" if dev["left_mib"] is None else str(dev["left_mib"])])
+    lines += _table(rows)
+    swapped = [m for m in d["models"] if m["state"] == "swapped"]
+    if swapped:
+        lines.append("swaps (loading a model unloads the least recently used unpinned ones; here, right after start):")
+        lines += [f"  - {m['name']}: " + (f"evicts {', '.join(m['evicts'])}" if m["evicts"] else m["swap_note"])
+                  for m in swapped]
+    if d["reasons"]:
+        lines.append("why not:")
+        lines += [f"  - {r}" for r in d["reasons"]]
+    lines.append("each model's own plan: llamafleet plan --model FILE (with its settings)")
+    return "\n".join(lines)
+
+
+def _where(r: dict[str, Any]) -> str:
+    return ",".join(map(str, r["gpus"])) and f"GPU {','.join(map(str, r['gpus']))}" or "CPU"
+
+
+def _run_fleet(args: argparse.Namespace, cfg: FleetConfig, inventory: Inventory) -> int:
+    from llamafleet.catalog import demands, served_models
+    from llamafleet.model.demo import default_model_path
+    from llamafleet.placement.packing import pack
+
+    served = served_models(cfg, default_model_path)
+    packing, fixed = pack(demands(served), inventory)
+    d = fleet_json(packing, fixed, served, inventory, cfg.vram_margin_mib)
+    print(json.dumps(d, indent=2) if args.json else format_fleet(d, inventory))
+    return 0 if packing.fits else 1
+
+
 def run(args: argparse.Namespace) -> int:
     # the GGUF reader and the planner (numpy) load here, not when the parser is built for another command
     from llamafleet.model.demo import ModelFetchError, default_model_path
@@ -73,8 +152,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config, overrides(args))
-        model = read_model_info(Path(cfg.model_path) if cfg.model_path else default_model_path())
         inventory = load_inventory(args.inventory) if args.inventory else detect_inventory()
+        if cfg.models is not None or cfg.models_dir is not None:
+            return _run_fleet(args, cfg, inventory)
+        model = read_model_info(Path(cfg.model_path) if cfg.model_path else default_model_path())
     except (ConfigError, GgufError, InventoryError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

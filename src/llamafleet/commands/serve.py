@@ -1,7 +1,9 @@
 """``llamafleet serve``: plan the model onto this machine, start one worker per replica, serve the OpenAI API.
 
 Everything that can be refused is refused before any weights load: the configuration (unknown keys, wrong types),
-the model file, a plan that does not fit (with the planner's reasons), a port already in use.
+the model file, a plan that does not fit (with the planner's reasons), a port already in use. With several models
+(``models:`` or ``--models-dir``) the whole fleet is placed first (as ``llamafleet plan`` shows it); the pinned
+models load at start, the others on their first request (:mod:`llamafleet.fleet.models`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_confi
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
+    from llamafleet.api.service import Service
     from llamafleet.fleet.replicas import ReplicaSpec
+    from llamafleet.placement.gpus import Inventory
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_config_flag(p)
     add_flags(p, "serve")
+    p.add_argument("--inventory", metavar="FILE", help="place the models as if on the GPUs described in this YAML "
+                   "(see examples/inventories/), not on the ones NVML finds: for trying a placement out; the workers "
+                   "still run on what the machine has")
     p.set_defaults(func=run)
 
 
@@ -62,15 +69,15 @@ def _url(cfg: FleetConfig) -> str:
     return f"http://{host}:{cfg.port}"
 
 
-def _banner(cfg: FleetConfig, model_name: str, n_replicas: int) -> str:
+def _banner(cfg: FleetConfig, model_name: str, what: str) -> str:
     url = _url(cfg)
     return "\n".join([
-        f"llamafleet is serving '{model_name}' with {n_replicas} replica(s) at {url}",
+        f"llamafleet is serving {what} at {url}",
         "  POST /v1/chat/completions   OpenAI chat completions (\"stream\": true for server-sent events)",
         "  POST /v1/completions        OpenAI text completions (a list of prompts is served as a batch)",
         "  POST /v1/responses          OpenAI Responses API (text)",
         "  POST /v1/messages           Anthropic Messages API (+ /v1/messages/count_tokens)",
-        "  GET  /v1/models             the served model",
+        "  GET  /v1/models             the served models, their state and placement",
         "  POST /api/generate          {\"prompt\": ..., \"max_tokens\": ...} -> text and timings",
         "  GET  /health, /ready        liveness and readiness",
         "  GET  /metrics               Prometheus metrics",
@@ -81,16 +88,12 @@ def _banner(cfg: FleetConfig, model_name: str, n_replicas: int) -> str:
     ])
 
 
-def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | None:
+def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> list[ReplicaSpec] | None:
     """Plan the model onto this machine; None (after printing why) if it cannot fit."""
     from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.model.header import read_model_info
-    from llamafleet.placement.gpus import detect_inventory
     from llamafleet.placement.planner import launch_spec, make_plan
 
-    inventory = detect_inventory()
-    for line in inapplicable(cfg, inventory, os.cpu_count()):
-        print(f"  warning: {line}", file=sys.stderr)
     plan = make_plan(read_model_info(model_path), inventory, cfg)
     out = sys.stdout if plan.fits else sys.stderr
     for reason in plan.reasons:
@@ -108,33 +111,89 @@ def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | No
     return specs
 
 
+def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
+                   ) -> Service | None:
+    """Place several models (printing the placement); their service, or None (after printing why) if the fleet
+    cannot be served."""
+    from llamafleet.api.service import Service
+    from llamafleet.catalog import demands, served_models
+    from llamafleet.commands.plan import fleet_json, format_fleet
+    from llamafleet.fleet.models import ManagedModel, ModelManager
+    from llamafleet.fleet.telemetry import FleetMetrics
+    from llamafleet.model.demo import default_model_path
+    from llamafleet.model.header import GgufError
+    from llamafleet.placement.packing import pack
+
+    served = served_models(cfg, default_model_path)
+    for m in served:
+        if not m.path.is_file():
+            raise GgufError(f"model file not found: {m.path} (check the path of model '{m.name}')")
+    packing, fixed = pack(demands(served), inventory)
+    report = format_fleet(fleet_json(packing, fixed, served, inventory, cfg.vram_margin_mib), inventory)
+    print("\n".join(f"  {line}" for line in report.splitlines()), file=sys.stdout if packing.fits else sys.stderr)
+    if not packing.fits:
+        print("error: these models cannot all be served on this machine; nothing was loaded.", file=sys.stderr)
+        return None
+    models = [ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s, packing.shapes[m.name].n_ctx_per_seq, d)
+              for m, d in zip(served, fixed, strict=True)]
+    return Service.of_models(ModelManager(models, cfg, FleetMetrics(), inventory), cfg, *keys)
+
+
+def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
+                       ) -> Service | None:
+    """Plan the one model (printing why); its service, or None if it does not fit."""
+    from llamafleet.api.service import Service
+    from llamafleet.fleet.dispatch import Dispatcher
+    from llamafleet.fleet.replicas import ReplicaSet
+    from llamafleet.fleet.router import Router
+    from llamafleet.model.demo import default_model_path
+    from llamafleet.model.header import GgufError
+
+    model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
+    if not model_path.is_file():
+        raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
+    specs = _replica_specs(cfg, model_path, inventory)
+    if specs is None:
+        return None
+    model_name = cfg.model_name or model_path.stem
+    router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
+    dispatcher = Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router, model=model_name)
+    return Service(dispatcher, model_name, specs[0].engine.n_ctx_per_seq, cfg, *keys)
+
+
 def run(args: argparse.Namespace) -> int:
     # Heavy modules (FastAPI, uvicorn, the fleet, the planner) load in here, when serve runs, so that building the
     # parser for another command never loads them.
-    from llamafleet.api.middleware import ApiKeysError, load_api_keys
-    from llamafleet.model.demo import ModelFetchError, default_model_path
+    from llamafleet.api.middleware import ADMIN_KEYS_ENV, ApiKeysError, load_api_keys
+    from llamafleet.model.demo import ModelFetchError
     from llamafleet.model.header import GgufError
+    from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
 
     try:
         cfg = load_config(args.config, overrides(args))
-    except ConfigError as e:
+        inventory = load_inventory(args.inventory) if args.inventory else detect_inventory()
+    except (ConfigError, InventoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.getLogger().setLevel(cfg.log_level.upper())
     try:
-        api_keys = load_api_keys(cfg.api_keys_file)
+        keys = (load_api_keys(cfg.api_keys_file),
+                load_api_keys(cfg.admin_api_keys_file, variable=ADMIN_KEYS_ENV, key="admin_api_keys_file"))
     except ApiKeysError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for line in inapplicable(cfg, inventory, None if args.inventory else os.cpu_count()):
+        print(f"  warning: {line}", file=sys.stderr)
+    several = cfg.models is not None or cfg.models_dir is not None
     try:
-        model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
-        if not model_path.is_file():
-            raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
-        specs = _replica_specs(cfg, model_path)
+        service = (_fleet_service if several else _one_model_service)(cfg, inventory, keys)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (GgufError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if specs is None:
+    if service is None:
         return 1
     try:
         sock = _listen(cfg.host, cfg.port)
@@ -142,18 +201,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: cannot listen on {cfg.host}:{cfg.port} ({e.strerror}); pass another --port", file=sys.stderr)
         return 1
     from llamafleet.api.app import run_server
-    from llamafleet.api.service import Service
-    from llamafleet.fleet.dispatch import Dispatcher
-    from llamafleet.fleet.replicas import ReplicaSet
-    from llamafleet.fleet.router import Router
 
-    model_name = cfg.model_name or model_path.stem
-    router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
-    service = Service(Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router), model_name,
-                      specs[0].engine.n_ctx_per_seq, cfg, api_keys)
-    if not api_keys and not _loopback(cfg.host):
+    if not keys[0] and not _loopback(cfg.host):
         log.warning("listening on %s with no API key: anyone who can reach it can use it (set LLAMAFLEET_API_KEYS "
                     "or api_keys_file)", cfg.host)
-    print(f"llamafleet: loading '{model_name}' as {len(specs)} replica(s), one at a time; "
-          f"{_url(cfg)}/ready answers 200 once all are up", flush=True)
-    return run_server(service, sock, cfg.log_level, lambda: print(_banner(cfg, model_name, len(specs)), flush=True))
+    models = service.models.models
+    if several:
+        pinned = [m.name for m in models if m.pinned]
+        what = f"{len(models)} models ({', '.join(m.name for m in models)})"
+        print(f"llamafleet: loading the pinned models ({', '.join(pinned) or 'none'}), one replica at a time; the "
+              f"others load on their first request; {_url(cfg)}/ready answers 200 once the pinned ones are up",
+              flush=True)
+    else:
+        n = sum(len(d.replicas) for _, d in service.dispatchers())
+        what = f"'{service.model_name}' with {n} replica(s)"
+        print(f"llamafleet: loading '{service.model_name}' as {n} replica(s), one at a time; "
+              f"{_url(cfg)}/ready answers 200 once all are up", flush=True)
+    return run_server(service, sock, cfg.log_level,
+                      lambda: print(_banner(cfg, service.model_name, what), flush=True))

@@ -116,12 +116,14 @@ class Group:
 class Dispatcher:
     """Routes sequences to replicas and their outputs back to groups; the replica set's listener."""
 
-    def __init__(self, replicas: ReplicaSet, router: Router, metrics: FleetMetrics | None = None) -> None:
+    def __init__(self, replicas: ReplicaSet, router: Router, metrics: FleetMetrics | None = None,
+                 model: str = "") -> None:
         if router.n_replicas != len(replicas):
             raise ValueError(f"router has {router.n_replicas} replicas, replica set {len(replicas)}")
         self.replicas = replicas
         self.router = router
         self.metrics = metrics or FleetMetrics()
+        self.model = model  # set: its requests, tokens and first-token times are also counted under this label
         self._routes: dict[str, _Route] = {}
         self._timed_out: set[str] = set()  # aborted for the request's timeout: counted as "timeout", not "cancelled"
 
@@ -140,6 +142,8 @@ class Dispatcher:
             for m in msgs:
                 self.router.release(m.request_id)
             raise
+        if self.model:
+            self.metrics.model_requests.inc(self.model)
         group = Group(self, [m.request_id for m in msgs], placed, timeout_s)
         now = time.perf_counter()
         for index, m in enumerate(msgs):
@@ -210,6 +214,8 @@ class Dispatcher:
             now = time.perf_counter()
             if route.last_token is None:
                 self.metrics.ttft.observe(now - route.submitted)
+                if self.model:
+                    self.metrics.model_ttft.observe(now - route.submitted, self.model)
             else:
                 self.metrics.token_gap.observe((now - route.last_token) / len(out.token_ids))
             route.last_token = now
@@ -222,6 +228,9 @@ class Dispatcher:
             self.metrics.prompt_cached.inc(amount=out.cached_tokens)
             self.metrics.prompt_computed.inc(amount=out.prompt_tokens - out.cached_tokens)
             self.metrics.generated_tokens.inc(amount=out.completion_tokens)
+            if self.model:
+                self.metrics.model_prompt_tokens.inc(self.model, amount=out.prompt_tokens)
+                self.metrics.model_generated_tokens.inc(self.model, amount=out.completion_tokens)
 
     def _deliver(self, rid: str, item: Delta | Failure, final: bool) -> None:
         route = self._routes.pop(rid, None) if final else self._routes.get(rid)

@@ -4,7 +4,7 @@
   before llama.cpp is imported, see :mod:`llamafleet.fleet.worker`) and talk over one duplex pipe each
   (:mod:`llamafleet.fleet.pipe`: messages of any size, sends that never block the event loop).
 * Model loads are serialized: one replica loads at a time, at start-up and on every restart (concurrent CUDA
-  context creation is a known crash).
+  context creation is a known crash); the replica sets of several models share one lock for it.
 * A worker's messages are handled as they arrive, and a worker that dies (even by SIGKILL) is noticed at once
   because the kernel closes its end of the pipe. Its in-flight work is failed by the listener and the replica is
   restarted with exponential backoff; the other replicas keep serving.
@@ -108,7 +108,8 @@ def describe_exit(exitcode: int | None) -> str:
 class ReplicaSet:
     """The worker processes of all replicas: start, watch, restart, stop."""
 
-    def __init__(self, specs: list[ReplicaSpec], log_level: str, heartbeat_timeout_s: float) -> None:
+    def __init__(self, specs: list[ReplicaSpec], log_level: str, heartbeat_timeout_s: float,
+                 load_lock: asyncio.Lock | None = None) -> None:
         if not specs:
             raise ValueError("a replica set needs at least one replica")
         if heartbeat_timeout_s <= 0:
@@ -120,7 +121,7 @@ class ReplicaSet:
         self._log_level = log_level
         self._workers: dict[int, _Worker] = {}
         self._listener: ReplicaListener | None = None
-        self._load_lock = asyncio.Lock()
+        self._load_lock = load_lock or asyncio.Lock()  # shared by the replica sets of several models
         self._restarts: dict[int, asyncio.Task[None]] = {}
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
@@ -132,6 +133,9 @@ class ReplicaSet:
     @property
     def all_ready(self) -> bool:
         return all(s.status == "ready" for s in self.states)
+
+    def ready_count(self) -> int:
+        return sum(s.status == "ready" for s in self.states)
 
     async def start(self, listener: ReplicaListener) -> None:
         """Load every replica, one after another; :class:`LoadError` if one fails (then call :meth:`stop`)."""

@@ -10,14 +10,19 @@ gauges just before ``GET /metrics`` renders them.
 
 from __future__ import annotations
 
+from collections import Counter as CounterOf
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from llamafleet.fleet.metrics import Counter, Gauge, Histogram, Registry
 from llamafleet.fleet.replicas import ReplicaState
 from llamafleet.fleet.router import Router
 
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LOAD_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+ModelState = Literal["unloaded", "loading", "loaded", "unloading", "failed"]  # of one model of several
+MODEL_STATES: tuple[ModelState, ...] = get_args(ModelState)
 
 
 @dataclass(frozen=True)
@@ -89,20 +94,69 @@ class FleetMetrics:
                                            "watchdog scans that found a GPU above the warning watermark", ("gpu",)))
         self.recoveries = r.add(Counter("llamafleet_watchdog_recoveries_total",
                                         "replicas restarted by the watchdog, by reason", ("replica", "reason")))
+        # Per model (several models behind one server; the series above count all of them together).
+        self.model_requests = r.add(Counter("llamafleet_model_requests_total", "requests sent to a model's replicas",
+                                            ("model",)))
+        self.model_prompt_tokens = r.add(Counter("llamafleet_model_prompt_tokens_total",
+                                                 "prompt tokens of a model's finished sequences", ("model",)))
+        self.model_generated_tokens = r.add(Counter("llamafleet_model_generated_tokens_total",
+                                                    "tokens generated for a model's finished sequences", ("model",)))
+        self.model_ttft = r.add(Histogram("llamafleet_model_time_to_first_token_seconds",
+                                          "sequence submitted to its first token, per model", ("model",)))
+        self.model_queue_depth = r.add(Gauge("llamafleet_model_queue_depth",
+                                             "sequences waiting for a slot of a model's replicas", ("model",)))
+        self.model_load_waiting = r.add(Gauge("llamafleet_model_load_waiting",
+                                              "requests waiting for a model to load", ("model",)))
+        self.model_state = r.add(Gauge("llamafleet_model_state", "1 for a model's current state",
+                                       ("model", "state")))
+        self.model_loads = r.add(Counter("llamafleet_model_loads_total", "model loads, by outcome (loaded, failed)",
+                                         ("model", "outcome")))
+        self.model_load_seconds = r.add(Histogram("llamafleet_model_load_seconds", "time to load a model, "
+                                                  "placement and evictions included", ("model",),
+                                                  buckets=LOAD_BUCKETS))
+        self.model_evictions = r.add(Counter("llamafleet_model_evictions_total", "model unloads, by reason (lru: "
+                                             "room for another, idle: idle_ttl_s, admin)", ("model", "reason")))
         self._steps_seen: dict[str, tuple[int | None, int]] = {}  # replica -> (worker pid, its steps counted)
+        self._retired: CounterOf[str] = CounterOf()  # routing decisions of replica sets since unloaded
 
-    def refresh(self, states: Iterable[ReplicaState], router: Router, gpus: Iterable[GpuSample],
+    def retire(self, router: Router) -> None:
+        """A model's replicas are gone: keep its routing decisions in the totals."""
+        self._retired.update(router.decisions)
+
+    def refresh(self, fleets: Iterable[tuple[str, Iterable[ReplicaState], Router]], gpus: Iterable[GpuSample],
                 overloaded: bool) -> None:
-        """Copy the current replica, queue and GPU state into the gauges."""
+        """Copy the current replica, queue and GPU state into the gauges; ``fleets`` holds each loaded model's
+        replica label prefix ("" for a lone model: replicas "0", "1"; "chat/" for several), states and router."""
         for g in (self.outstanding, self.replica_up, self.slots_total, self.slots_busy, self.engine_waiting,
                   self.kv_used, self.kv_total, self.gpu_used, self.gpu_total, self.gpu_util):
             g.clear()
-        self.queue_depth.set(router.queue_depth())
-        for reason, n in router.decisions.items():
+        decisions, depth = CounterOf(self._retired), 0
+        for prefix, states, router in fleets:
+            decisions.update(router.decisions)
+            depth += router.queue_depth()
+            self._refresh_replicas(prefix, states, router)
+        self.queue_depth.set(depth)
+        for reason, n in decisions.items():
             self.routing.set_total(n, reason)
         self.overloaded.set(1 if overloaded else 0)
+        for gpu in gpus:
+            labels = (str(gpu.index), gpu.name)
+            self.gpu_used.set(gpu.used_bytes, *labels)
+            self.gpu_total.set(gpu.total_bytes, *labels)
+            if gpu.utilization_pct is not None:
+                self.gpu_util.set(gpu.utilization_pct / 100, *labels)
+
+    def refresh_models(self, models: Iterable[tuple[str, str, int, int]]) -> None:
+        """Each model's (name, state, requests waiting for its load, sequences waiting for a slot)."""
+        for name, state, waiting, depth in models:
+            for s in MODEL_STATES:
+                self.model_state.set(1 if s == state else 0, name, s)
+            self.model_load_waiting.set(waiting, name)
+            self.model_queue_depth.set(depth, name)
+
+    def _refresh_replicas(self, prefix: str, states: Iterable[ReplicaState], router: Router) -> None:
         for st in states:
-            rep = str(st.index)
+            rep = f"{prefix}{st.index}"
             self.replica_up.set(1 if st.status == "ready" else 0, rep, st.label)
             self.outstanding.set(router.outstanding(st.index), rep)
             self.restarts.set_total(st.restarts, rep)
@@ -121,10 +175,4 @@ class FleetMetrics:
                 if stats.steps > seen:
                     self.steps.inc(rep, amount=stats.steps - seen)
                 self._steps_seen[rep] = (st.pid, max(seen, stats.steps))
-        for gpu in gpus:
-            labels = (str(gpu.index), gpu.name)
-            self.gpu_used.set(gpu.used_bytes, *labels)
-            self.gpu_total.set(gpu.total_bytes, *labels)
-            if gpu.utilization_pct is not None:
-                self.gpu_util.set(gpu.utilization_pct / 100, *labels)
 

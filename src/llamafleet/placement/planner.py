@@ -13,6 +13,8 @@ anything loads, with the numbers and what would make it fit. Policy (measured fa
   a GPU that overflows is named with the amount; a lopsided ``split_ratio`` is flagged.
 * Without GPUs the plan is a CPU plan: ``replicas`` (default 1) processes sharing the mapped weights, checked
   against available RAM.
+* ``parallel`` and ``context_length`` left unset are fitted: the largest shape that fits, down to floors
+  (:mod:`llamafleet.placement.autofit`).
 
 :func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`.
 """
@@ -26,6 +28,7 @@ from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
+from llamafleet.placement.autofit import fit_unset
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
 from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
@@ -73,7 +76,16 @@ def context_shape(model: ModelInfo, cfg: FleetConfig) -> ContextShape:
 
 
 def make_plan(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> Plan:
-    """Plan ``model`` on ``inventory`` under ``cfg``. Pure: reads nothing, loads nothing."""
+    """Plan ``model`` on ``inventory`` under ``cfg``. Pure: reads nothing, loads nothing.
+
+    ``parallel`` and ``context_length`` that the configuration does not set are fitted
+    (:func:`~llamafleet.placement.autofit.fit_unset`).
+    """
+    return fit_unset(model, inventory, cfg, _place)
+
+
+def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Plan, bool]:
+    """The plan for exactly ``cfg``'s shape, and whether a rule (not memory) refused it."""
     ctx = context_shape(model, cfg)
     notes = _Notes()
     if ctx.n_ctx_per_seq != cfg.context_length:
@@ -89,21 +101,21 @@ def make_plan(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> Plan:
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
-        return _plan(False, "cpu" if not inventory.gpus else "gpu", (), ctx, cfg, (), 0, notes, model)
+        return _plan(False, "cpu" if not inventory.gpus else "gpu", (), ctx, cfg, (), 0, notes, model), True
     if cfg.gpus is not None:
         missing = [i for i in cfg.gpus if i not in {g.index for g in inventory.gpus}]
         if missing:
             have = ", ".join(str(g.index) for g in inventory.gpus) or "none"
             notes.refuse(f"gpus lists {missing}, which this machine does not have (GPUs: {have}); "
                          "fix the 'gpus' key or remove it to use every GPU")
-            return _plan(False, "gpu", (), ctx, cfg, (), 0, notes, model)
+            return _plan(False, "gpu", (), ctx, cfg, (), 0, notes, model), True
     gpus = tuple(g for g in inventory.gpus if cfg.gpus is None or g.index in cfg.gpus)
     if not gpus or cfg.n_gpu_layers == 0:
         why = inventory.note or ("gpus: [] selects none" if inventory.gpus else "no GPU found")
         if cfg.n_gpu_layers == 0:
             why = "n_gpu_layers: 0"
-        return _cpu_plan(model, inventory, cfg, ctx, notes, why)
-    return _gpu_plan(model, inventory, gpus, cfg, ctx, notes)
+        return _cpu_plan(model, inventory, cfg, ctx, notes, why), notes.refused
+    return _gpu_plan(model, inventory, gpus, cfg, ctx, notes), notes.refused
 
 
 def _plan(fits: bool, device: Device, replicas: tuple[ReplicaPlan, ...], ctx: ContextShape, cfg: FleetConfig,
