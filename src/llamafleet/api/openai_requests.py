@@ -86,6 +86,12 @@ class ChatMessage(Request):
         return ("system" if self.role == "developer" else self.role), self.text()
 
 
+def chat_turns(messages: list[ChatMessage], tools: list[Tool]) -> tuple[tuple[str, str], ...]:
+    """The (role, content) turns of ``messages`` for the model's chat template, ``tools`` listed in the system
+    prompt (:func:`~llamafleet.api.tools.with_tools`)."""
+    return with_tools([m.turn() for m in messages], tools)
+
+
 FormatType = Literal["text", "json_object", "json_schema"]
 
 
@@ -296,7 +302,7 @@ class ChatCompletionRequest(SamplingRequest):
     def turns(self) -> tuple[tuple[str, str], ...]:
         """The (role, content) turns for the model's chat template, the callable tools listed in the system
         prompt (:func:`~llamafleet.api.tools.tools_prompt`)."""
-        return with_tools([m.turn() for m in self.messages], self.callable)
+        return chat_turns(self.messages, self.callable)
 
     def top_n(self) -> int:
         return self.top_logprobs
