@@ -153,3 +153,19 @@ def test_streamed_events_are_the_sdks_and_end_as_the_whole_response(answer: str)
     else:
         assert not calls
     assert bool(streamed_text) == any(i.type == "message" for i in final.response.output)
+
+
+def test_logprobs_of_held_back_text_ride_on_the_next_text_delta() -> None:
+    """With tools, text that may start a call is held back; its tokens' logprobs wait for the text delta that
+    finally carries it, so the deltas' logprobs always add up to the streamed text."""
+    render = _renderer(_request(tools=[WEATHER], include=["message.output_text.logprobs"]))
+    render.opening(1)
+    steps = [("Hi <", False), ("tool", False), (" no.", True)]  # "<" then "<tool" could open <tool_call>
+    events = []
+    for n, (text, finished) in enumerate(steps):
+        out = RequestOutput("resp_1", text, [n], [-0.5 * (n + 1)], finished, "stop" if finished else None)
+        events += render.chunk(0, Delta(out, [text.encode()]))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in deltas) == "Hi <tool no."  # type: ignore[attr-defined]
+    assert [len(e.logprobs) for e in deltas] == [1, 2]  # type: ignore[attr-defined]
+    assert "".join(lp.token for e in deltas for lp in e.logprobs) == "Hi <tool no."  # type: ignore[attr-defined]

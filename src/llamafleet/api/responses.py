@@ -8,7 +8,8 @@ With tools the message item is opened only once there is text to send (a call ma
 has none), and each call follows as its own item when the answer ends (``response.output_item.added``, one
 ``response.function_call_arguments.delta`` with the whole arguments, ``.done``, ``response.output_item.done``). The
 server is stateless: nothing is stored, so ``previous_response_id`` (and ``conversation``) are refused with a 400 that
-says so, and ``store`` is accepted and ignored.
+says so, and ``store`` is accepted and ignored. Logprobs (``include: ["message.output_text.logprobs"]``,
+``top_logprobs``) go on the ``output_text`` part, and on each text delta for the tokens its text came from.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
 from llamafleet.api.errors import ApiError, refuse_unbuilt
-from llamafleet.api.protocol import Event, NamedEvents, Usage, sse_event
+from llamafleet.api.logprobs import chat_logprobs
+from llamafleet.api.protocol import Event, NamedEvents, TokenLogprob, Usage, sse_event
 from llamafleet.api.responses_requests import ResponsesRequest, Status
 from llamafleet.api.service import ServiceDep
 from llamafleet.api.tool_calls import CallStreams, ParsedCall, call_id, parse
@@ -40,7 +42,7 @@ class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = []
-    logprobs: list[Any] = []
+    logprobs: list[TokenLogprob] = []  # with include ["message.output_text.logprobs"] or top_logprobs
 
 
 class OutputMessage(BaseModel):
@@ -99,6 +101,7 @@ class ResponseObject(BaseModel):
     text: dict[str, Any] = {"format": {"type": "text"}}
     tool_choice: str | dict[str, Any]
     tools: list[dict[str, Any]]
+    top_logprobs: int
     truncation: str = "disabled"
     usage: ResponseUsage | None
     metadata: dict[str, str] = {}
@@ -119,6 +122,8 @@ class ResponseRenderer(NamedEvents):
     created: int
     calls: CallStreams | None = None  # the tools whose calls are parsed out of the answer (None: no tools)
     text: str = ""  # streamed so far (the ``done`` events repeat it whole)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # streamed so far, likewise
+    unsent: int = 0  # how many of them no text delta has carried yet (their text is held back)
     opened: bool = False  # the message item was added
     items: list[FunctionCallOut] = field(default_factory=list)  # the calls, once the answer ended
     finish: FinishReason | None = None
@@ -128,9 +133,10 @@ class ResponseRenderer(NamedEvents):
     def item_id(self) -> str:
         return f"msg_{self.rid.removeprefix('resp_')}"
 
-    def _message(self, text: str | None, finish: FinishReason | None) -> OutputMessage:
+    def _message(self, text: str | None, finish: FinishReason | None,
+                 logprobs: list[TokenLogprob] | None = None) -> OutputMessage:
         return OutputMessage(id=self.item_id, status=_status(finish),
-                             content=[] if text is None else [OutputText(text=text)])
+                             content=[] if text is None else [OutputText(text=text, logprobs=logprobs or [])])
 
     def _response(self, items: list[OutputItem], finish: FinishReason | None,
                   usage: Usage | None) -> ResponseObject:
@@ -139,7 +145,7 @@ class ResponseRenderer(NamedEvents):
             id=self.rid, created_at=self.created, status=_status(finish), instructions=b.instructions,
             incomplete_details={"reason": "max_output_tokens"} if finish == "length" else None,
             max_output_tokens=b.max_output_tokens, model=self.model, output=items, temperature=b.temperature,
-            top_p=b.top_p, parallel_tool_calls=b.parallel_tool_calls,
+            top_p=b.top_p, parallel_tool_calls=b.parallel_tool_calls, top_logprobs=b.top_logprobs,
             tool_choice=b.model_dump(include={"tool_choice"})["tool_choice"],
             tools=[t.model_dump(exclude_none=True) for t in b.tools],
             usage=None if usage is None else ResponseUsage(
@@ -148,9 +154,10 @@ class ResponseRenderer(NamedEvents):
                                       "cache_write_tokens": 0},
                 total_tokens=usage.total_tokens))
 
-    def _output(self, text: str | None, calls: list[FunctionCallOut], finish: FinishReason | None) -> list[OutputItem]:
+    def _output(self, text: str | None, calls: list[FunctionCallOut], finish: FinishReason | None,
+                logprobs: list[TokenLogprob]) -> list[OutputItem]:
         """The output items: the message (when there is text, or no call), then the calls."""
-        message: list[OutputItem] = [self._message(text or "", finish)] if text or not calls else []
+        message: list[OutputItem] = [self._message(text or "", finish, logprobs)] if text or not calls else []
         return [*message, *calls]
 
     def _event(self, kind: str, **fields: Any) -> Event:
@@ -189,32 +196,42 @@ class ResponseRenderer(NamedEvents):
     def chunk(self, index: int, delta: Delta) -> list[Event]:
         out = delta.output
         text, calls = (out.text, []) if self.calls is None else self.calls.feed(0, out.text, out.finished)
+        lps = chat_logprobs(delta.pieces or [], out)
+        if lps is not None:
+            self.logprobs += lps.content
+            self.unsent += len(lps.content)
         events = self._open() if not self.opened and (text or (out.finished and not calls)) else []
         where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         if text:
             self.text += text
-            events.append(self._event("response.output_text.delta", **where, delta=text, logprobs=[]))
+            carried = self.logprobs[len(self.logprobs) - self.unsent:]
+            self.unsent = 0
+            events.append(self._event("response.output_text.delta", **where, delta=text, logprobs=carried))
         if out.finished:
             self.finish = out.finish_reason
             if self.opened:
-                events += [self._event("response.output_text.done", **where, text=self.text, logprobs=[]),
-                           self._event("response.content_part.done", **where, part=OutputText(text=self.text)),
+                part = OutputText(text=self.text, logprobs=self.logprobs)
+                events += [self._event("response.output_text.done", **where, text=self.text,
+                                       logprobs=self.logprobs),
+                           self._event("response.content_part.done", **where, part=part),
                            self._event("response.output_item.done", output_index=0,
-                                       item=self._message(self.text, self.finish))]
+                                       item=self._message(self.text, self.finish, self.logprobs))]
             for call in calls:
                 events += self._call_events(FunctionCallOut.of(call))
         return events
 
     def closing(self, usage: Usage) -> list[Event]:
         kind = "response.incomplete" if self.finish == "length" else "response.completed"
-        output = self._output(self.text if self.opened else None, self.items, self.finish)
+        output = self._output(self.text if self.opened else None, self.items, self.finish, self.logprobs)
         return [self._event(kind, response=self._response(output, self.finish, usage))]
 
     def whole(self, choices: list[Choice], usage: Usage) -> ResponseObject:
         (choice,) = choices
         gen = choice.generation
         text, calls = (gen.text, []) if self.calls is None else parse(gen.text, self.calls.names)
-        output = self._output(text, [FunctionCallOut.of(c) for c in calls], gen.finish_reason)
+        lps = chat_logprobs(choice.pieces, gen)
+        output = self._output(text, [FunctionCallOut.of(c) for c in calls], gen.finish_reason,
+                              [] if lps is None else lps.content)
         return self._response(output, gen.finish_reason, usage)
 
     def failed(self, error: ApiError) -> str:

@@ -246,11 +246,15 @@ class ResponsesRequest(Body):
         return [
             ("previous_response_id", self.previous_response_id is not None, STATELESS),
             ("conversation", self.conversation is not None, STATELESS),
-            ("top_logprobs", self.top_logprobs > 0, "top alternatives are not offered yet"),
-            ("include", LOGPROBS in self.include, "logprobs are not offered on this route"),
             ("background", self.background, "every response is answered while the request waits"),
             ("prompt", self.prompt is not None, "stored prompt templates are not kept here; send the text"),
         ]
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the answer's tokens come with their logprobs: asked for by ``include``, or implied by asking for
+        top alternatives."""
+        return LOGPROBS in self.include or self.top_logprobs > 0
 
     def choice(self) -> ToolChoice:
         """Chat's ``tool_choice`` for this one; 400 naming a hosted tool's or another kind of choice."""
@@ -298,4 +302,5 @@ class ResponsesRequest(Body):
                                     "combined with a JSON 'text.format'; send one", param="tool_choice")
             grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls)
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=40, min_p=0.05, grammar=grammar)
+                              top_k=40, min_p=0.05, grammar=grammar, logprobs=self.logprobs,
+                              top_logprobs=self.top_logprobs)
