@@ -243,7 +243,7 @@ async def create_response(body: ResponsesRequest, request: Request, service: Ser
     service.check_model(body.model)
     refuse_unbuilt(body.not_yet())
     rid = f"resp_{uuid.uuid4().hex}"
-    group = service.submit([Submit(rid, body.sampling(), chat=body.turns())])
+    group = service.submit([Submit(rid, body.sampling(), chat=body.turns(), tools=body.tool_chat())])
     calls = CallStreams({t.function.name for t in body.callable}, body.forced) if body.callable else None
     render = ResponseRenderer(body, rid, service.model_name, int(time.time()), calls)
     return await respond(group, render, request, body.stream, 1)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.openai_requests import ChatMessage, FormatType, chat_turns, format_grammar
+from llamafleet.api.openai_requests import ChatMessage, FormatType, chat_turns, format_grammar, tool_chat
 from llamafleet.api.protocol import Block, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
@@ -34,6 +34,7 @@ from llamafleet.api.tools import (
     calls_grammar,
     offered,
 )
+from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import MAX_TOP_LOGPROBS, SamplingParams
 from llamafleet.fleet.messages import ChatTurn
 
@@ -285,13 +286,22 @@ class ResponsesRequest(Body):
         """Whether the answer must be tool calls (``tool_choice`` "required" or a named function)."""
         return self.tool_choice != "auto" and bool(self.callable)
 
-    def turns(self) -> tuple[ChatTurn, ...]:
-        """The (role, content) turns for the model's chat template, ``instructions`` first as a system message and
-        the callable tools listed in the system prompt, as chat's."""
+    @cached_property
+    def messages(self) -> list[ChatMessage]:
+        """The conversation as chat messages, ``instructions`` first as a system message."""
         system = [ChatMessage(role="system", content=self.instructions)] if self.instructions else []
         items = [ChatMessage(role="user", content=self.input)] if isinstance(self.input, str) \
             else chat_messages(self.input)
-        return chat_turns([*system, *items], self.callable)
+        return [*system, *items]
+
+    def turns(self) -> tuple[ChatTurn, ...]:
+        """The (role, content) turns for the model's chat template, the callable tools listed in the system prompt,
+        as chat's."""
+        return chat_turns(self.messages, self.callable)
+
+    def tool_chat(self) -> ToolChat | None:
+        """The same conversation for a model whose own template shows tools, as chat's."""
+        return tool_chat(self.messages, self.callable)
 
     def sampling(self) -> SamplingParams:
         fmt = None if self.text is None else self.text.format
