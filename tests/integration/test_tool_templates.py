@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai import OpenAI
 
 from llamafleet.engine.engine import Engine  # isort: skip  (llama.cpp before numpy: see engine/llama.py)
 
@@ -82,13 +83,16 @@ def header(header_model: Path) -> Iterator[Engine]:
     yield from _engine(header_model)
 
 
-def test_the_demo_models_template_keeps_the_generic_section(model_path: Path) -> None:
+def test_the_demo_models_template_keeps_the_generic_section(model_path: Path, client: OpenAI, model: str) -> None:
     for engine in _engine(model_path):
         assert engine.tool_template is None  # SmolLM2's template has no tools
         req = _request(ROUND_TRIP, [WEATHER])
         ids = prompt_ids(engine, req)
         assert ids == generic_ids(engine, req)
         assert TOOLS_HEADER in engine.detokenize(ids) and "<tool_response>\n21 C" in engine.detokenize(ids)
+        out = client.chat.completions.create(model=model, messages=ROUND_TRIP, tools=[WEATHER],  # type: ignore
+                                             max_tokens=1)
+        assert out.usage is not None and out.usage.prompt_tokens == len(ids)  # the shared server's prompt
 
 
 def test_a_template_that_shows_tools_renders_the_conversation(chatml: Engine) -> None:
