@@ -15,7 +15,8 @@ from llamafleet.api.anthropic_requests import MessagesRequest
 from llamafleet.api.app import create_app
 from llamafleet.api.openai import context_error
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
-from llamafleet.api.responses import ResponseRenderer, ResponsesRequest
+from llamafleet.api.responses import ResponseRenderer
+from llamafleet.api.responses_requests import ResponsesRequest
 from llamafleet.api.service import Service
 from llamafleet.engine.types import ContextOverflow, EngineConfig
 from llamafleet.fleet.dispatch import Dispatcher
@@ -211,13 +212,12 @@ def test_responses_request_becomes_chat_turns() -> None:
 
 @pytest.mark.parametrize(("change", "param", "words"), [
     ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
-    ({"tools": [{"type": "function", "name": "f"}]}, "tools", "tool calling is coming"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]", "web_search tools are not supported"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"patternProperties": {}}}}},
      "text.format.schema", "'patternProperties' (at patternProperties) cannot be enforced"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0]", "input_image content is not supported"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0]",
-     "tool calling is coming"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", "reasoning items are not supported"),
 ])
 def test_responses_refusals_name_the_parameter(client: TestClient, change: dict[str, Any], param: str,
                                                words: str) -> None:

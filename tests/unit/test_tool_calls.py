@@ -39,6 +39,8 @@ def chat(**body: Any) -> ChatCompletionRequest:
     ('{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [WEATHER]),
     ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
      '{"name": "get_time", "parameters": {"zone": "UTC"}}', None, [WEATHER, TIME]),
+    # Mistral: its tag (when it is text, not a control token) before a list
+    ('[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]', None, [TIME]),
     # generic JSON: a list, llama.cpp's tool_call / tool_calls wrappers
     (' [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {"zone": "UTC"}}]',
      None, [WEATHER, TIME]),
@@ -72,6 +74,7 @@ def test_a_broken_block_stays_in_the_content_beside_good_ones() -> None:
     'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
     '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
     '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
     "Plain text: a < b, and <tool is no tag; {braces} later.",
     "<tool_call>broken",
 ])
@@ -83,7 +86,7 @@ def test_streamed_splits_never_leak_markup_and_agree_with_whole(text: str, step:
     content, whole_calls = parse(text, NAMES)
     assert calls == whole_calls
     if calls:
-        assert "<tool_call>" not in sent + rest and "python_tag" not in sent + rest
+        assert "<tool_call>" not in sent + rest and "python_tag" not in sent + rest and "TOOL_CALLS" not in sent + rest
         assert (sent + rest).strip() == (content or "")
     else:
         assert sent + rest == text

@@ -193,7 +193,7 @@ async def messages(body: MessagesRequest, request: Request, service: ServiceDep)
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     mid = f"msg_{uuid.uuid4().hex}"
-    group = service.submit([Submit(mid, body.sampling(), chat=body.turns())])
+    group = service.submit([Submit(mid, body.sampling(), chat=body.turns(), tools=body.tool_chat())])
     calls = CallStreams({t.function.name for t in body.callable}, body.forced) if body.callable else None
     render = MessageRenderer(mid, service.model_name, tuple(body.stop_sequences), calls)
     return await respond(group, render, request, body.stream, 1)
@@ -204,7 +204,7 @@ async def count_tokens(body: CountTokensRequest, request: Request, service: Serv
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     group = service.submit([Submit(f"count-{uuid.uuid4().hex}", SamplingParams(), chat=body.turns(),
-                                   count_only=True)])
+                                   tools=body.tool_chat(), count_only=True)])
     try:
         (choice,) = await collect(group, request)
     finally:

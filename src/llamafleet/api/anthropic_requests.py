@@ -3,9 +3,10 @@ for the model's template, and the engine's parameters.
 
 Text blocks are joined; earlier turns' thinking is skipped. Tools are OpenAI's tools in Anthropic's words, translated
 to :mod:`~llamafleet.api.tools`' objects rather than rebuilt: ``tools`` (``input_schema`` for ``parameters``) are
-listed in the system prompt, ``tool_choice`` ``any`` / ``tool`` force a call under the same grammar as
-``"required"`` / a named function, and earlier ``tool_use`` / ``tool_result`` blocks are rendered as OpenAI's
-assistant tool calls and ``role: "tool"`` messages are.
+shown as chat's are (the model's own template, or the generic system-prompt section), ``tool_choice`` ``any`` /
+``tool`` force a call under the same grammar as ``"required"`` / a named function, and earlier ``tool_use`` /
+``tool_result`` blocks become OpenAI's assistant tool calls and ``role: "tool"`` messages
+(:class:`~llamafleet.api.openai_requests.ChatMessage`), rendered as chat's are.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
+from llamafleet.api.openai_requests import ChatMessage, chat_turns, tool_chat
 from llamafleet.api.protocol import Block, check_stops, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
@@ -30,12 +32,10 @@ from llamafleet.api.tools import (
     Tool,
     ToolCall,
     ToolChoice,
-    assistant_text,
     calls_grammar,
     offered,
-    tool_result_text,
-    with_tools,
 )
+from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import SamplingParams
 from llamafleet.fleet.messages import ChatTurn
 
@@ -75,9 +75,10 @@ class ToolResult(Body):
     is_error: bool = False
     cache_control: dict[str, Any] | None = None
 
-    def turn(self, where: str) -> ChatTurn:
+    def message(self, where: str) -> ChatMessage:
         text = _text(self.content, f"{where}.content")
-        return "user", tool_result_text(TOOL_ERROR + text if self.is_error else text)
+        return ChatMessage(role="tool", tool_call_id=self.tool_use_id, content=TOOL_ERROR + text if self.is_error
+                           else text)
 
 
 def _block_kind(v: Any) -> str:
@@ -109,17 +110,17 @@ class AnthropicMessage(Body):
             raise ValueError("tool_result blocks belong in user messages (the results of the assistant's calls)")
         return self
 
-    def turns(self, where: str) -> list[ChatTurn]:
-        """The chat turns of this message: an assistant's text then its calls as one turn; a user's tool results
-        each as a turn (as OpenAI's tool messages), then its text; 400 naming a block that is neither."""
+    def messages(self, where: str) -> list[ChatMessage]:
+        """The chat messages of this message: an assistant's text and its calls as one message; a user's tool
+        results each as OpenAI's tool message, then its text; 400 naming a block that is neither."""
         if isinstance(self.content, str):
-            return [(self.role, self.content)]
+            return [ChatMessage(role=self.role, content=self.content)]
         calls = [b.call() for b in self.content if isinstance(b, ToolUse)]
-        results = [b.turn(f"{where}[{i}]") for i, b in enumerate(self.content) if isinstance(b, ToolResult)]
+        results = [b.message(f"{where}[{i}]") for i, b in enumerate(self.content) if isinstance(b, ToolResult)]
         text = _text(self.content, where)
         if calls:
-            return [("assistant", assistant_text(text, calls))]
-        return results + ([(self.role, text)] if text or not results else [])
+            return [ChatMessage(role="assistant", content=text or None, tool_calls=calls)]
+        return results + ([ChatMessage(role=self.role, content=text)] if text or not results else [])
 
 
 class AnthropicTool(Body):
@@ -176,12 +177,20 @@ class CountTokensRequest(Body):
         """Whether the answer must be calls (``tool_choice`` ``any`` or ``tool``)."""
         return self.tool_choice.type in ("any", "tool") and bool(self.callable)
 
-    def turns(self) -> tuple[ChatTurn, ...]:
-        """The chat turns for the model's template, the callable tools listed in the system prompt (400 naming a
-        block that is not text or a tool's)."""
+    @cached_property
+    def conversation(self) -> list[ChatMessage]:
+        """The conversation as OpenAI's chat messages (400 naming a block that is not text or a tool's)."""
         system = _text(self.system, "system")
-        turns = [t for i, m in enumerate(self.messages) for t in m.turns(f"messages[{i}].content")]
-        return with_tools([("system", system), *turns] if system else turns, self.callable)
+        chat = [c for i, m in enumerate(self.messages) for c in m.messages(f"messages[{i}].content")]
+        return [ChatMessage(role="system", content=system), *chat] if system else chat
+
+    def turns(self) -> tuple[ChatTurn, ...]:
+        """The chat turns for the model's template, the callable tools listed in the system prompt, as chat's."""
+        return chat_turns(self.conversation, self.callable)
+
+    def tool_chat(self) -> ToolChat | None:
+        """The same conversation for a model whose own template shows tools, as chat's."""
+        return tool_chat(self.conversation, self.callable)
 
     def not_yet(self) -> NotYet:
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""

@@ -185,9 +185,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    turns = body.turns()
+    turns, tools = body.turns(), body.tool_chat()
     group = service.submit([
-        Submit(f"{cid}-{c}", body.sampling(body.token_limit(), c, body.logprobs), chat=turns)
+        Submit(f"{cid}-{c}", body.sampling(body.token_limit(), c, body.logprobs), chat=turns, tools=tools)
         for c in range(body.n)
     ])
     calls = CallStreams([t.function.name for t in body.callable], body.forced) if body.callable else None

@@ -38,6 +38,7 @@ from llamafleet.api.tools import (
     with_tools,
 )
 from llamafleet.engine.grammar import check_gbnf, json_object_grammar, json_schema_grammar
+from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_CHOICES = 16  # n
@@ -76,6 +77,18 @@ class ChatMessage(Request):
             return self.content or ""
         return "".join(p.text for p in self.content)
 
+    def template_message(self, call_names: dict[str, str]) -> dict[str, Any]:
+        """The message as chat templates read it (HF's shape): calls as ``tool_calls``, a tool result with the
+        ``tool_call_id`` it answers and that call's function ``name`` (from ``call_names``) when known."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.template_call() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+            if self.tool_call_id in call_names:
+                out["name"] = call_names[self.tool_call_id]
+        return out
+
     def turn(self) -> tuple[str, str]:
         """(role, content) for the model's chat template; OpenAI's "developer" role is the older "system", and tool
         calls and results are written out as text (:mod:`~llamafleet.api.tools`)."""
@@ -84,6 +97,21 @@ class ChatMessage(Request):
         if self.tool_calls:
             return "assistant", assistant_text(self.text(), self.tool_calls)
         return ("system" if self.role == "developer" else self.role), self.text()
+
+
+def chat_turns(messages: list[ChatMessage], tools: list[Tool]) -> tuple[tuple[str, str], ...]:
+    """The (role, content) turns of ``messages`` for the model's chat template, ``tools`` listed in the system
+    prompt (:func:`~llamafleet.api.tools.with_tools`)."""
+    return with_tools([m.turn() for m in messages], tools)
+
+
+def tool_chat(messages: list[ChatMessage], tools: list[Tool]) -> ToolChat | None:
+    """The conversation for a model whose own template shows tools; None when it holds no tools, calls or results
+    (it is then rendered as any chat)."""
+    if not tools and not any(m.tool_calls or m.role == "tool" for m in messages):
+        return None
+    names = {c.id: c.function.name for m in messages for c in m.tool_calls}
+    return ToolChat(tuple(m.template_message(names) for m in messages), tuple(t.spec() for t in tools))
 
 
 FormatType = Literal["text", "json_object", "json_schema"]
@@ -296,7 +324,11 @@ class ChatCompletionRequest(SamplingRequest):
     def turns(self) -> tuple[tuple[str, str], ...]:
         """The (role, content) turns for the model's chat template, the callable tools listed in the system
         prompt (:func:`~llamafleet.api.tools.tools_prompt`)."""
-        return with_tools([m.turn() for m in self.messages], self.callable)
+        return chat_turns(self.messages, self.callable)
+
+    def tool_chat(self) -> ToolChat | None:
+        """The same conversation for a model whose own template shows tools (:func:`tool_chat`)."""
+        return tool_chat(self.messages, self.callable)
 
     def top_n(self) -> int:
         return self.top_logprobs

@@ -1,146 +1,40 @@
-"""OpenAI's Responses API, text only: ``POST /v1/responses`` (the SDK's ``client.responses.create``).
+"""OpenAI's Responses API: ``POST /v1/responses`` (the SDK's ``client.responses.create``).
 
-``input`` (a string, or message items whose content is a string or text parts) and ``instructions`` become chat
-turns for the model's own template, as a chat completion's messages do. The answer is a ``response`` object with one
-assistant message; a stream sends the API's named events, each with its ``sequence_number``. The server is
-stateless: nothing is stored, so ``previous_response_id`` (and ``conversation``) are refused with a 400 that says so,
-and ``store`` is accepted and ignored. ``text.format`` takes chat's structured output formats (flat). Tools are
-refused until tool calling exists.
+A request (:mod:`~llamafleet.api.responses_requests`) becomes the same chat turns a chat completion's messages do, so
+it runs through the model's own chat template, with tools shown, forced and parsed by the chat machinery. The answer
+is a ``response`` object whose ``output`` holds an assistant message (its text as one ``output_text`` part), then
+one ``function_call`` item per tool call; a stream sends the API's named events, each with its ``sequence_number``.
+With tools the message item is opened only once there is text to send (a call may come first, and a forced answer
+has none), and each call follows as its own item when the answer ends (``response.output_item.added``, one
+``response.function_call_arguments.delta`` with the whole arguments, ``.done``, ``response.output_item.done``). The
+server is stateless: nothing is stored, so ``previous_response_id`` (and ``conversation``) are refused with a 400 that
+says so, and ``store`` is accepted and ignored. Logprobs (``include: ["message.output_text.logprobs"]``,
+``top_logprobs``) go on the ``output_text`` part, and on each text delta for the tokens its text came from.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
-from llamafleet.api.errors import ApiError, NotYet, refuse_unbuilt, unsupported
-from llamafleet.api.openai_requests import FormatType, format_grammar
-from llamafleet.api.protocol import Block, Event, NamedEvents, Usage, check_unicode, sse_event
-from llamafleet.api.protocol import Request as Body
+from llamafleet.api.errors import ApiError, refuse_unbuilt
+from llamafleet.api.logprobs import chat_logprobs
+from llamafleet.api.protocol import Event, NamedEvents, TokenLogprob, Usage, sse_event
+from llamafleet.api.responses_requests import ResponsesRequest, Status
 from llamafleet.api.service import ServiceDep
-from llamafleet.engine.types import ContextOverflow, FinishReason, SamplingParams
+from llamafleet.api.tool_calls import CallStreams, ParsedCall, call_id, parse
+from llamafleet.engine.types import ContextOverflow, FinishReason
 from llamafleet.fleet.dispatch import Delta
-from llamafleet.fleet.messages import ChatTurn, Submit
+from llamafleet.fleet.messages import Submit
 
 routes = APIRouter()
-
-TEXT_PARTS = ("input_text", "output_text", "text")
-TOOLS_LATER = "tool calling is coming; remove it, or send null or []"
-STATELESS = ("this server is stateless: it stores no responses or conversations, so send the whole conversation in "
-             "'input' (and null here)")
-
-
-# -- requests --------------------------------------------------------------------------------------------------
-class Item(Body):
-    """An input item: a message (other item kinds are accepted here so that the refusal can name them)."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    type: str = "message"
-    role: Literal["user", "assistant", "system", "developer"] | None = None
-    content: str | list[Block] | None = None
-
-    def turn(self, where: str) -> ChatTurn:
-        if self.type.startswith(("function_call", "custom_tool_call")):
-            raise unsupported(where, TOOLS_LATER)
-        if self.type == "item_reference":
-            raise unsupported(where, STATELESS)
-        if self.type != "message":
-            raise ApiError(400, f"'{where}': {self.type} items are not supported; send messages", param=where)
-        if self.role is None or self.content is None:
-            missing = f"{where}.{'role' if self.role is None else 'content'}"
-            raise ApiError(400, f"missing required parameter '{missing}'", param=missing)
-        role = "system" if self.role == "developer" else self.role
-        if isinstance(self.content, str):
-            check_unicode([self.content])
-            return role, self.content
-        return role, "".join(part.text_of(f"{where}.content[{i}]", TEXT_PARTS) for i, part in enumerate(self.content))
-
-
-class TextFormat(Body):
-    """``text.format``: Responses spells chat's ``response_format`` flat (``name``, ``schema`` beside ``type``)."""
-
-    type: FormatType
-    name: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None  # the schema is always enforced
-    description: str | None = None
-
-
-class TextOptions(Body):
-    format: TextFormat | None = None
-    verbosity: str | None = None  # ignored
-
-
-class ResponsesRequest(Body):
-    model: str
-    input: str | list[Item]
-    instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    stream: bool = False
-    tools: list[Any] = []
-    tool_choice: str | dict[str, Any] = "auto"
-    text: TextOptions | None = None
-    top_logprobs: int = Field(0, ge=0, le=20)
-    previous_response_id: str | None = None
-    conversation: str | dict[str, Any] | None = None
-    background: bool = False
-    prompt: dict[str, Any] | None = None
-    # accepted, ignored: nothing is stored or billed here, and the model does not reason apart from its answer
-    store: bool | None = None
-    metadata: dict[str, str] | None = None
-    user: str | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    parallel_tool_calls: bool | None = None
-    max_tool_calls: int | None = None
-    reasoning: dict[str, Any] | None = None
-    truncation: Literal["auto", "disabled"] | None = None
-    include: list[str] = []
-    stream_options: dict[str, Any] | None = None
-
-    @field_validator("input", "instructions")
-    @classmethod
-    def _unicode(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            check_unicode([v])
-        return v
-
-    def not_yet(self) -> NotYet:
-        """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
-        return [
-            ("previous_response_id", self.previous_response_id is not None, STATELESS),
-            ("conversation", self.conversation is not None, STATELESS),
-            ("tools", bool(self.tools), TOOLS_LATER),
-            ("tool_choice", self.tool_choice not in ("none", "auto"),
-             "no tools can be called yet; send \"none\", \"auto\" or null"),
-            ("top_logprobs", self.top_logprobs > 0, "top alternatives are not offered yet"),
-            ("include", "message.output_text.logprobs" in self.include, "logprobs are not offered on this route"),
-            ("background", self.background, "every response is answered while the request waits"),
-            ("prompt", self.prompt is not None, "stored prompt templates are not kept here; send the text"),
-        ]
-
-    def turns(self) -> tuple[ChatTurn, ...]:
-        system: tuple[ChatTurn, ...] = (("system", self.instructions),) if self.instructions else ()
-        if isinstance(self.input, str):
-            return (*system, ("user", self.input))
-        return (*system, *(item.turn(f"input[{i}]") for i, item in enumerate(self.input)))
-
-    def sampling(self) -> SamplingParams:
-        fmt = None if self.text is None else self.text.format
-        grammar = None if fmt is None else format_grammar(fmt.type, fmt.schema_, "text.format.schema")
-        return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=40, min_p=0.05, grammar=grammar)
 
 
 # -- responses -------------------------------------------------------------------------------------------------
@@ -148,20 +42,41 @@ class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = []
-    logprobs: list[Any] = []
+    logprobs: list[TokenLogprob] = []  # with include ["message.output_text.logprobs"] or top_logprobs
 
 
 class OutputMessage(BaseModel):
     type: Literal["message"] = "message"
     id: str
-    status: Literal["in_progress", "completed", "incomplete"]
+    status: Status
     role: Literal["assistant"] = "assistant"
     content: list[OutputText]
 
 
+class FunctionCallOut(BaseModel):
+    """A tool call: ``call_id`` is what the ``function_call_output`` item that answers it names."""
+
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+    status: Status
+
+    @classmethod
+    def of(cls, call: ParsedCall) -> FunctionCallOut:
+        return cls(id=f"fc_{uuid.uuid4().hex}", call_id=call_id(), name=call.name, arguments=call.arguments,
+                   status="completed")
+
+
+OutputItem = OutputMessage | FunctionCallOut
+
+
 class ResponseUsage(BaseModel):
+    """``cache_write_tokens`` (billed cache writes, a field the SDK requires) is 0: nothing is billed here."""
+
     input_tokens: int
-    input_tokens_details: dict[str, int] = {"cached_tokens": 0}
+    input_tokens_details: dict[str, int]
     output_tokens: int
     output_tokens_details: dict[str, int] = {"reasoning_tokens": 0}
     total_tokens: int
@@ -171,39 +86,46 @@ class ResponseObject(BaseModel):
     id: str
     object: Literal["response"] = "response"
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete"]
+    status: Status
     error: None = None
     incomplete_details: dict[str, str] | None = None
     instructions: str | None
     max_output_tokens: int | None
     model: str
-    output: list[OutputMessage]
-    parallel_tool_calls: bool = False
+    output: list[OutputItem]
+    parallel_tool_calls: bool
     previous_response_id: None = None
     store: bool = False
     temperature: float
     top_p: float
     text: dict[str, Any] = {"format": {"type": "text"}}
-    tool_choice: str = "auto"
-    tools: list[Any] = []
+    tool_choice: str | dict[str, Any]
+    tools: list[dict[str, Any]]
+    top_logprobs: int
     truncation: str = "disabled"
     usage: ResponseUsage | None
     metadata: dict[str, str] = {}
 
 
-def _status(finish: FinishReason | None) -> Literal["in_progress", "completed", "incomplete"]:
+def _status(finish: FinishReason | None) -> Status:
     return "in_progress" if finish is None else "incomplete" if finish == "length" else "completed"
 
 
 @dataclass
 class ResponseRenderer(NamedEvents):
-    """One response, whole or as its stream of events (``n`` is always 1)."""
+    """One response, whole or as its stream of events (``n`` is always 1). Without tools the message item opens
+    with the stream; with tools (``calls``), once there is text."""
 
     body: ResponsesRequest
     rid: str
     model: str
     created: int
+    calls: CallStreams | None = None  # the tools whose calls are parsed out of the answer (None: no tools)
     text: str = ""  # streamed so far (the ``done`` events repeat it whole)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # streamed so far, likewise
+    unsent: int = 0  # how many of them no text delta has carried yet (their text is held back)
+    opened: bool = False  # the message item was added
+    items: list[FunctionCallOut] = field(default_factory=list)  # the calls, once the answer ended
     finish: FinishReason | None = None
     sequence: int = 0
 
@@ -211,21 +133,32 @@ class ResponseRenderer(NamedEvents):
     def item_id(self) -> str:
         return f"msg_{self.rid.removeprefix('resp_')}"
 
-    def _item(self, text: str | None, finish: FinishReason | None) -> OutputMessage:
+    def _message(self, text: str | None, finish: FinishReason | None,
+                 logprobs: list[TokenLogprob] | None = None) -> OutputMessage:
         return OutputMessage(id=self.item_id, status=_status(finish),
-                             content=[] if text is None else [OutputText(text=text)])
+                             content=[] if text is None else [OutputText(text=text, logprobs=logprobs or [])])
 
-    def _response(self, items: list[OutputMessage], finish: FinishReason | None,
+    def _response(self, items: list[OutputItem], finish: FinishReason | None,
                   usage: Usage | None) -> ResponseObject:
         b = self.body
         return ResponseObject(
             id=self.rid, created_at=self.created, status=_status(finish), instructions=b.instructions,
             incomplete_details={"reason": "max_output_tokens"} if finish == "length" else None,
             max_output_tokens=b.max_output_tokens, model=self.model, output=items, temperature=b.temperature,
-            top_p=b.top_p, usage=None if usage is None else ResponseUsage(
+            top_p=b.top_p, parallel_tool_calls=b.parallel_tool_calls, top_logprobs=b.top_logprobs,
+            tool_choice=b.model_dump(include={"tool_choice"})["tool_choice"],
+            tools=[t.model_dump(exclude_none=True) for t in b.tools],
+            usage=None if usage is None else ResponseUsage(
                 input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-                input_tokens_details={"cached_tokens": usage.prompt_tokens_details.cached_tokens},
+                input_tokens_details={"cached_tokens": usage.prompt_tokens_details.cached_tokens,
+                                      "cache_write_tokens": 0},
                 total_tokens=usage.total_tokens))
+
+    def _output(self, text: str | None, calls: list[FunctionCallOut], finish: FinishReason | None,
+                logprobs: list[TokenLogprob]) -> list[OutputItem]:
+        """The output items: the message (when there is text, or no call), then the calls."""
+        message: list[OutputItem] = [self._message(text or "", finish, logprobs)] if text or not calls else []
+        return [*message, *calls]
 
     def _event(self, kind: str, **fields: Any) -> Event:
         self.sequence += 1
@@ -238,36 +171,68 @@ class ResponseRenderer(NamedEvents):
                              "Please adjust your input and try again.", param="input",
                         code="context_length_exceeded")
 
-    def opening(self, n_choices: int) -> list[Event]:
-        return [self._event("response.created", response=self._response([], None, None)),
-                self._event("response.in_progress", response=self._response([], None, None)),
-                self._event("response.output_item.added", output_index=0, item=self._item(None, None)),
+    def _open(self) -> list[Event]:
+        """The message item and its one text part, added."""
+        self.opened = True
+        return [self._event("response.output_item.added", output_index=0, item=self._message(None, None)),
                 self._event("response.content_part.added", item_id=self.item_id, output_index=0, content_index=0,
                             part=OutputText(text=""))]
 
+    def _call_events(self, call: FunctionCallOut) -> list[Event]:
+        """One call's item, added with no arguments, then its arguments whole, then done."""
+        at = {"output_index": int(self.opened) + len(self.items), "item_id": call.id}
+        self.items.append(call)
+        return [self._event("response.output_item.added", output_index=at["output_index"],
+                            item=call.model_copy(update={"arguments": "", "status": "in_progress"})),
+                self._event("response.function_call_arguments.delta", **at, delta=call.arguments),
+                self._event("response.function_call_arguments.done", **at, arguments=call.arguments),
+                self._event("response.output_item.done", output_index=at["output_index"], item=call)]
+
+    def opening(self, n_choices: int) -> list[Event]:
+        events = [self._event("response.created", response=self._response([], None, None)),
+                  self._event("response.in_progress", response=self._response([], None, None))]
+        return events + (self._open() if self.calls is None else [])
+
     def chunk(self, index: int, delta: Delta) -> list[Event]:
         out = delta.output
+        text, calls = (out.text, []) if self.calls is None else self.calls.feed(0, out.text, out.finished)
+        lps = chat_logprobs(delta.pieces or [], out)
+        if lps is not None:
+            self.logprobs += lps.content
+            self.unsent += len(lps.content)
+        events = self._open() if not self.opened and (text or (out.finished and not calls)) else []
         where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        events = []
-        if out.text:
-            self.text += out.text
-            events.append(self._event("response.output_text.delta", **where, delta=out.text, logprobs=[]))
+        if text:
+            self.text += text
+            carried = self.logprobs[len(self.logprobs) - self.unsent:]
+            self.unsent = 0
+            events.append(self._event("response.output_text.delta", **where, delta=text, logprobs=carried))
         if out.finished:
             self.finish = out.finish_reason
-            events += [self._event("response.output_text.done", **where, text=self.text, logprobs=[]),
-                       self._event("response.content_part.done", **where, part=OutputText(text=self.text)),
-                       self._event("response.output_item.done", output_index=0,
-                                   item=self._item(self.text, self.finish))]
+            if self.opened:
+                part = OutputText(text=self.text, logprobs=self.logprobs)
+                events += [self._event("response.output_text.done", **where, text=self.text,
+                                       logprobs=self.logprobs),
+                           self._event("response.content_part.done", **where, part=part),
+                           self._event("response.output_item.done", output_index=0,
+                                       item=self._message(self.text, self.finish, self.logprobs))]
+            for call in calls:
+                events += self._call_events(FunctionCallOut.of(call))
         return events
 
     def closing(self, usage: Usage) -> list[Event]:
         kind = "response.incomplete" if self.finish == "length" else "response.completed"
-        return [self._event(kind, response=self._response([self._item(self.text, self.finish)], self.finish, usage))]
+        output = self._output(self.text if self.opened else None, self.items, self.finish, self.logprobs)
+        return [self._event(kind, response=self._response(output, self.finish, usage))]
 
     def whole(self, choices: list[Choice], usage: Usage) -> ResponseObject:
         (choice,) = choices
         gen = choice.generation
-        return self._response([self._item(gen.text, gen.finish_reason)], gen.finish_reason, usage)
+        text, calls = (gen.text, []) if self.calls is None else parse(gen.text, self.calls.names)
+        lps = chat_logprobs(choice.pieces, gen)
+        output = self._output(text, [FunctionCallOut.of(c) for c in calls], gen.finish_reason,
+                              [] if lps is None else lps.content)
+        return self._response(output, gen.finish_reason, usage)
 
     def failed(self, error: ApiError) -> str:
         return sse_event(self._event("error", code=error.code, message=error.message, param=error.param))
@@ -278,6 +243,7 @@ async def create_response(body: ResponsesRequest, request: Request, service: Ser
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     rid = f"resp_{uuid.uuid4().hex}"
-    group = service.submit([Submit(rid, body.sampling(), chat=body.turns())])
-    render = ResponseRenderer(body, rid, service.model_name, int(time.time()))
+    group = service.submit([Submit(rid, body.sampling(), chat=body.turns(), tools=body.tool_chat())])
+    calls = CallStreams({t.function.name for t in body.callable}, body.forced) if body.callable else None
+    render = ResponseRenderer(body, rid, service.model_name, int(time.time()), calls)
     return await respond(group, render, request, body.stream, 1)

@@ -5,7 +5,8 @@ Models write calls in a few forms; the common ones are recognised:
 
 * Hermes 2 Pro / Qwen, and this server's own tools prompt (:mod:`~llamafleet.api.tools`): ``<tool_call>{"name": ...,
   "arguments": {...}}</tool_call>`` blocks anywhere in the answer, the text around them being its content;
-* Llama 3.x JSON: the whole answer ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``,
+* Llama 3.x JSON: the whole answer ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``
+  (or Mistral's ``[TOOL_CALLS]``, where a model's vocabulary holds it as text rather than a control token),
   several separated by ``;``;
 * generic JSON: the whole answer a ``{"name", "arguments"}`` object, a list of them, or llama.cpp's generic
   ``{"tool_call": {...}}`` / ``{"tool_calls": [...]}``.
@@ -28,6 +29,7 @@ from llamafleet.engine.types import FinishReason
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+TOOL_CALLS_TAG = "[TOOL_CALLS]"  # Mistral's; the tag holds ``[``, so an answer opening with it is held like JSON
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _SEPARATORS = " \t\r\n;,"
 
@@ -71,7 +73,7 @@ def _json_values(text: str) -> list[Any] | None:
 
 def _json_calls(text: str, names: Collection[str]) -> list[ParsedCall]:
     """The calls of an answer that is nothing but JSON calls (Llama 3.x and generic forms); [] otherwise."""
-    values = _json_values(text.strip().removeprefix(PYTHON_TAG))
+    values = _json_values(text.strip().removeprefix(PYTHON_TAG).removeprefix(TOOL_CALLS_TAG))
     if not values:
         return []
     items: list[Any] = []

@@ -1,12 +1,16 @@
 """OpenAI function tools on the way in: the request shapes, the prompt that shows them to the model, and the grammar
 that forces a call when ``tool_choice`` demands one.
 
-The worker renders chats with llama.cpp's built-in template families (``llama_chat_apply_template``), which know
-nothing of tools. So tools are shown the way Hermes 2 Pro and Qwen templates show them, as plain text any model can
-read: a section added to the system prompt (:func:`tools_prompt`) that lists each function's name, description and
-JSON-schema parameters and asks for ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks. Earlier
-calls are rendered as those blocks in the assistant's turn, and tool results as ``<tool_response>`` blocks in a user
-turn (every template family accepts the user role), so a conversation reads the same way it was asked for.
+A model whose GGUF carries a Jinja template that shows tools gets the conversation in its own template's words: the
+request sends it whole (:class:`~llamafleet.engine.template.ToolChat`: :meth:`Tool.spec`, :meth:`ToolCall.
+template_call`) and the worker renders it (:mod:`~llamafleet.engine.template`). Every other model is rendered by
+llama.cpp's built-in template families (``llama_chat_apply_template``), which know nothing of tools; for those, tools
+are shown the way Hermes 2 Pro and Qwen templates show them, as plain text any model can read: a section added to the
+system prompt (:func:`tools_prompt`) that lists each function's name, description and JSON-schema parameters and
+asks for ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks. Earlier calls are rendered as those
+blocks in the assistant's turn, and tool results as ``<tool_response>`` blocks in a user turn (every template family
+accepts the user role), so a conversation reads the same way it was asked for. Both renderings go with every request
+that has tools; the worker picks.
 
 ``tool_choice`` ``"required"`` or a named function samples under a GBNF grammar (:func:`calls_grammar`) whose every
 sentence is one or more such blocks, each naming an offered function, with arguments valid under its schema
@@ -55,6 +59,10 @@ class Tool(Request):
     type: Literal["function"]
     function: Function
 
+    def spec(self) -> dict[str, Any]:
+        """The tool as chat templates show it: ``{"type": "function", "function": {name, description, parameters}}``."""
+        return {"type": "function", "function": self.function.model_dump(exclude={"strict"}, exclude_none=True)}
+
 
 class FunctionName(Request):
     name: str
@@ -80,6 +88,11 @@ class ToolCall(Request):
     type: Literal["function"]
     function: CalledFunction
 
+    def template_call(self) -> dict[str, Any]:
+        """The call as chat templates read it: its arguments as the object they spell (HF's convention)."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.function.name, "arguments": _arguments(self.function.arguments)}}
+
 
 def call_block(name: str, arguments: Any) -> str:
     """One call as the model is asked to write it."""
@@ -96,8 +109,7 @@ def _arguments(text: str) -> Any:
 
 def tools_prompt(tools: list[Tool]) -> str:
     """The system-prompt section that lists ``tools`` and the format of a call."""
-    specs = [json.dumps({"type": "function", "function": t.function.model_dump(exclude={"strict"}, exclude_none=True)},
-                        ensure_ascii=False) for t in tools]
+    specs = [json.dumps(t.spec(), ensure_ascii=False) for t in tools]
     return TOOLS_HEADER + "\n".join(specs) + TOOLS_FOOTER
 
 

@@ -23,17 +23,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
+from functools import cached_property
 from types import TracebackType
 from typing import Self
 
 import numpy as np
 
-from llamafleet.engine.chat import chat_tokens
+from llamafleet.engine.chat import chat_tokens, tool_chat_tokens
 from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.template import ChatTemplate, ToolChat, tool_template
 from llamafleet.engine.types import (
     ContextOverflow,
     EngineConfig,
@@ -116,9 +118,21 @@ class Engine:
     def apply_chat_template(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.model.apply_chat_template(messages, add_generation_prompt)
 
-    def tokenize_chat(self, messages: Seq[dict[str, str]]) -> list[int]:
+    @cached_property
+    def tool_template(self) -> ChatTemplate | None:
+        """The GGUF's Jinja template (its ``tool_use`` one first) when it shows tools, compiled on first use."""
+        m = self.model
+        return tool_template(m.chat_template("tool_use") or m.chat_template(), *m.special_texts(), m.add_bos)
+
+    def tokenize_chat(self, messages: Seq[dict[str, str]], tools: ToolChat | None = None) -> list[int]:
         """Chat messages -> prompt tokens: the template's markup parsed as special tokens, message contents never
-        (see :mod:`llamafleet.engine.chat`)."""
+        (see :mod:`llamafleet.engine.chat`). A conversation with ``tools`` is rendered by the model's own template
+        when it shows tools and nothing outside the contents spells a special token; otherwise ``messages`` (their
+        generic rendering) by llama.cpp's."""
+        if tools is not None and self.tool_template is not None:
+            ids = tool_chat_tokens(tools, self.tool_template, self.tokenize)
+            if ids is not None:
+                return ids
         return chat_tokens(messages, self.apply_chat_template, self.tokenize)
 
     # -- requests ---------------------------------------------------------------------------------------------

@@ -154,9 +154,19 @@ class Model(_Native):
     def check_grammar(self, grammar: str) -> None:
         lc.llama_sampler_free(self.grammar_sampler(grammar))
 
-    def chat_template(self) -> str | None:
-        tmpl = lc.llama_model_chat_template(self.ptr, None)
+    def chat_template(self, name: str | None = None) -> str | None:
+        """The GGUF's chat template source (``name``: a named one, such as ``tool_use``), None if it has none."""
+        tmpl = lc.llama_model_chat_template(self.ptr, None if name is None else name.encode())
         return tmpl.decode("utf-8", errors="replace") if tmpl else None
+
+    def special_texts(self) -> tuple[str, str]:
+        """The text of the BOS and EOS tokens, as chat templates write them (empty when the model has none)."""
+        buf = ctypes.create_string_buffer(256)
+        texts = []
+        for t in (lc.llama_vocab_bos(self.vocab), lc.llama_vocab_eos(self.vocab)):
+            n = lc.llama_token_to_piece(self.vocab, t, buf, 256, 0, True) if t >= 0 else 0
+            texts.append(buf.raw[:n].decode("utf-8", errors="replace") if n > 0 else "")
+        return texts[0], texts[1]
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Format ``messages`` with the GGUF's own template (llama.cpp recognises the common families)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import ContextOverflow, EngineStats, RequestOutput, SamplingParams
 
 ChatTurn = tuple[str, str]  # (role, content)
@@ -24,7 +25,9 @@ ChatTurn = tuple[str, str]  # (role, content)
 @dataclass(frozen=True)
 class Submit:
     """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``;
-    ``prompt_ids`` (a client's token-id prompt) is taken as it is, no tokenizing, nothing added.
+    ``prompt_ids`` (a client's token-id prompt) is taken as it is, no tokenizing, nothing added. A chat with tools
+    carries them in ``tools`` too, for a model whose own template shows tools (``chat`` is their generic rendering,
+    the tools in the system prompt, used otherwise: see :meth:`~llamafleet.engine.engine.Engine.tokenize_chat`).
 
     With ``count_only`` nothing is generated: the answer is one finished output of no tokens whose ``prompt_tokens``
     is the prompt's length (finish reason ``length``, as a limit of zero tokens would end it), context or not.
@@ -34,6 +37,7 @@ class Submit:
     params: SamplingParams
     prompt: str = ""
     chat: tuple[ChatTurn, ...] | None = None
+    tools: ToolChat | None = None
     prompt_ids: tuple[int, ...] | None = None
     count_only: bool = False
 

@@ -98,7 +98,7 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
         if msg.prompt_ids is not None:
             ids = list(msg.prompt_ids)
         elif msg.chat is not None:
-            ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat])
+            ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat], msg.tools)
         else:
             ids = engine.tokenize(msg.prompt, add_special=True)
         if msg.count_only:

@@ -211,8 +211,10 @@ def write_model(
     sparse: bool = False,
     seed: int = 0,
     progress: bool = True,
+    chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
     """Write a random-weight model of ``shape`` in ``quant`` (q4_0, q8_0, f16) to ``out``; returns the path.
+    ``chat_template``: the Jinja chat template it carries (LLaMA-2's unless given).
 
     The file appears only when complete (written under a temporary name, then renamed).
     """
@@ -243,7 +245,7 @@ def write_model(
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(shape.n_vocab)
     _copy_tokenizer(writer, vocab)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    writer.add_chat_template(chat_template)
     for s in specs:
         writer.add_tensor_info(s.name, tuple(reversed(s.ne)), np.dtype(np.float32), s.n_bytes, raw_dtype=s.qtype)
     try:
