@@ -12,6 +12,7 @@ prefix, as llama.cpp's converter writes it) and as a continuation, and a few who
 
 from __future__ import annotations
 
+import math
 import string
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def write_bert(out: str | Path, *, n_layer: int = 2, n_embd: int = 64, n_head: i
     vocab = vocabulary()
 
     def matrix(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) * 0.5 / np.sqrt(n_in)).astype(np.float32)
+        return rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(0.5 / math.sqrt(n_in))
 
     def norm(prefix: str) -> dict[str, np.ndarray]:
         return {f"{prefix}.weight": np.ones(n_embd, np.float32), f"{prefix}.bias": np.zeros(n_embd, np.float32)}
