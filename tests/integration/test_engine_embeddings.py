@@ -79,3 +79,25 @@ def test_an_encoder_model_embeds_with_its_own_pooling_and_refuses_to_generate(tm
         with pytest.raises(ValueError, match="exceeds the context") as caught:  # its position table ends at 128
             engine.add_embedding(EmbeddingRequest("long", (tuple(engine.tokenize("hello " * 200)),)))
         assert caught.value.n_ctx == 128  # type: ignore[attr-defined]
+
+
+def test_passes_shrink_to_a_quarter_while_answers_are_generated(model_path: Path) -> None:
+    cfg = EngineConfig(str(model_path), n_seq=2, n_ctx_per_seq=256, n_batch=64, n_ubatch=64, n_threads=1)
+    with Engine(cfg) as engine:
+        tokens = tuple(engine.tokenize("words about things " * 40))[:64]
+
+        def steps_to_embed() -> int:
+            engine.add_embedding(EmbeddingRequest("e", (tokens,)))
+            steps = 1
+            while not any(o.request_id == "e" for o in engine.step()):
+                steps += 1
+            return steps
+
+        assert steps_to_embed() == 1  # alone: one pass of 64 tokens
+        engine.add_request(Request("g", tuple(engine.tokenize("Once upon a time")),
+                                   SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)))
+        engine.step()
+        assert steps_to_embed() == 4  # beside an answer: passes of 16 tokens
+        engine.abort("g")
+        while engine.has_work():
+            engine.step()

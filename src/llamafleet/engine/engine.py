@@ -200,7 +200,7 @@ class Engine:
         for item in fresh:
             outs.append(self._emit(*item))
         if self.embedder.has_work():  # one pass of inputs to embed, while the generation pass runs on a GPU
-            outs += self.embedder.step()
+            outs += self.embedder.step(generating=bool(self._running))
         if error is not None:
             for s, _ in plan:
                 s.n_cached = 0  # what its KV holds after a failed decode is unknown: reuse none of it
