@@ -101,3 +101,18 @@ def test_passes_shrink_to_a_quarter_while_answers_are_generated(model_path: Path
         engine.abort("g")
         while engine.has_work():
             engine.step()
+
+
+def test_an_aborted_request_ends_cancelled_and_leaves_the_others(model_path: Path) -> None:
+    cfg = EngineConfig(str(model_path), n_seq=2, n_ctx_per_seq=256, n_batch=16, n_ubatch=16, n_threads=1)
+    with Engine(cfg) as engine:
+        long = tuple(engine.tokenize("words about things " * 20))
+        engine.add_embedding(EmbeddingRequest("gone", (long, long)))
+        engine.add_embedding(EmbeddingRequest("kept", (long[:5],)))
+        ends = {o.request_id: o for o in engine.step()}
+        engine.abort("gone")  # mid-way: its first input is half embedded
+        while engine.has_work():
+            ends |= {o.request_id: o for o in engine.step() if o.finished}
+        assert ends["gone"].finish_reason == "cancelled" and ends["gone"].embeddings is None
+        assert ends["kept"].finish_reason == "stop" and ends["kept"].embeddings is not None
+        assert np.array_equal(run(engine, ["x"], "after")[0], run(engine, ["x"], "after2")[0])

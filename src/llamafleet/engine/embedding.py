@@ -98,6 +98,7 @@ class Embedder:
                                         backend_sampling=False)
         self._ctx: Context | None = None
         self._batch: Batch | None = None
+        self._incoming: deque[EmbeddingRequest] = deque()  # appended from any thread, drained by the stepping one
         self._queue: deque[_Input] = deque()
         self._active: list[_Input] = []
 
@@ -116,24 +117,33 @@ class Embedder:
 
     def add(self, req: EmbeddingRequest) -> None:
         self.check(req)
-        job = _Job(req.request_id, len(req.inputs), sum(len(t) for t in req.inputs))
-        self._queue.extend(_Input(job, i, t) for i, t in enumerate(req.inputs))
+        self._incoming.append(req)
+
+    def _take_incoming(self) -> None:
+        while self._incoming:
+            req = self._incoming.popleft()
+            job = _Job(req.request_id, len(req.inputs), sum(len(t) for t in req.inputs))
+            self._queue.extend(_Input(job, i, t) for i, t in enumerate(req.inputs))
 
     def has_work(self) -> bool:
-        return bool(self._queue or self._active)
+        return bool(self._incoming or self._queue or self._active)
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Drop the request's inputs; its one output, ``cancelled`` (none if it is not here)."""
+        self._take_incoming()
         job = next((i.job for i in (*self._active, *self._queue) if i.job.request_id == request_id), None)
         return [] if job is None else [self._end(job, "cancelled")]
 
     def step(self, generating: bool = False) -> list[RequestOutput]:
         """One pass of at most :attr:`n_batch` tokens (a quarter of that while answers are ``generating``, unless
         the inputs must go whole: encoders); the requests whose every input is now embedded."""
+        self._take_incoming()
         if not self._active:
             if (failed := self._open()) is not None:
                 return [self._end(job, "error", failed) for job in dict.fromkeys(i.job for i in self._queue)]
             self._start_wave()
+        if not self._active:
+            return []
         assert self._ctx is not None and self._batch is not None
         size = self.n_batch // SHARE_WHILE_GENERATING if generating and self.model.causal else self.n_batch
         plan, budget = [], max(1, size)

@@ -8,9 +8,11 @@ detokenize and check stop strings for the tokens just sampled. On a GPU the deco
 work and while the caller ships the step's outputs, so the host's per-token work stays off the critical path. A
 sequence that hits a stop string may already have a token in the running pass; that token is dropped and the slot
 freed once the pass is collected. No asyncio, threads or I/O: callers drive it (the worker process, tests, the
-consistency checker, benchmarks).
+consistency checker, benchmarks). Embedding requests (:meth:`Engine.add_embedding`) run beside, in a second context,
+one pass per step: :mod:`llamafleet.engine.embedding`.
 
-``add_request`` and ``abort`` may be called from another thread; they only append to queues that ``step`` drains.
+``add_request``, ``add_embedding`` and ``abort`` may be called from another thread; they only append to queues that
+``step`` drains.
 """
 
 from __future__ import annotations
@@ -60,14 +62,14 @@ class Engine:
         self.cfg = cfg
         threads = cfg.n_threads or max(1, os.cpu_count() or 1)
         self.model = Model(cfg, progress)
-        self.ctx_cfg = EngineConfig(**{**cfg.__dict__, "n_threads": threads})
+        ctx_cfg = EngineConfig(**{**cfg.__dict__, "n_threads": threads})
         try:
-            self.ctx = Context(self.model, self.ctx_cfg)
+            self.ctx = Context(self.model, ctx_cfg)
         except BaseException:
             self.model.close()
             raise
         self.batch = Batch(cfg.n_batch)
-        self.embedder = Embedder(self.model, self.ctx_cfg)  # its own context, created on first use
+        self.embedder = Embedder(self.model, ctx_cfg)  # its own context, created on first use
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
         self._waiting: deque[Request] = deque()
