@@ -33,7 +33,8 @@ not embed.
 
 Encoder-only models (BERT-likes: ``{arch}.attention.causal`` is false) attend across the whole input and keep no KV
 cache in llama.cpp, so an input is embedded in one pass, whole, and is at most ``min(n_ctx_per_seq, n_ctx_train)``
-tokens long (their position table ends there). Such a model cannot generate; the engine refuses to.
+tokens long (BERT's position table ends there; others were not trained past it). Such a model cannot generate; the
+engine refuses to.
 """
 
 from __future__ import annotations
