@@ -13,6 +13,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
+from gguf import PoolingType
 
 from llamafleet.engine.engine import Engine
 from llamafleet.engine.types import EmbeddingRequest, EngineConfig, Generation, Request, SamplingParams
@@ -21,9 +22,9 @@ from llamafleet.model.synth_bert import write_bert
 TEXTS = ["The cat sat on the mat.", "A quick brown fox jumps over the lazy dog " * 6, "hello world"]
 
 
-def reference(path: Path, texts: list[str]) -> np.ndarray:
-    """llama.cpp's mean-pooled, normalised embeddings, each input in one batch."""
-    llm = llama_cpp.Llama(str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_ctx=512,
+def reference(path: Path, texts: list[str], pooling: int = llama_cpp.LLAMA_POOLING_TYPE_MEAN) -> np.ndarray:
+    """llama.cpp's pooled, normalised embeddings, each input in one batch."""
+    llm = llama_cpp.Llama(str(path), embedding=True, pooling_type=pooling, n_ctx=512,
                           n_batch=512, n_ubatch=512, n_threads=1, verbose=False)
     try:
         return np.array([llm.embed(t, normalize=True) for t in texts], dtype=np.float64)
@@ -65,14 +66,16 @@ def test_mean_pooling_over_chunks_matches_llama_cpp_beside_a_generation(model_pa
         assert np.array_equal(again[0], run(engine, TEXTS[:1], "again2")[0])
 
 
-def test_an_encoder_model_embeds_with_its_own_pooling_and_refuses_to_generate(tmp_path: Path) -> None:
-    path = write_bert(tmp_path / "bert.gguf")
+@pytest.mark.parametrize("pooling", [PoolingType.MEAN, PoolingType.CLS])
+def test_an_encoder_model_embeds_with_its_own_pooling_and_refuses_to_generate(tmp_path: Path,
+                                                                               pooling: PoolingType) -> None:
+    path = write_bert(tmp_path / "bert.gguf", pooling=pooling)
     with Engine(EngineConfig(str(path), n_seq=2, n_ctx_per_seq=512, n_threads=1)) as engine:
         assert not engine.model.causal
         texts = ["hello world", "the cat sat on the mat", "hello world"]
         vectors = run(engine, texts)
         assert np.array_equal(vectors[0], vectors[2]) and not np.allclose(vectors[0], vectors[1])
-        cosine = np.sum(vectors * reference(path, texts), axis=1)
+        cosine = np.sum(vectors * reference(path, texts, int(pooling)), axis=1)
         assert (cosine > 0.9999).all(), cosine
         with pytest.raises(ValueError, match="embedding model"):
             engine.add_request(Request("g", tuple(engine.tokenize("hello")), SamplingParams(max_tokens=4)))
