@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import admin, anthropic, generate, openai, responses
+from llamafleet.api import admin, anthropic, embeddings, generate, openai, responses
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
@@ -129,6 +129,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(responses.routes)
     app.include_router(generate.routes)
     app.include_router(admin.routes)
+    app.include_router(embeddings.routes)
     cfg = service.config
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
                        admin_keys=service.admin_keys)

@@ -46,7 +46,7 @@ def context_error(overflow: ContextOverflow, param: str) -> ApiError:
     input), with this server's numbers: the context is the context per sequence."""
     n_ctx, prompt, limit = overflow.n_ctx, overflow.prompt_tokens, overflow.max_tokens
     start = f"This model's maximum context length is {n_ctx} tokens"
-    if param == "prompt":  # the legacy completions' wording
+    if param in ("prompt", "input"):  # the wording of legacy completions, and of embeddings (0 for the completion)
         message = (f"{start}, however you requested {prompt + (limit or 0)} tokens ({prompt} in your prompt; "
                    f"{limit or 0} for the completion). Please reduce your prompt; or completion length.")
     elif limit is None:

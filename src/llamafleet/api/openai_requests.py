@@ -338,6 +338,17 @@ class ChatCompletionRequest(SamplingRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+def split_prompts(p: str | list[str] | list[int] | list[list[int]]) -> list[str | tuple[int, ...]]:
+    """OpenAI's four shapes of a prompt (or an embedding's input) as a list: each one text, or token ids taken as they
+    are (the replica checks each id against its vocabulary)."""
+    if isinstance(p, str):
+        return [p]
+    ids = [t for t in p if isinstance(t, int)]
+    if ids:
+        return [tuple(ids)]  # one prompt of token ids
+    return [t if isinstance(t, str) else tuple(t) for t in p if not isinstance(t, int)]
+
+
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for text completions; 0 only to score (echo)
@@ -366,14 +377,7 @@ class CompletionRequest(SamplingRequest):
         return self.logprobs or 0
 
     def prompts(self) -> list[str | tuple[int, ...]]:
-        """Each prompt: text, or token ids taken as they are (the replica checks each id against its vocabulary)."""
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        ids = [t for t in p if isinstance(t, int)]
-        if ids:
-            return [tuple(ids)]  # one prompt of token ids
-        return [t if isinstance(t, str) else tuple(t) for t in p if not isinstance(t, int)]
+        return split_prompts(self.prompt)
 
     def scores_prompt(self, prompt: str | tuple[int, ...]) -> bool:
         """Whether ``prompt``'s tokens are scored: with ``echo`` and ``logprobs``, or to echo token ids as text. The

@@ -8,9 +8,11 @@ detokenize and check stop strings for the tokens just sampled. On a GPU the deco
 work and while the caller ships the step's outputs, so the host's per-token work stays off the critical path. A
 sequence that hits a stop string may already have a token in the running pass; that token is dropped and the slot
 freed once the pass is collected. No asyncio, threads or I/O: callers drive it (the worker process, tests, the
-consistency checker, benchmarks).
+consistency checker, benchmarks). Embedding requests (:meth:`Engine.add_embedding`) run beside, in a second context,
+one pass per step: :mod:`llamafleet.engine.embedding`.
 
-``add_request`` and ``abort`` may be called from another thread; they only append to queues that ``step`` drains.
+``add_request``, ``add_embedding`` and ``abort`` may be called from another thread; they only append to queues that
+``step`` drains.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Self
 import numpy as np
 
 from llamafleet.engine.chat import chat_tokens, tool_chat_tokens
+from llamafleet.engine.embedding import Embedder
 from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
@@ -38,6 +41,7 @@ from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.template import ChatTemplate, ToolChat, tool_template
 from llamafleet.engine.types import (
     ContextOverflow,
+    EmbeddingRequest,
     EngineConfig,
     EngineStats,
     FinishReason,
@@ -45,6 +49,7 @@ from llamafleet.engine.types import (
     Request,
     RequestOutput,
     TopLogprobs,
+    check_token_ids,
 )
 
 Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReason | None]  # a sampled token
@@ -59,12 +64,14 @@ class Engine:
         self.cfg = cfg
         threads = cfg.n_threads or max(1, os.cpu_count() or 1)
         self.model = Model(cfg, progress)
+        ctx_cfg = EngineConfig(**{**cfg.__dict__, "n_threads": threads})
         try:
-            self.ctx = Context(self.model, EngineConfig(**{**cfg.__dict__, "n_threads": threads}))
+            self.ctx = Context(self.model, ctx_cfg)
         except BaseException:
             self.model.close()
             raise
         self.batch = Batch(cfg.n_batch)
+        self.embedder = Embedder(self.model, ctx_cfg)  # its own context, created on first use
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
         self._waiting: deque[Request] = deque()
@@ -90,6 +97,8 @@ class Engine:
             if s.chain is not None:
                 s.chain.close()
         self._running.clear()
+        if getattr(self, "embedder", None) is not None:
+            self.embedder.close()
         if getattr(self, "ctx", None) is not None:
             self.ctx.close()
         self.model.close()
@@ -141,13 +150,13 @@ class Engine:
         run in this engine."""
         n = len(req.prompt_tokens)
         limit = self.cfg.n_ctx_per_seq
+        if not self.model.causal:
+            raise ValueError("this model is an embedding model (an encoder: it attends both ways) and cannot "
+                             "generate text; use POST /v1/embeddings, or serve a generative model")
         if n == 0:
             raise ValueError("the prompt is empty: it must contain at least one token")
         ContextOverflow.check(limit, n, req.params.max_tokens)
-        bad = [(i, t) for i, t in enumerate(req.prompt_tokens) if not 0 <= t < self.model.n_vocab]
-        if bad:
-            raise ValueError(f"token ids out of range [0, {self.model.n_vocab}): "
-                             + ", ".join(f"{t} at prompt index {i}" for i, t in bad[:5]))
+        check_token_ids(req.prompt_tokens, self.model.n_vocab)
         if biased := [t for t, _ in req.params.logit_bias if t >= self.model.n_vocab]:
             raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {self.model.n_vocab}): "
                              f"{biased[:5]}")
@@ -158,12 +167,17 @@ class Engine:
         self.check_request(req)
         self._incoming.append(req)
 
+    def add_embedding(self, req: EmbeddingRequest) -> None:
+        """Queue an embedding request (checked now: ``ValueError``); see :mod:`llamafleet.engine.embedding`."""
+        self.embedder.add(req)
+
     def abort(self, request_id: str) -> None:
         """Cancel a request; the next ``step()`` reports it finished with ``finish_reason="cancelled"``."""
         self._aborts.append(request_id)
 
     def has_work(self) -> bool:
-        return bool(self._incoming or self._aborts or self._waiting or self._running or self._inflight)
+        return bool(self._incoming or self._aborts or self._waiting or self._running or self._inflight
+                    or self.embedder.has_work())
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -202,6 +216,8 @@ class Engine:
                 fresh += self._collect()
         for item in fresh:
             outs.append(self._emit(*item))
+        if self.embedder.has_work():  # one pass of inputs to embed, while the generation pass runs on a GPU
+            outs += self.embedder.step(generating=bool(self._running))
         if error is not None:
             for s, _ in plan:
                 s.n_cached = 0  # what its KV holds after a failed decode is unknown: reuse none of it
@@ -215,6 +231,7 @@ class Engine:
     def _apply_aborts(self, outs: list[RequestOutput]) -> None:
         while self._aborts:
             rid = self._aborts.popleft()
+            outs += self.embedder.abort(rid)
             for req in self._waiting:
                 if req.request_id == rid:
                     self._waiting.remove(req)

@@ -111,6 +111,10 @@ class Model(_Native):
         self.add_bos = bool(lc.llama_vocab_get_add_bos(self.vocab))
         self.pieces = self._piece_table()
         self.eog = np.array([bool(lc.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)], dtype=bool)
+        self.n_embd = int(lc.llama_model_n_embd_out(ptr))  # the width of its hidden states, so of an embedding
+        arch = self.meta("general.architecture")
+        self.causal = self.meta(f"{arch}.attention.causal") != "false"  # BERT-likes attend both ways: no generating
+        self.pooling = int(self.meta(f"{arch}.pooling_type") or lc.LLAMA_POOLING_TYPE_UNSPECIFIED)  # its own, if any
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -233,13 +237,21 @@ class Batch(_Native):
 # Context: KV cache + compute buffers for n_seq parallel sequences
 # ---------------------------------------------------------------------------------------------------------------
 class Context(_Native):
-    """A llama.cpp context over ``model`` with ``n_seq`` sequences of ``n_ctx_per_seq`` tokens each."""
+    """A llama.cpp context over ``model`` with ``n_seq`` sequences of ``n_ctx_per_seq`` tokens each.
 
-    def __init__(self, model: Model, cfg: EngineConfig) -> None:
+    With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``embeddings=True`` makes a
+    context whose passes output every token's final hidden state (:meth:`embeddings`), unpooled, for
+    :mod:`llamafleet.engine.embedding`.
+    """
+
+    def __init__(self, model: Model, cfg: EngineConfig, n_ctx: int | None = None, embeddings: bool = False) -> None:
         if cfg.n_seq > max_parallel_sequences():
             raise ValueError(f"n_seq={cfg.n_seq} exceeds llama.cpp's limit of {max_parallel_sequences()} sequences")
         p = lc.llama_context_default_params()
-        p.n_ctx = cfg.n_ctx_per_seq * cfg.n_seq
+        p.n_ctx = n_ctx or cfg.n_ctx_per_seq * cfg.n_seq
+        if embeddings:  # every token's hidden state comes out, unpooled: the engine pools them itself (llama.cpp
+            p.embeddings = True  # warns if the model names a pooling; unspecified is none, without the warning)
+            p.pooling_type = lc.LLAMA_POOLING_TYPE_NONE if model.pooling > 0 else lc.LLAMA_POOLING_TYPE_UNSPECIFIED
         p.n_batch = cfg.n_batch
         p.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
         p.n_seq_max = cfg.n_seq
@@ -275,7 +287,7 @@ class Context(_Native):
                 "lower --ctx or --parallel (see the llama_cpp log above)"
             )
         self.ptr = ptr
-        self.n_vocab = model.n_vocab
+        self.n_vocab, self.n_embd = model.n_vocab, model.n_embd
         self.candidates, self.candidate = Candidates(model.n_vocab), Candidates(1)  # scratch for sampler chains
         self.n_ctx = int(lc.llama_n_ctx(ptr))
         self.memory = lc.llama_get_memory(ptr)
@@ -326,6 +338,10 @@ class Context(_Native):
         ptr = lc.llama_get_logits(self.ptr)
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
 
+    def embeddings(self, n_outputs: int) -> npt.NDArray[np.float32]:
+        """The hidden states of the last decode's outputs, in batch order: a zero-copy ``(n_outputs, n_embd)`` view."""
+        return np.ctypeslib.as_array(lc.llama_get_embeddings(self.ptr), shape=(n_outputs, self.n_embd))
+
     def keep_prefix(self, seq: int, n: int) -> bool:
         """Drop sequence ``seq``'s cached tokens from position ``n`` on, keeping ``[0, n)``; False if this memory
         cannot cut a sequence part-way (recurrent models), and then nothing was removed."""
@@ -347,7 +363,8 @@ class Context(_Native):
         return int(lc.llama_memory_seq_pos_max(self.memory, seq)) + 1
 
     def clear_all(self) -> None:
-        lc.llama_memory_clear(self.memory, True)
+        if self.memory:  # encoder-only models (BERT) keep no KV cache at all
+            lc.llama_memory_clear(self.memory, True)
 
     def perf(self) -> dict[str, float]:
         d = lc.llama_perf_context(self.ptr)

@@ -113,6 +113,14 @@ class ContextOverflow(ValueError):
             raise cls(n_ctx, prompt_tokens, max_tokens)
 
 
+def check_token_ids(tokens: tuple[int, ...], n_vocab: int, where: str = "prompt") -> None:
+    """Refuse (``ValueError``) token ids outside the vocabulary, naming the first few and where they are."""
+    bad = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < n_vocab]
+    if bad:
+        raise ValueError(f"token ids out of range [0, {n_vocab}): " + ", ".join(f"{t} at {where} index {i}"
+                                                                               for i, t in bad[:5]))
+
+
 @dataclass(frozen=True)
 class Request:
     """One sequence to generate. Give ``prompt_tokens`` (already tokenized, e.g. a chat template's output)."""
@@ -153,6 +161,17 @@ class RequestOutput:
     top_logprobs: list[TopLogprobs] | None = None
     prompt_logprobs: PromptLogprobs | None = None
     token_bytes: dict[int, bytes] | None = None
+    embeddings: list[bytes] | None = None  # an embedding request's vectors, one per input (see EmbeddingRequest)
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """Embed each of ``inputs`` (token ids): one pooled, L2-normalised vector per input, in order, each as
+    little-endian float32 bytes (what OpenAI's ``encoding_format="base64"`` carries), in one finished output whose
+    ``prompt_tokens`` counts every input's tokens. See :mod:`llamafleet.engine.embedding`."""
+
+    request_id: str
+    inputs: tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -213,6 +232,7 @@ class Generation:
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
     prompt_logprobs: PromptLogprobs | None = None
     token_bytes: dict[int, bytes] = field(default_factory=dict)
+    embeddings: list[bytes] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -222,6 +242,7 @@ class Generation:
         self.top_logprobs.extend(out.top_logprobs or [])
         self.prompt_logprobs = out.prompt_logprobs or self.prompt_logprobs
         self.token_bytes.update(out.token_bytes or {})
+        self.embeddings = out.embeddings or self.embeddings
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens

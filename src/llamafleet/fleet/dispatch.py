@@ -222,6 +222,10 @@ class Dispatcher:
         if out.finished:
             timed_out = out.request_id in self._timed_out
             self._timed_out.discard(out.request_id)
+            if out.embeddings is not None:  # an embedding request's whole answer: not a generated sequence
+                self.metrics.embedded_inputs.inc(amount=len(out.embeddings))
+                self.metrics.embedded_tokens.inc(amount=out.prompt_tokens)
+                return
             self.metrics.sequences.inc("timeout" if timed_out and out.finish_reason == "cancelled"
                                        else out.finish_reason or "unknown")
             self.metrics.prompt_tokens.inc(amount=out.prompt_tokens)

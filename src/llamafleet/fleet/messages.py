@@ -31,6 +31,10 @@ class Submit:
 
     With ``count_only`` nothing is generated: the answer is one finished output of no tokens whose ``prompt_tokens``
     is the prompt's length (finish reason ``length``, as a limit of zero tokens would end it), context or not.
+
+    With ``embed`` nothing is generated either: each input (a text, tokenized with the model's special tokens, or
+    token ids taken as they are) is embedded, and the one finished output carries the vectors in order
+    (``RequestOutput.embeddings``); ``params`` is not used.
     """
 
     request_id: str
@@ -40,6 +44,7 @@ class Submit:
     tools: ToolChat | None = None
     prompt_ids: tuple[int, ...] | None = None
     count_only: bool = False
+    embed: tuple[str | tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)

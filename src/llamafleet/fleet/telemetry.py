@@ -63,6 +63,9 @@ class FleetMetrics:
                                               "tokens generated for finished sequences"))
         self.sequences = r.add(Counter("llamafleet_sequences_total", "sequences that ended, by how they ended",
                                        ("outcome",)))
+        self.embedded_inputs = r.add(Counter("llamafleet_embedding_inputs_total",
+                                             "inputs embedded (/v1/embeddings), in requests that succeeded"))
+        self.embedded_tokens = r.add(Counter("llamafleet_embedding_tokens_total", "tokens of those inputs"))
         self.refused = r.add(Counter("llamafleet_requests_refused_total",
                                      "requests refused before queueing, by reason", ("reason",)))
         self.routing = r.add(Counter("llamafleet_routing_decisions_total",

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, cast
 
-from llamafleet.engine.types import ContextOverflow, EngineConfig, Request, RequestOutput
+from llamafleet.engine.types import ContextOverflow, EmbeddingRequest, EngineConfig, Request, RequestOutput
 from llamafleet.fleet.messages import (
     Abort,
     FromWorker,
@@ -95,6 +95,10 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
     """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`, one that
     only counts its tokens as its one (finished) output."""
     try:
+        if msg.embed is not None:
+            inputs = tuple(i if isinstance(i, tuple) else tuple(engine.tokenize(i)) for i in msg.embed)
+            engine.add_embedding(EmbeddingRequest(msg.request_id, inputs))
+            return None
         if msg.prompt_ids is not None:
             ids = list(msg.prompt_ids)
         elif msg.chat is not None:
