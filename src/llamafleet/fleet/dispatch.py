@@ -191,7 +191,7 @@ class Dispatcher:
             self._deliver(rej.request_id, Failure(rej.status, rej.message, rej.overflow), final=True)
         for out in msg.outputs:
             rid = out.request_id
-            self._observe(out)
+            self._observe(replica, out)
             if out.finished:
                 self.router.release(rid)
             item: Delta | Failure
@@ -203,15 +203,15 @@ class Dispatcher:
                 item = Delta(out, msg.pieces.get(rid))
             self._deliver(rid, item, final=out.finished)
 
-    def _observe(self, out: RequestOutput) -> None:
-        """Time the sequence's new tokens; count its tokens and outcome when it ends."""
+    def _observe(self, replica: int, out: RequestOutput) -> None:
+        """Time the sequence's new tokens (by the replica that made them); count its tokens and outcome when it ends."""
         route = self._routes.get(out.request_id)
         if route is not None and out.token_ids:
             now = time.perf_counter()
             if route.last_token is None:
-                self.metrics.ttft.observe(now - route.submitted)
+                self.metrics.ttft.observe(now - route.submitted, str(replica))
             else:
-                self.metrics.token_gap.observe((now - route.last_token) / len(out.token_ids))
+                self.metrics.token_gap.observe((now - route.last_token) / len(out.token_ids), str(replica))
             route.last_token = now
         if out.finished:
             timed_out = out.request_id in self._timed_out
