@@ -97,6 +97,10 @@ class FleetConfig(BaseModel):
         None, description="file of API keys, one per line ('#' comments); with LLAMAFLEET_API_KEYS, turns auth on"
     )
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty = CORS off")
+    recent_request_contents: bool = Field(
+        False, description="keep the first 2 KiB of each recent request's body and answer for the dashboard (/ui); "
+        "off: only method, route, status, latency and token counts"
+    )
 
     # Watchdog.
     watchdog_interval_s: float = Field(2.0, gt=0, description="how often GPU memory and slots are checked")

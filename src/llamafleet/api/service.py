@@ -20,6 +20,7 @@ from llamafleet.fleet.dispatch import Dispatcher, Group
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.router import NoReplicaError, QueueFullError
 from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
+from llamafleet.placement.plan import Plan
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
 
@@ -28,16 +29,26 @@ class Service:
     """The served model, the way to it, and the limits on the way in."""
 
     def __init__(self, dispatcher: Dispatcher, model_name: str, n_ctx_per_seq: int,
-                 config: FleetConfig | None = None, api_keys: frozenset[str] = frozenset()) -> None:
+                 config: FleetConfig | None = None, api_keys: frozenset[str] = frozenset(),
+                 plan: Plan | None = None) -> None:
         self.dispatcher = dispatcher
         self.model_name = model_name
         self.n_ctx_per_seq = n_ctx_per_seq
         self.config = config or FleetConfig.model_validate({})
         self.api_keys = api_keys  # empty: no authentication
+        self.plan = plan  # where the replicas were placed and why (for the status page); None: not planned here
         self.created = int(time.time())
         self.loaded = False  # set once the first load of every replica finished
         self.overloaded: str | None = None  # set by the watchdog: why new work is refused (GPU memory)
         self.gpus: list[GpuSample] = []  # the watchdog's latest GPU samples
+
+    @property
+    def readiness(self) -> str:
+        """``loading`` (first load), ``overloaded`` (GPU memory), ``ready`` (every replica), ``degraded`` (some
+        replica serves), ``down`` (none does)."""
+        serving = any(r.status == "ready" for r in self.dispatcher.replicas.states)
+        return ("loading" if not self.loaded else "overloaded" if self.overloaded is not None
+                else "ready" if self.dispatcher.replicas.all_ready else "degraded" if serving else "down")
 
     @property
     def metrics(self) -> FleetMetrics:

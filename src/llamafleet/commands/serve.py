@@ -20,6 +20,7 @@ from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
     from llamafleet.fleet.replicas import ReplicaSpec
+    from llamafleet.placement.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def _banner(cfg: FleetConfig, model_name: str, n_replicas: int) -> str:
         "  POST /api/generate          {\"prompt\": ..., \"max_tokens\": ...} -> text and timings",
         "  GET  /health, /ready        liveness and readiness",
         "  GET  /metrics               Prometheus metrics",
+        f"  {url}/ui   the dashboard and playground (GET /v1/status: its numbers as JSON)",
         f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
         f"         -d '{{\"model\": \"{model_name}\", "
         '"messages": [{"role": "user", "content": "Hello!"}]}\'',
@@ -81,8 +83,8 @@ def _banner(cfg: FleetConfig, model_name: str, n_replicas: int) -> str:
     ])
 
 
-def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | None:
-    """Plan the model onto this machine; None (after printing why) if it cannot fit."""
+def _replica_specs(cfg: FleetConfig, model_path: Path) -> tuple[Plan, list[ReplicaSpec]] | None:
+    """Plan the model onto this machine: the plan and its replicas; None (after printing why) if it cannot fit."""
     from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.model.header import read_model_info
     from llamafleet.placement.gpus import detect_inventory
@@ -105,7 +107,7 @@ def _replica_specs(cfg: FleetConfig, model_path: Path) -> list[ReplicaSpec] | No
     for i, replica in enumerate(plan.replicas):
         env, engine_cfg = launch_spec(plan, i, cfg, str(model_path))
         specs.append(ReplicaSpec(env, engine_cfg, replica.label, replica.gpus))
-    return specs
+    return plan, specs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,12 +132,13 @@ def run(args: argparse.Namespace) -> int:
         model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
         if not model_path.is_file():
             raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
-        specs = _replica_specs(cfg, model_path)
+        planned = _replica_specs(cfg, model_path)
     except (GgufError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if specs is None:
+    if planned is None:
         return 1
+    plan, specs = planned
     try:
         sock = _listen(cfg.host, cfg.port)
     except OSError as e:
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     model_name = cfg.model_name or model_path.stem
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
     service = Service(Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router), model_name,
-                      specs[0].engine.n_ctx_per_seq, cfg, api_keys)
+                      specs[0].engine.n_ctx_per_seq, cfg, api_keys, plan)
     if not api_keys and not _loopback(cfg.host):
         log.warning("listening on %s with no API key: anyone who can reach it can use it (set LLAMAFLEET_API_KEYS "
                     "or api_keys_file)", cfg.host)
