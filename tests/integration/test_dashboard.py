@@ -148,6 +148,7 @@ def test_a_person_watches_the_fleet_and_chats_in_the_playground(keyed: FleetServ
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             load = pool.submit(_load, client, keyed.model(), 32)
             b.wait_for("parseFloat(document.getElementById('tokens-per-s').textContent) > 0")
+            b.wait_for("parseInt(document.getElementById('queue-depth').textContent) > 0")  # 16 chats, 8 slots
             b.wait_for("[...document.querySelectorAll('#replicas .slots')].some(td => !td.textContent.startsWith('0'))")
             generated = sum(load.result(timeout=300))
         b.wait_for("document.getElementById('tokens-per-s').textContent === '0'", timeout=20)  # and settle again
@@ -177,6 +178,7 @@ def test_a_person_watches_the_fleet_and_chats_in_the_playground(keyed: FleetServ
                                               messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert answer == same.choices[0].message.content
 
+        b.wait_for("[...document.querySelectorAll('#replicas .slots')].every(td => td.textContent.startsWith('0'))")
         png = b.screenshot(tmp_path / "dashboard.png")
         width, height = _png_size(png)
         assert width == 1400 and height > 1000

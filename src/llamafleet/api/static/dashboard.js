@@ -122,7 +122,7 @@ function renderReplicas(s) {
     lf.el("td", {class: "state state-" + r.status},
           r.status === "loading" ? `loading ${lf.pct(r.load_fraction)}` : r.status),
     lf.el("td", {class: "slots"}, `${r.slots_busy} / ${r.slots ?? "?"}`),
-    lf.el("td", {class: "waiting"}, r.waiting + r.queued),
+    lf.el("td", {class: "queued", title: `${r.waiting} waiting inside the engine`}, r.queued),
     lf.el("td", {class: "tps"}, lf.num(r.tokens_per_s, 1), " ", spark(replicaSeries(r.index, "tokens_per_s"))),
     lf.el("td", {class: "ttft"}, lf.ms(r.ttft_s), " ", spark(replicaSeries(r.index, "ttft_s"))),
     lf.el("td", {class: "itl"}, lf.ms(r.itl_s), " ", spark(replicaSeries(r.index, "itl_s"))),
