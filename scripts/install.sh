@@ -74,6 +74,21 @@ else
   touch "$stamp"
 fi
 
+# The dashboard's browser test (tests/integration/test_dashboard.py) drives Debian's Chromium; the dev extras install
+# it once (apt keeps the packages; nothing happens when it is there). Without root or apt the test will fail, saying so.
+CHROMIUM=${LLAMAFLEET_CHROMIUM:-/usr/bin/chromium}
+if [[ ",${LLAMAFLEET_EXTRAS:-dev}," == *,dev,* ]] && [ ! -x "$CHROMIUM" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "==> installing Chromium (Debian's package, about 100 MB) for the dashboard's browser test, once"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
+      echo "install.sh: warning: apt-get could not install chromium; the dashboard's browser test will fail" >&2
+    fi
+  else
+    echo "install.sh: warning: $CHROMIUM is missing; the dashboard's browser test needs it:" \
+         "sudo apt-get install chromium (or set LLAMAFLEET_CHROMIUM)" >&2
+  fi
+fi
+
 echo "==> installing llamafleet and its Python dependencies (FastAPI, numpy, matplotlib, ...; pip runs quietly:"
 echo "    a minute or two of downloads the first time, seconds once they are installed)"
 $VPY -m pip install -q -e ".[${LLAMAFLEET_EXTRAS:-dev}]"

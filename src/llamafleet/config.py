@@ -163,6 +163,10 @@ class FleetConfig(BaseModel):
         None, description="file of admin API keys (the same form); with LLAMAFLEET_ADMIN_API_KEYS, the only keys that "
         "open /admin/ (loading and unloading models)")
     cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS; empty = CORS off")
+    recent_request_contents: bool = Field(
+        False, description="keep the first 2 KiB of each recent request's body and answer for the dashboard (/ui); "
+        "off: only method, route, status, latency and token counts"
+    )
 
     # Watchdog.
     watchdog_interval_s: float = Field(2.0, gt=0, description="how often GPU memory and slots are checked")

@@ -116,6 +116,15 @@ def test_concurrent_requests_for_every_model_load_and_evict_and_lose_nothing(ser
     assert metric(text, "llamafleet_model_load_seconds_count", model="f16") >= 1
     loaded = [m for m, v in models(server).items() if v["state"] == "loaded"]
     assert "demo" in loaded and len(loaded) <= 3  # never all four: they do not fit the 400 MiB GPU together
+    # the status page tells the models' replicas apart by the labels /metrics uses, and plans each loaded one
+    status = httpx.get(f"{server.url}/v1/status", timeout=10).json()
+    assert [m["name"] for m in status["models"]] == ["demo", "q4", "q8", "f16", "short-lived"]
+    ids = {r["id"]: r["model"] for r in status["replicas"]}
+    assert ids["demo/0"] == "demo" and all(i == f"{m}/0" for i, m in ids.items())
+    for r in status["replicas"]:
+        assert r["slots"] == metric(text, "llamafleet_replica_slots", replica=r["id"]) or r["status"] != "ready"
+    (gpu,) = status["devices"]
+    assert {p["model"] for p in gpu["planned"]} == {m for m in ids.values()} == {p["model"] for p in status["plans"]}
     # one load at a time: every replica that started loading was ready before the next one started
     events = re.findall(r"\((\S+) on GPU 0\): (loading|ready in)", server.log())
     assert events and all(a[1] == "loading" and b == (a[0], "ready in") for a, b in zip(events[::2], events[1::2],

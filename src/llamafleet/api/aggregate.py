@@ -23,6 +23,7 @@ from starlette.background import BackgroundTask
 
 from llamafleet.api.errors import ApiError, internal_error
 from llamafleet.api.protocol import PromptTokensDetails, Usage
+from llamafleet.api.recent import note_error, note_usage
 from llamafleet.engine.types import ContextOverflow, Generation
 from llamafleet.fleet.dispatch import Delta, Event, Failure, Group
 
@@ -52,10 +53,11 @@ def new_choices(group: Group) -> list[Choice]:
 
 def usage(choices: Sequence[Generation], n: int) -> Usage:
     """Token counts of a request whose choices are ``n`` per prompt (a prompt is counted once, not n times, and so
-    are its tokens served from the prefix cache)."""
+    are its tokens served from the prefix cache); also noted on the request's line in the recent-requests list."""
     prompt = sum(c.prompt_tokens for c in choices[::n])
     completion = sum(c.completion_tokens for c in choices)
     cached = PromptTokensDetails(cached_tokens=sum(c.cached_tokens for c in choices[::n]))
+    note_usage(prompt, completion, cached.cached_tokens)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                  prompt_tokens_details=cached)
 
@@ -176,7 +178,9 @@ async def _events(group: Group, first: Event, render: Renderer, n: int) -> Async
         while True:
             for index, item in batch:
                 if isinstance(item, Failure):
-                    out.append(render.failed(client_error(item, group.request_ids[index], render.overflow)))
+                    error = client_error(item, group.request_ids[index], render.overflow)
+                    note_error(error.message)
+                    out.append(render.failed(error))
                     yield "".join(out)
                     return
                 counts[index].prompt_tokens = item.output.prompt_tokens

@@ -4,7 +4,8 @@ Every request passes, outermost first: :class:`~llamafleet.api.middleware.HttpMe
 answer), :class:`~llamafleet.api.middleware.InternalErrors` (a crash becomes a 500 with an error id), CORS (only when
 ``cors_origins`` is set), :class:`~llamafleet.api.middleware.Gate` (API keys, body size limit), then the routes.
 Below them all, each connection is a :class:`~llamafleet.api.http_limits.GuardedHttp` (head size, read and write
-timeouts). The :class:`~llamafleet.api.watchdog.Watchdog` runs alongside while the server is up.
+timeouts). The :class:`~llamafleet.api.watchdog.Watchdog` and the dashboard's sampler
+(:class:`~llamafleet.api.status.Dashboard`) run alongside while the server is up.
 
 :func:`run_server` serves on an already bound socket while the replicas load in the background (``/ready`` says 503
 until every replica is up; requests are served as soon as one is). On SIGINT/SIGTERM it stops accepting and gives
@@ -33,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import admin, anthropic, embeddings, generate, openai, responses
+from llamafleet.api import admin, anthropic, embeddings, generate, openai, responses, status, ui
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
@@ -117,19 +118,24 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(load())
         watching = asyncio.create_task(Watchdog(service).run())
+        sampling = asyncio.create_task(dashboard.run())
         yield
         loading.cancel()
         watching.cancel()
+        sampling.cancel()
         await service.models.stop(WORKER_EXIT_S)
 
     app = FastAPI(title="llamafleet", version=__version__, lifespan=lifespan)
     app.state.service = service
+    dashboard = app.state.dashboard = status.Dashboard(service)
     app.include_router(openai.routes)
     app.include_router(anthropic.routes)
     app.include_router(responses.routes)
     app.include_router(generate.routes)
     app.include_router(admin.routes)
     app.include_router(embeddings.routes)
+    app.include_router(status.routes)
+    app.include_router(ui.routes)
     cfg = service.config
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
                        admin_keys=service.admin_keys)
@@ -137,7 +143,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
         app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
     app.add_middleware(InternalErrors)
-    app.add_middleware(HttpMetrics, metrics=service.metrics)
+    app.add_middleware(HttpMetrics, metrics=service.metrics, recent=dashboard.recent)
 
     @app.exception_handler(ApiError)
     async def api_error(r: Request, exc: ApiError) -> JSONResponse:
@@ -166,11 +172,9 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
         without a valid key sees what a load balancer needs (no pids, error texts or why the server is overloaded).
         """
         detail = authenticated(request.scope)
-        serving, all_ready = svc.serving()
-        ok = svc.loaded and serving and svc.overloaded is None
-        status = ("loading" if not svc.loaded else "overloaded" if svc.overloaded is not None
-                  else "ready" if all_ready else "degraded" if serving else "down")
-        body = {"status": status, "model": svc.model_name, "replicas": _replica_report(svc, detail)}
+        state = svc.readiness
+        ok = state in ("ready", "degraded")
+        body = {"status": state, "model": svc.model_name, "replicas": _replica_report(svc, detail)}
         if svc.overloaded is not None and detail:
             body["overloaded"] = svc.overloaded
         return JSONResponse(body, status_code=200 if ok else 503)

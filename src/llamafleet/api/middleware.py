@@ -6,7 +6,9 @@ Keys come from the ``LLAMAFLEET_API_KEYS`` environment variable (comma-separated
 ``api_keys_file`` (one key per line, ``#`` starts a comment); with no key anywhere, authentication is off. Clients
 send ``Authorization: Bearer <key>`` (OpenAI's SDKs) or ``x-api-key: <key>`` (Anthropic's); a missing or wrong key
 gets 401 with the error body of the route's dialect. ``/health`` and
-``/ready`` stay open for probes (``/ready`` shows its details only to callers with a key, see :func:`authenticated`).
+``/ready`` stay open for probes (``/ready`` shows its details only to callers with a key, see :func:`authenticated`),
+and so do the dashboard's static files under ``/ui`` (the page asks for the key and sends it with every call to
+``/v1/status`` and the API, which stay closed).
 Keys are compared by their SHA-256 digests in constant time.
 
 Admin keys (``LLAMAFLEET_ADMIN_API_KEYS`` and/or ``admin_api_keys_file``, the same forms) are the only ones that open
@@ -29,12 +31,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llamafleet.api.errors import ApiError, error_response, internal_error, is_anthropic
 from llamafleet.api.protocol import SSE_DONE, Event, sse, sse_event
+from llamafleet.api.recent import RecentRequests
 from llamafleet.fleet.telemetry import FleetMetrics
 
 KEYS_ENV = "LLAMAFLEET_API_KEYS"
 ADMIN_KEYS_ENV = "LLAMAFLEET_ADMIN_API_KEYS"
 ADMIN_PREFIX = "/admin/"
-OPEN_PATHS = frozenset({"/health", "/ready"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/ui"})
+OPEN_PREFIX = "/ui/"  # the dashboard's files: the same bytes as in the package; its data needs a key
 DRAIN_FACTOR = 16  # an oversize body is read (and dropped) up to this many times the limit, so the client sees 413
 AUTHENTICATED = "llamafleet.authenticated"  # scope["state"] key: the request to an open path carried a valid key
 
@@ -81,7 +85,7 @@ class Gate:
             await self.app(scope, receive, send)
             return
         refusal = self._check_key(scope, scope["path"].startswith(ADMIN_PREFIX))
-        if scope["path"] in OPEN_PATHS:
+        if scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIX):
             scope.setdefault("state", {})[AUTHENTICATED] = refusal is None
             refusal = None
         if refusal is None:
@@ -201,11 +205,13 @@ class InternalErrors:
 
 
 class HttpMetrics:
-    """ASGI middleware (the outermost): counts every answer by route and status, and times it to its last byte."""
+    """ASGI middleware (the outermost): counts every answer by route and status, and times it to its last byte; with
+    ``recent``, lists it there too (see :mod:`llamafleet.api.recent`)."""
 
-    def __init__(self, app: ASGIApp, metrics: FleetMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: FleetMetrics, recent: RecentRequests | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        self.recent = recent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -214,23 +220,32 @@ class HttpMetrics:
         t0 = time.perf_counter()
         status = 0
         counted = False
+        recent = self.recent
+        entry = recent.begin(scope) if recent else None
 
         def count() -> None:
             nonlocal counted
             if not counted:  # at the last byte, or when the app ends without one (a client that left mid-stream)
                 counted = True
                 route = route_label(scope)  # known once the app has routed the request
+                elapsed = time.perf_counter() - t0
                 self.metrics.http_requests.inc(route, scope["method"], str(status or 500))
-                self.metrics.http_seconds.observe(time.perf_counter() - t0, route)
+                self.metrics.http_seconds.observe(elapsed, route)
+                if recent and entry:
+                    recent.end(entry, route, status or 500, elapsed)
 
         async def send_and_count(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+            if recent and entry:
+                recent.sent(entry, message)
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 count()
 
+        if recent and entry:
+            receive = recent.watch_receive(entry, receive)
         try:
             await self.app(scope, receive, send_and_count)
         finally:

@@ -24,6 +24,7 @@ from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
 from llamafleet.fleet.router import NoReplicaError, QueueFullError
 from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
+from llamafleet.placement.plan import Plan
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
 
@@ -48,10 +49,11 @@ class Service:
 
     def __init__(self, dispatcher: Dispatcher, model_name: str, n_ctx_per_seq: int,
                  config: FleetConfig | None = None, api_keys: frozenset[str] = frozenset(),
-                 admin_keys: frozenset[str] = frozenset()) -> None:
-        """A service of one model whose replicas ``dispatcher`` reaches."""
+                 admin_keys: frozenset[str] = frozenset(), plan: Plan | None = None) -> None:
+        """A service of one model whose replicas ``dispatcher`` reaches, placed by ``plan`` (None: not planned
+        here)."""
         cfg = config or FleetConfig.model_validate({})
-        models = ModelManager.single(model_name, dispatcher, n_ctx_per_seq, cfg)
+        models = ModelManager.single(model_name, dispatcher, n_ctx_per_seq, cfg, plan)
         self._shared = _Shared(cfg, api_keys, admin_keys, models)
         self.model = models.models[0]
 
@@ -168,9 +170,7 @@ class Service:
     # -- the whole fleet, for probes and metrics -----------------------------------------------------------------
     def dispatchers(self) -> list[tuple[str, Dispatcher]]:
         """Each model with replicas now and its replica label prefix ("" for a lone model; "chat/" for several)."""
-        prefix = self.models.several
-        return [(f"{m.name}/" if prefix else "", m.dispatcher) for m in self.models.loaded()
-                if m.dispatcher is not None]
+        return [(m.dispatcher.replica_prefix, m.dispatcher) for m in self.models.loaded() if m.dispatcher is not None]
 
     def serving(self) -> tuple[bool, bool]:
         """Whether requests are served now (a replica of a pinned model is up; with none pinned, models load on
@@ -179,6 +179,14 @@ class Service:
         kept = [m.dispatcher for m in self.models.models if m.pinned or m.state == "loaded"]
         up = any(m.dispatcher is not None and m.dispatcher.replicas.ready_count() for m in pinned)
         return up or not pinned, all(d is not None and d.replicas.all_ready for d in kept)
+
+    @property
+    def readiness(self) -> str:
+        """``loading`` (first load), ``overloaded`` (GPU memory), ``ready`` (every replica of every pinned or loaded
+        model), ``degraded`` (requests are served, not by every replica), ``down`` (none are)."""
+        serving, all_ready = self.serving()
+        return ("loading" if not self.loaded else "overloaded" if self.overloaded is not None
+                else "ready" if serving and all_ready else "degraded" if serving else "down")
 
     def refresh_metrics(self) -> None:
         """Copy replica, queue, model and GPU state into the metrics' gauges (just before a scrape)."""

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from llamafleet.api.service import Service
     from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.placement.gpus import Inventory
+    from llamafleet.placement.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ def _banner(cfg: FleetConfig, model_name: str, what: str) -> str:
         "  POST /api/generate          {\"prompt\": ..., \"max_tokens\": ...} -> text and timings",
         "  GET  /health, /ready        liveness and readiness",
         "  GET  /metrics               Prometheus metrics",
+        f"  {url}/ui   the dashboard and playground (GET /v1/status: its numbers as JSON)",
         f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
         f"         -d '{{\"model\": \"{model_name}\", "
         '"messages": [{"role": "user", "content": "Hello!"}]}\'',
@@ -88,8 +90,8 @@ def _banner(cfg: FleetConfig, model_name: str, what: str) -> str:
     ])
 
 
-def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> list[ReplicaSpec] | None:
-    """Plan the model onto this machine; None (after printing why) if it cannot fit."""
+def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> tuple[Plan, list[ReplicaSpec]] | None:
+    """Plan the model onto this machine: the plan and its replicas; None (after printing why) if it cannot fit."""
     from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.model.header import read_model_info
     from llamafleet.placement.planner import launch_spec, make_plan
@@ -108,7 +110,7 @@ def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> 
     for i, replica in enumerate(plan.replicas):
         env, engine_cfg = launch_spec(plan, i, cfg, str(model_path))
         specs.append(ReplicaSpec(env, engine_cfg, replica.label, replica.gpus))
-    return specs
+    return plan, specs
 
 
 def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
@@ -152,13 +154,14 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
     model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
     if not model_path.is_file():
         raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
-    specs = _replica_specs(cfg, model_path, inventory)
-    if specs is None:
+    planned = _replica_specs(cfg, model_path, inventory)
+    if planned is None:
         return None
+    plan, specs = planned
     model_name = cfg.model_name or model_path.stem
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
     dispatcher = Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router, model=model_name)
-    return Service(dispatcher, model_name, specs[0].engine.n_ctx_per_seq, cfg, *keys)
+    return Service(dispatcher, model_name, specs[0].engine.n_ctx_per_seq, cfg, *keys, plan=plan)
 
 
 def run(args: argparse.Namespace) -> int:

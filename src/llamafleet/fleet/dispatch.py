@@ -117,13 +117,14 @@ class Dispatcher:
     """Routes sequences to replicas and their outputs back to groups; the replica set's listener."""
 
     def __init__(self, replicas: ReplicaSet, router: Router, metrics: FleetMetrics | None = None,
-                 model: str = "") -> None:
+                 model: str = "", replica_prefix: str = "") -> None:
         if router.n_replicas != len(replicas):
             raise ValueError(f"router has {router.n_replicas} replicas, replica set {len(replicas)}")
         self.replicas = replicas
         self.router = router
         self.metrics = metrics or FleetMetrics()
         self.model = model  # set: its requests, tokens and first-token times are also counted under this label
+        self.replica_prefix = replica_prefix  # of its replicas' metric labels: "" for a lone model, "chat/" for several
         self._routes: dict[str, _Route] = {}
         self._timed_out: set[str] = set()  # aborted for the request's timeout: counted as "timeout", not "cancelled"
 
@@ -195,7 +196,7 @@ class Dispatcher:
             self._deliver(rej.request_id, Failure(rej.status, rej.message, rej.overflow), final=True)
         for out in msg.outputs:
             rid = out.request_id
-            self._observe(out)
+            self._observe(replica, out)
             if out.finished:
                 self.router.release(rid)
             item: Delta | Failure
@@ -207,17 +208,18 @@ class Dispatcher:
                 item = Delta(out, msg.pieces.get(rid))
             self._deliver(rid, item, final=out.finished)
 
-    def _observe(self, out: RequestOutput) -> None:
-        """Time the sequence's new tokens; count its tokens and outcome when it ends."""
+    def _observe(self, replica: int, out: RequestOutput) -> None:
+        """Time the sequence's new tokens (by the replica that made them); count its tokens and outcome when it ends."""
         route = self._routes.get(out.request_id)
         if route is not None and out.token_ids:
             now = time.perf_counter()
+            label = f"{self.replica_prefix}{replica}"
             if route.last_token is None:
-                self.metrics.ttft.observe(now - route.submitted)
+                self.metrics.ttft.observe(now - route.submitted, label)
                 if self.model:
                     self.metrics.model_ttft.observe(now - route.submitted, self.model)
             else:
-                self.metrics.token_gap.observe((now - route.last_token) / len(out.token_ids))
+                self.metrics.token_gap.observe((now - route.last_token) / len(out.token_ids), label)
             route.last_token = now
         if out.finished:
             timed_out = out.request_id in self._timed_out

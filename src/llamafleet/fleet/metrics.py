@@ -68,6 +68,14 @@ class _Valued(Metric):
     def get(self, *values: str) -> float:
         return self._values.get(self._key(values), 0.0)
 
+    def total(self) -> float:
+        """The sum over every label combination."""
+        return sum(self._values.values())
+
+    def samples(self) -> dict[LabelValues, float]:
+        """Every label combination's value."""
+        return dict(self._values)
+
     def lines(self) -> Iterator[str]:
         for key, value in sorted(self._values.items()):
             yield f"{self.name}{_labels(self.labels, key)} {_number(value)}"
@@ -127,6 +135,10 @@ class Histogram(Metric):
 
     def count(self, *values: str) -> int:
         return sum(self._counts.get(self._key(values), []))
+
+    def total(self, *values: str) -> float:
+        """The sum of the observations with these label values."""
+        return self._sums.get(self._key(values), 0.0)
 
     def lines(self) -> Iterator[str]:
         for key, counts in sorted(self._counts.items()):

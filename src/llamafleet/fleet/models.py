@@ -110,9 +110,12 @@ class ModelManager:
         self._reaper: asyncio.Task[None] | None = None
 
     @classmethod
-    def single(cls, name: str, dispatcher: Dispatcher, n_ctx_per_seq: int, cfg: FleetConfig) -> ModelManager:
-        """One pinned model whose dispatcher is already built (the one-model server)."""
-        model = ManagedModel(name, (), True, None, n_ctx_per_seq, dispatcher=dispatcher, state="loading")
+    def single(cls, name: str, dispatcher: Dispatcher, n_ctx_per_seq: int, cfg: FleetConfig,
+               plan: Plan | None = None) -> ModelManager:
+        """One pinned model whose dispatcher is already built (the one-model server), placed by ``plan`` if known."""
+        placed = Placed(name, plan, usage(plan)) if plan is not None else None
+        model = ManagedModel(name, (), True, None, n_ctx_per_seq, dispatcher=dispatcher, state="loading",
+                             placed=placed)
         return cls([model], cfg, dispatcher.metrics)
 
     @property
@@ -299,7 +302,8 @@ class ModelManager:
             specs.append(ReplicaSpec(env, engine, f"{m.name} on {replica.label}", replica.gpus))
         replicas = ReplicaSet(specs, self.cfg.log_level, self.cfg.heartbeat_timeout_s, self._load_lock)
         router = Router(len(specs), self.cfg.routing, self.cfg.max_queue_per_replica, self.cfg.max_queue)
-        return Dispatcher(replicas, router, self.metrics, model=m.name)
+        return Dispatcher(replicas, router, self.metrics, model=m.name,
+                          replica_prefix=f"{m.name}/" if self.several else "")
 
     async def _reap_idle(self) -> None:
         """Unload models idle past their ``idle_ttl_s``; a model with requests in flight counts as used now."""

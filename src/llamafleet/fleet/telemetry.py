@@ -51,9 +51,9 @@ class FleetMetrics:
                                             "HTTP request start to last byte of the answer (end-to-end latency)",
                                             ("route",)))
         self.ttft = r.add(Histogram("llamafleet_time_to_first_token_seconds",
-                                    "sequence submitted to its first generated token"))
+                                    "sequence submitted to its first generated token", ("replica",)))
         self.token_gap = r.add(Histogram("llamafleet_inter_token_seconds", "time between a sequence's tokens",
-                                         buckets=TOKEN_GAP_BUCKETS))
+                                         ("replica",), buckets=TOKEN_GAP_BUCKETS))
         self.prompt_tokens = r.add(Counter("llamafleet_prompt_tokens_total", "prompt tokens of finished sequences"))
         self.prompt_cached = r.add(Counter("llamafleet_prompt_tokens_cached_total",
                                            "prompt tokens of finished sequences served from the prefix cache"))

@@ -1,0 +1,208 @@
+"""``GET /v1/status``: the fleet's numbers as one JSON document, for the dashboard (``/ui``) and for scripts.
+
+The numbers are the ones ``GET /metrics`` exports, read from the same places (the workers' engine stats, the router,
+the dispatcher's histograms, the watchdog's NVML scan), plus what a page needs and Prometheus text cannot carry: the
+plan with its reasons, each device's memory as planned (weights / KV cache / compute buffers / margin) next to what
+is measured, the last minutes of history (:mod:`llamafleet.fleet.history`) and the recent requests and errors
+(:mod:`llamafleet.api.recent`). It needs an API key when keys are on, like every route but the probes.
+
+Several models per server: every replica names its ``model`` and has an ``id``, the replica label ``/metrics`` uses
+("0" for a lone model, "chat/0" for several); ``models`` lists every configured model with its state and replicas,
+``plans`` has one plan per placed model and each device's ``planned`` one part per model placed on it.
+``?since=T`` (Unix time) returns only the history samples taken after ``T``: a page that polls gets each sample once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any, cast
+
+from fastapi import APIRouter, Request
+
+from llamafleet import __version__
+from llamafleet.api.errors import ApiError
+from llamafleet.api.recent import RecentRequests
+from llamafleet.api.service import Service
+from llamafleet.fleet.dispatch import Dispatcher
+from llamafleet.fleet.history import INTERVAL_S, History, mean_of, utilization
+from llamafleet.fleet.metrics import Counter
+from llamafleet.fleet.models import ManagedModel
+from llamafleet.fleet.replicas import ReplicaState
+from llamafleet.fleet.telemetry import GpuSample
+
+log = logging.getLogger(__name__)
+routes = APIRouter()
+
+
+class Dashboard:
+    """What the status endpoint reads besides the service: the history ring and the recent requests and errors."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.history = History(service.metrics)
+        self.recent = RecentRequests(service.config.recent_request_contents)
+        self._stops: dict[str, tuple[int, str | None]] = {}  # replica label -> (restarts + hangs, last error) seen
+
+    async def run(self) -> None:
+        """Sample every :data:`~llamafleet.fleet.history.INTERVAL_S` until cancelled."""
+        while True:
+            try:
+                self.sample()
+            except Exception:  # a bug here must not end the history for the life of the server
+                log.exception("the dashboard's sampler failed; its history has a gap")
+            await asyncio.sleep(INTERVAL_S)
+
+    def sample(self) -> None:
+        svc = self.service
+        fleets = svc.dispatchers()
+        self.history.sample([(prefix, d.replicas.states, d.router) for prefix, d in fleets], svc.gpus, time.time())
+        for prefix, d in fleets:
+            for st in d.replicas.states:
+                rep, seen = f"{prefix}{st.index}", (st.restarts + st.hangs, st.last_error)
+                if st.last_error is not None and self._stops.get(rep, (0, None)) != seen:
+                    self.recent.replica_error(rep, st.last_error)
+                self._stops[rep] = seen
+
+
+def _pss_bytes(pid: int | None) -> int | None:
+    """A process's proportional set size (shared pages divided among their users), where Linux tells it."""
+    if pid is None:
+        return None
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _labelled(counter: Counter) -> dict[str, float]:
+    """A one-label counter as {label value: count}."""
+    return {key[0]: value for key, value in counter.samples().items()}
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return part / whole if whole else None
+
+
+def _replica(st: ReplicaState, model: ManagedModel, d: Dispatcher, svc: Service,
+             latest: dict[str, Any] | None) -> dict[str, Any]:
+    m, router, stats, rep = svc.metrics, d.router, st.stats, f"{d.replica_prefix}{st.index}"
+    cached = stats.prompt_tokens_cached_total if stats else 0
+    computed = stats.prompt_tokens_total if stats else 0
+    sampled = next((r for r in latest["replicas"] if r["id"] == rep), None) if latest else None
+    return {
+        "id": rep, "index": st.index, "model": model.name, "where": st.label,
+        "gpus": list(d.replicas.specs[st.index].gpus), "status": st.status, "pid": st.pid,
+        "load_fraction": st.load_fraction, "restarts": st.restarts, "hangs": st.hangs,
+        "up_since": None if st.up_since is None else time.time() - (time.monotonic() - st.up_since),
+        "slots": st.slots, "slots_busy": stats.slots_busy if stats else 0, "waiting": stats.waiting if stats else 0,
+        "outstanding": router.outstanding(st.index), "queued": router.queued(st.index),
+        "kv_tokens_used": stats.kv_tokens_used if stats else 0, "kv_tokens": stats.kv_tokens_total if stats else 0,
+        "generated_tokens": stats.generated_tokens_total if stats else 0,
+        "prompt_tokens_computed": computed, "prompt_tokens_cached": cached,
+        "cache_hit_rate": _ratio(cached, cached + computed),
+        "tokens_per_s": sampled["tokens_per_s"] if sampled else 0.0,
+        "ttft_s": mean_of(m.ttft, rep), "itl_s": mean_of(m.token_gap, rep),
+        "memory_pss_bytes": _pss_bytes(st.pid), "last_error": st.last_error,
+    }
+
+
+def _gpu_index(device: str) -> int | None:
+    """The NVML index of a plan's device name ("GPU 3" -> 3; "CPU" -> None)."""
+    return int(device.removeprefix("GPU ")) if device.startswith("GPU ") else None
+
+
+def _devices(svc: Service, replicas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each device's memory: every placed model's parts (weights, KV cache, compute buffers, margin) and what is
+    measured."""
+    measured: dict[int, GpuSample] = {g.index: g for g in svc.gpus}
+    devices: dict[str, dict[str, Any]] = {}
+    for model in svc.models.models:
+        if model.placed is None:
+            continue
+        on_model = [r for r in replicas if r["model"] == model.name]
+        for b in model.placed.plan.budgets:
+            index = _gpu_index(b.device)
+            d = devices.setdefault(b.device, {"device": b.device, "index": index, "name": b.name,
+                                              "capacity_mib": b.capacity_mib, "planned": [], "measured": None})
+            if b.replica is None:
+                continue
+            # a GPU's budget is its one replica's; the host's (a CPU plan) covers every replica on the CPU
+            on_it = [r["id"] for r in on_model if (index in r["gpus"] if index is not None else not r["gpus"])]
+            d["planned"].append({"model": model.name, "replicas": on_it, "weights_mib": b.weights_mib,
+                                 "kv_mib": b.kv_mib, "compute_mib": b.compute_mib, "margin_mib": b.margin_mib})
+    for g in svc.gpus:  # a GPU no plan lists (planned elsewhere, or no plan): measured only
+        devices.setdefault(f"GPU {g.index}", {"device": f"GPU {g.index}", "index": g.index, "name": g.name,
+                                              "capacity_mib": None, "planned": [], "measured": None})
+    for d in devices.values():
+        if d["index"] is not None and d["index"] in measured:
+            g = measured[d["index"]]
+            d["measured"] = {"used_bytes": g.used_bytes, "total_bytes": g.total_bytes, "utilization": utilization(g)}
+        elif d["index"] is None:  # the host: what the workers hold, shared pages counted once
+            pss = [r["memory_pss_bytes"] for r in replicas if r["memory_pss_bytes"] is not None]
+            d["measured"] = {"used_bytes": sum(pss), "total_bytes": None, "utilization": None} if pss else None
+    return list(devices.values())
+
+
+def _totals(svc: Service, replicas: list[dict[str, Any]], latest: dict[str, Any] | None) -> dict[str, Any]:
+    m = svc.metrics
+    labels = [r["id"] for r in replicas]
+    prompt, cached = m.prompt_tokens.total(), m.prompt_cached.total()
+    routers = [d.router for _, d in svc.dispatchers()]
+    routing: dict[str, int] = {}
+    for router in routers:
+        for decision, n in router.decisions.items():
+            routing[decision] = routing.get(decision, 0) + n
+
+    def pooled(h: Any) -> float | None:
+        n = sum(h.count(i) for i in labels)
+        return sum(h.total(i) for i in labels) / n if n else None
+
+    return {
+        "http_requests": m.http_requests.total(), "queue_depth": sum(r.queue_depth() for r in routers),
+        "prompt_tokens": prompt, "prompt_tokens_cached": cached, "generated_tokens": m.generated_tokens.total(),
+        "cache_hit_rate": _ratio(cached, prompt),
+        "tokens_per_s": latest["tokens_per_s"] if latest else 0.0,
+        "ttft_s": pooled(m.ttft), "itl_s": pooled(m.token_gap),
+        "sequences": _labelled(m.sequences), "refused": _labelled(m.refused),
+        "routing": routing,
+    }
+
+
+def status(dash: Dashboard, since: float) -> dict[str, Any]:
+    """The whole document; see the module docstring and docs/API.md."""
+    svc = dash.service
+    samples = dash.history.samples
+    latest = samples[-1] if samples else None
+    replicas = [_replica(st, model, model.dispatcher, svc, latest) for model in svc.models.models
+                if model.dispatcher is not None for st in model.dispatcher.replicas.states]
+    return {
+        "version": __version__, "time": time.time(), "started": svc.created, "pid": os.getpid(),
+        "status": svc.readiness, "overloaded": svc.overloaded,
+        "models": [{"name": m.name, "state": m.state, "pinned": m.pinned, "n_ctx_per_seq": m.n_ctx_per_seq,
+                    "replicas": [r["id"] for r in replicas if r["model"] == m.name]} for m in svc.models.models],
+        "totals": _totals(svc, replicas, latest),
+        "replicas": replicas,
+        "devices": _devices(svc, replicas),
+        "plans": [m.placed.plan.to_json() | {"model": m.name} for m in svc.models.models if m.placed is not None],
+        "history": {"interval_s": dash.history.interval_s, "span_s": dash.history.span_s,
+                    "samples": dash.history.since(since)},
+        "recent": {"contents": dash.recent.contents,
+                   "requests": [e.to_json() for e in reversed(dash.recent.requests)],
+                   "errors": list(reversed(dash.recent.errors))},
+    }
+
+
+@routes.get("/v1/status")
+async def get_status(request: Request, since: str | None = None) -> dict[str, Any]:
+    """The fleet's numbers, plan, history and recent requests (docs/API.md)."""
+    try:
+        after = float(since or 0)
+    except ValueError:
+        raise ApiError(400, f"invalid 'since': a Unix time in seconds, e.g. 1733040000.5 (got {since!r:.40})",
+                       param="since") from None
+    return status(cast(Dashboard, request.app.state.dashboard), after)
