@@ -14,6 +14,8 @@
 #   serve        HTTP, one GPU: llamafleet serve vs llama-server, same slots and context, concurrency 1..128
 #   multiturn    HTTP, one GPU: 32 conversations x 4 turns sharing a 1300-token system prompt (bench multiturn),
 #                llamafleet vs llama-server with its prompt cache on: TTFT per turn, wall time, cache hit rate
+#   fleet        several models on one GPU in a budget that cannot hold them all (scripts/fleet_probe.py): loads
+#                on demand, evictions, planned vs measured memory, /v1/embeddings alone and beside chats
 #   multi        (2+ GPUs) one llamafleet endpoint over one replica per GPU, against the one-GPU run
 #   split        (2+ GPUs) 70B Q4_0: tensor split vs layer split, single stream and 32 streams
 #   consistency  (2+ GPUs) greedy agreement of batched / layer / tensor against a one-at-a-time reference
@@ -197,6 +199,33 @@ fi
 if has multiturn && [ -f "$REPORT/llamafleet-multiturn/bench.json" ] && [ -f "$REPORT/llama-server-multiturn/bench.json" ]; then
   "$PY" -m llamafleet.cli bench --compare "$REPORT/llamafleet-multiturn/bench.json" \
     "$REPORT/llama-server-multiturn/bench.json" --out "$REPORT/multiturn-compare" >>"$REPORT/bench.log" 2>&1 || true
+fi
+
+# --- several models on one GPU, in a budget that does not hold them all -------------------------------------------
+if has fleet; then
+  M13=$WORK/models/llama2-13b-q4_0.gguf
+  M7Q8=$WORK/models/llama2-7b-q8_0.gguf
+  vocab=$SRC/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf
+  [ -f "$M13" ] || { log "synth 13B Q4_0"; "$PY" -m llamafleet.cli synth --shape llama2-13b --quant q4_0 --vocab "$vocab" -q -o "$M13"; }
+  [ -f "$M7Q8" ] || { log "synth 7B Q8_0"; "$PY" -m llamafleet.cli synth --shape llama2-7b --quant q8_0 --vocab "$vocab" -q -o "$M7Q8"; }
+  free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i 0)
+  usable=${FLEET_USABLE_MIB:-20480}   # 7B + 13B fit together, any third model evicts one
+  cat >"$WORK/fleet.yaml" <<YAML
+vram_margin_mib: $((free - usable))
+parallel: 4
+context_length: 1024
+models:
+  - {name: m7, path: $M7, pinned: true}
+  - {name: m13, path: $M13}
+  - {name: m7q8, path: $M7Q8}
+YAML
+  log "several models on GPU 0 in ${usable} MiB: plan, loads on demand, evictions, embeddings"
+  CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli plan --config "$WORK/fleet.yaml" >"$REPORT/fleet-plan.txt" 2>&1 || true
+  CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --config "$WORK/fleet.yaml" --port $PORT \
+    >"$REPORT/serve-fleet.log" 2>&1 & pid=$!
+  wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-fleet.log"; exit 1; }
+  "$PY" "$repo/scripts/fleet_probe.py" "http://127.0.0.1:$PORT" m7 m13 m7q8 | tee "$REPORT/fleet.md"
+  stop $pid
 fi
 
 if has multi; then

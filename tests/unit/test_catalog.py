@@ -109,12 +109,12 @@ def test_plan_prints_the_fleet(models: dict[str, ModelInfo], tmp_path: Path,
     text = capsys.readouterr().out
     assert "fleet: FITS (3 model(s); 2 fit in memory together" in text
     assert "  - wide: evicts coder" in text
-    assert any(line.split()[:3] == ["GPU", "0", "24100"] and "16349" in line for line in text.splitlines())
+    assert any(line.split()[:3] == ["GPU", "0", "24100"] and "17373" in line for line in text.splitlines())
     assert main(["plan", "--config", str(config), "--inventory", inv, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     states = {m["name"]: (m["state"], m["evicts"]) for m in d["models"]}
     assert states == {"chat": ("resident", []), "coder": ("resident", []), "wide": ("swapped", ["coder"])}
-    assert d["models"][0]["usage_mib"] == {"GPU 0": 16349} and d["devices"][0]["models"] == {"chat": 16349}
+    assert d["models"][0]["usage_mib"] == {"GPU 0": 17373} and d["devices"][0]["models"] == {"chat": 17373}
     # a model that never fits beside the pinned one: exit 1, with the planner's reasons
     config.write_text("models:\n"
                       f"  - {{name: chat, path: {models['13b-q8_0'].path}, pinned: true, parallel: 1}}\n"

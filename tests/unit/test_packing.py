@@ -3,6 +3,7 @@ described 2 x 24 GB machine with sparse 7B/13B/70B models, and on a CPU with a d
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -48,19 +49,19 @@ def test_pinned_first_then_config_order_and_the_rest_swaps(models: dict[str, Mod
     packing, fixed = pack(fleet(models), TWO)
     assert packing.fits and packing.reasons == ()
     assert [(p.name, dict(p.usage)) for p in packing.resident] == [
-        ("chat", {0: 16349}), ("coder", {1: 14753}), ("small", {1: 4669})]
+        ("chat", {0: 17373}), ("coder", {1: 15777}), ("small", {1: 5693})]  # each with its process's margin
     assert packing.swapped == ("wide",)
     assert [d.cfg.parallel for d in fixed] == [1, 1, 1, 6]
     rows = {d.device: d for d in device_use(packing, TWO, 1024)}
-    assert rows["GPU 1"].models == {"coder": 14753, "small": 4669}
-    assert rows["GPU 1"].left_mib == 24100 - 14753 - 4669 - 1024 and rows["GPU 0"].left_mib == 24100 - 16349 - 1024
+    assert rows["GPU 1"].models == {"coder": 15777, "small": 5693}
+    assert rows["GPU 1"].left_mib == 24100 - 15777 - 5693 and rows["GPU 0"].left_mib == 24100 - 17373
     # loading wide right after start evicts the least recently used unpinned model: coder (started first)
     assert swaps(packing, fixed, TWO)["wide"].evict == ("coder",)
 
 
 def test_pinned_order_is_kept_whatever_the_list_order(models: dict[str, ModelInfo]) -> None:
     packing, _ = pack(list(reversed(fleet(models))), TWO)
-    assert packing.resident[0].name == "chat" and packing.resident[0].usage == {0: 16349}
+    assert packing.resident[0].name == "chat" and packing.resident[0].usage == {0: 17373}
 
 
 def test_evictions_follow_lru_and_stop_when_it_fits(models: dict[str, ModelInfo]) -> None:
@@ -124,6 +125,22 @@ def test_usage_counts_each_gpu_of_a_split_replica(models: dict[str, ModelInfo]) 
     plan = make_plan(models["13b-f16"], TWO, FleetConfig(parallel=1))
     assert plan.fits and plan.replicas[0].gpus == (0, 1)
     used = usage(plan)
-    assert set(used) == {0, 1} and sum(used.values()) == sum(b.used_mib - b.margin_mib for b in plan.budgets)
+    # each GPU also keeps the margin for the replica's process there (its CUDA context)
+    assert set(used) == {0, 1} and sum(used.values()) == sum(b.used_mib for b in plan.budgets)
     left = residual(TWO, [Placed("x", plan, used)])
     assert [g.free_mib for g in left.gpus] == [24100 - used[0], 24100 - used[1]]
+
+
+def test_each_model_on_a_gpu_keeps_the_margin_for_its_own_process(models: dict[str, ModelInfo]) -> None:
+    """Two models on one GPU are two worker processes, each with its own CUDA context, cuBLAS workspace and memory
+    pool (1,136 MiB beside a 7B Q4_0's parts on an H200): the margin that covers them is kept for each."""
+    a, b = (demand(models, name, "7b-q4_0", context_length=2048) for name in ("a", "b"))
+    alone = make_plan(a.model, TWO, a.cfg).budgets[0]
+    parts = alone.used_mib - alone.margin_mib
+
+    def one_gpu(free_mib: int) -> Inventory:
+        return replace(TWO, gpus=(replace(TWO.gpus[0], free_mib=free_mib),), links=(("self",),))
+
+    packing, _ = pack([a, b], one_gpu(2 * parts + 1024 + 512))  # both models' parts, one margin and a half
+    assert [p.name for p in packing.resident] == ["a"] and packing.swapped == ("b",)
+    assert [p.name for p in pack([a, b], one_gpu(2 * parts + 2 * 1024))[0].resident] == ["a", "b"]

@@ -107,7 +107,8 @@ def format_fleet(d: dict[str, Any], inventory: Inventory) -> str:
                      f"{shape['n_seq']} x {shape['n_ctx_per_seq']}",
                      " ".join(_where(r) for r in where["replicas"]) if m["placement"] else "-", m["path"]])
     lines += _table(rows)
-    lines.append("memory (MiB) with the models that fit together loaded:")
+    lines.append("memory (MiB) with the models that fit together loaded (on a GPU, each model's MiB include the margin "
+                 "of its own worker process):")
     names = [m["name"] for m in resident]
     rows = [["device", "free", "margin", *names, "left"]]
     for dev in d["devices"]:

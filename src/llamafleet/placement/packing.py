@@ -14,9 +14,12 @@ memory per GPU. Packing N models is planning each on what the others leave (:fun
    recently used first, until its plan fits what is left; or say why it never can (pinned models and loads in
    progress are never evicted).
 
-The margin (``vram_margin_mib``) is kept once per GPU: a residual GPU's free memory loses what placed replicas
-use (weights, KV cache, compute buffers), and each plan adds the margin on top. On the CPU the same holds for
-``host_mem_mib`` (unknown RAM: nothing is checked, nothing swaps).
+The margin (``vram_margin_mib``) is kept once per *worker process* on a GPU: each model's replicas are processes of
+their own, and each holds its own CUDA context, cuBLAS workspace and memory pool, which is what the margin covers
+(measured on an H200 with a 7B Q4_0 replica: 1,136 MiB beyond its weights, KV cache and compute buffers; see
+docs/BENCHMARKS.md, run 10). So a residual GPU's free memory loses what placed replicas use (weights, KV cache,
+compute buffers) and their margin, and each plan adds its own margin on top. On the CPU a resident model takes only
+its parts from ``host_mem_mib`` and the margin is kept once (unknown RAM: nothing is checked, nothing swaps).
 """
 
 from __future__ import annotations
@@ -74,13 +77,15 @@ class Eviction:
 
 
 def usage(plan: Plan) -> dict[int, int]:
-    """MiB a fitting plan uses per device, without the margin: per GPU (its replicas' parts) or :data:`HOST`."""
+    """MiB a fitting plan holds per device: per GPU its replicas' parts and the margin of their worker process (see
+    the module docstring); on :data:`HOST` the parts."""
     out: dict[int, int] = {}
     for b in plan.budgets:
         if b.replica is None and plan.device == "gpu":
             continue
         key = HOST if plan.device == "cpu" else int(b.device.removeprefix("GPU "))
-        out[key] = out.get(key, 0) + b.weights_mib + b.kv_mib + b.compute_mib
+        own = b.margin_mib if plan.device == "gpu" else 0
+        out[key] = out.get(key, 0) + b.weights_mib + b.kv_mib + b.compute_mib + own
     return out
 
 
@@ -172,7 +177,8 @@ def swaps(packing: Packing, demands: Sequence[Demand], inventory: Inventory) -> 
 
 @dataclass(frozen=True)
 class DeviceUse:
-    """One device under a packing: free memory, the margin kept, MiB per resident model, what is left (MiB)."""
+    """One device under a packing: free memory, the margin kept, MiB per resident model (on a GPU with the margin of
+    its process), what is left (MiB)."""
 
     device: str  # "GPU 0" or "CPU"
     free_mib: int | None  # None: unknown (CPU without a known RAM size)
@@ -181,7 +187,8 @@ class DeviceUse:
 
     @property
     def left_mib(self) -> int | None:
-        used = sum(self.models.values()) + (self.margin_mib if self.models else 0)
+        once = self.margin_mib if self.models and self.device == "CPU" else 0  # on GPUs: in each model's MiB
+        used = sum(self.models.values()) + once
         return None if self.free_mib is None else self.free_mib - used
 
 
