@@ -4,6 +4,7 @@ mean-pooled hidden states) and a server of a synthetic BERT model (an embedding 
 from __future__ import annotations
 
 import base64
+import resource
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -135,3 +136,31 @@ def test_an_embedding_model_embeds_and_refuses_to_generate(bert: FleetServer) ->
     assert caught.value.code == "context_length_exceeded"
     assert np.array_equal(vectors(client.embeddings.create(model=model, input="hello world"))[0], v[0])
     assert bert.ready()[0] == 200
+
+
+def test_an_embedding_context_that_cannot_be_created_is_a_503_and_the_replica_keeps_serving(
+        launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) -> None:
+    """The embedding context is created on the first embedding request, beside the model's own. When its memory is
+    not there (here: the worker's address space capped just above what it uses), that request gets a 503 that says
+    why, and chats and later embeddings (once memory is back) are served by the same replica."""
+    server = launch_fleet(["--model", str(model_path), "--replicas", "1", "--parallel", "2", "--ctx", "2048",
+                           "--threads", "1"])
+    (replica,) = server.wait_ready()["replicas"]
+    pid = replica["pid"]
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    _, hard = resource.prlimit(pid, resource.RLIMIT_AS)
+    resource.prlimit(pid, resource.RLIMIT_AS, (size + (16 << 20), hard))  # no room for a 2048-token context
+    try:
+        refused = httpx.post(f"{server.url}/v1/embeddings", json={"model": server.model(), "input": "hello"},
+                             timeout=60)
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_AS, (hard, hard))
+    assert refused.status_code == 503, refused.text
+    assert "cannot compute embeddings now" in refused.json()["error"]["message"]
+    client = server.client()
+    answer = client.chat.completions.create(model=server.model(), max_tokens=4,
+                                            messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert vectors(client.embeddings.create(model=server.model(), input="hello")).shape == (1, N_EMBD)
+    assert server.ready()[1]["replicas"][0]["pid"] == pid  # the same worker all along

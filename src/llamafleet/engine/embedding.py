@@ -51,6 +51,7 @@ from llamafleet.engine.llama import Batch, Context, Model
 from llamafleet.engine.types import (
     ContextOverflow,
     EmbeddingRequest,
+    EmbeddingUnavailable,
     EngineConfig,
     FinishReason,
     RequestOutput,
@@ -117,7 +118,11 @@ class Embedder:
             check_token_ids(tokens, self.model.n_vocab, f"input {i}")
 
     def add(self, req: EmbeddingRequest) -> None:
+        """Queue ``req`` (checked now); :class:`EmbeddingUnavailable` if the embedding context cannot be created
+        (memory): the replica keeps serving, the request is refused."""
         self.check(req)
+        if (failed := self._open()) is not None:
+            raise EmbeddingUnavailable(failed)
         self._incoming.append(req)
 
     def _take_incoming(self) -> None:
@@ -140,8 +145,6 @@ class Embedder:
         the inputs must go whole: encoders); the requests whose every input is now embedded."""
         self._take_incoming()
         if not self._active:
-            if (failed := self._open()) is not None:
-                return [self._end(job, "error", failed) for job in dict.fromkeys(i.job for i in self._queue)]
             self._start_wave()
         if not self._active:
             return []
@@ -218,7 +221,9 @@ class Embedder:
                 self._ctx = Context(self.model, self._cfg, n_ctx=self.limit, embeddings=True)
             except (RuntimeError, ValueError) as e:
                 log.error("the embedding context could not be created: %s", e)
-                return f"the embedding context could not be created: {e}"
+                return (f"this replica cannot compute embeddings now: its embedding context could not be created "
+                        f"({e}); it needs memory beside the model's own context (docs/OPERATIONS.md, Embeddings); "
+                        "retry later, or free memory on the replica's device")
             self._batch = Batch(self.n_batch)
         return None
 

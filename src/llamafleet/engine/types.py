@@ -174,6 +174,10 @@ class EmbeddingRequest:
     inputs: tuple[tuple[int, ...], ...]
 
 
+class EmbeddingUnavailable(RuntimeError):
+    """The embedding context cannot be created (memory): embeddings are refused with 503, generation goes on."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How to load the model and size the context. ``n_ctx_per_seq * n_seq`` is the context's total size."""

@@ -29,7 +29,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, cast
 
-from llamafleet.engine.types import ContextOverflow, EmbeddingRequest, EngineConfig, Request, RequestOutput
+from llamafleet.engine.types import (
+    ContextOverflow,
+    EmbeddingRequest,
+    EmbeddingUnavailable,
+    EngineConfig,
+    Request,
+    RequestOutput,
+)
 from llamafleet.fleet.messages import (
     Abort,
     FromWorker,
@@ -110,6 +117,8 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
         engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
     except ContextOverflow as e:
         return Rejected(msg.request_id, str(e), status=400, overflow=e)
+    except EmbeddingUnavailable as e:
+        return Rejected(msg.request_id, str(e), status=503)
     except ValueError as e:
         return Rejected(msg.request_id, str(e), status=400)
     except Exception as e:  # a failure of this request alone (e.g. a chat template error): report it, keep serving
