@@ -24,23 +24,19 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from collections.abc import Sequence as Seq
-from functools import cached_property
 from types import TracebackType
 from typing import Self
 
 import numpy as np
 
-from llamafleet.engine.chat import chat_tokens, tool_chat_tokens
 from llamafleet.engine.embedding import Embedder
 from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
-from llamafleet.engine.template import ChatTemplate, ToolChat, tool_template
+from llamafleet.engine.textside import TextSide
 from llamafleet.engine.types import (
-    ContextOverflow,
     EmbeddingRequest,
     EngineConfig,
     EngineStats,
@@ -49,7 +45,6 @@ from llamafleet.engine.types import (
     Request,
     RequestOutput,
     TopLogprobs,
-    check_token_ids,
 )
 
 Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReason | None]  # a sampled token
@@ -57,7 +52,7 @@ Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReas
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(TextSide):
     """Loads a model and a context for ``cfg.n_seq`` parallel sequences; ``close()`` (or ``with``) frees both."""
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
@@ -108,60 +103,6 @@ class Engine:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
-
-    # -- text helpers -----------------------------------------------------------------------------------------
-    @property
-    def n_ctx_per_seq(self) -> int:
-        return self.cfg.n_ctx_per_seq
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self.model.tokenize(text, add_special, parse_special)
-
-    def detokenize(self, tokens: Iterable[int]) -> str:
-        return b"".join(self.model.pieces[t] for t in tokens).decode("utf-8", errors="replace")
-
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes one token stands for (part of a UTF-8 character for byte-fallback tokens)."""
-        return self.model.pieces[token]
-
-    def apply_chat_template(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.model.apply_chat_template(messages, add_generation_prompt)
-
-    @cached_property
-    def tool_template(self) -> ChatTemplate | None:
-        """The GGUF's Jinja template (its ``tool_use`` one first) when it shows tools, compiled on first use."""
-        m = self.model
-        return tool_template(m.chat_template("tool_use") or m.chat_template(), *m.special_texts(), m.add_bos)
-
-    def tokenize_chat(self, messages: Seq[dict[str, str]], tools: ToolChat | None = None) -> list[int]:
-        """Chat messages -> prompt tokens: the template's markup parsed as special tokens, message contents never
-        (see :mod:`llamafleet.engine.chat`). A conversation with ``tools`` is rendered by the model's own template
-        when it shows tools and nothing outside the contents spells a special token; otherwise ``messages`` (their
-        generic rendering) by llama.cpp's."""
-        if tools is not None and self.tool_template is not None:
-            ids = tool_chat_tokens(tools, self.tool_template, self.tokenize)
-            if ids is not None:
-                return ids
-        return chat_tokens(messages, self.apply_chat_template, self.tokenize)
-
-    # -- requests ---------------------------------------------------------------------------------------------
-    def check_request(self, req: Request) -> None:
-        """Raise ``ValueError`` (:class:`ContextOverflow` with the numbers when it is too long) if ``req`` can never
-        run in this engine."""
-        n = len(req.prompt_tokens)
-        limit = self.cfg.n_ctx_per_seq
-        if not self.model.causal:
-            raise ValueError("this model is an embedding model (an encoder: it attends both ways) and cannot "
-                             "generate text; use POST /v1/embeddings, or serve a generative model")
-        if n == 0:
-            raise ValueError("the prompt is empty: it must contain at least one token")
-        ContextOverflow.check(limit, n, req.params.max_tokens)
-        check_token_ids(req.prompt_tokens, self.model.n_vocab)
-        if biased := [t for t, _ in req.params.logit_bias if t >= self.model.n_vocab]:
-            raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {self.model.n_vocab}): "
-                             f"{biased[:5]}")
-        if req.params.grammar is not None:  # parsed here, where a bad one is still the client's error to hear
-            self.model.check_grammar(req.params.grammar)
 
     def add_request(self, req: Request) -> None:
         self.check_request(req)

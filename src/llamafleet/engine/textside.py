@@ -1,0 +1,78 @@
+"""The engine's text side: the model's vocabulary and chat templates, and whether a request can ever run.
+
+What a worker does with a request before the engine schedules it: text to tokens (a chat through the model's
+template, :mod:`llamafleet.engine.chat` and :mod:`llamafleet.engine.template`), tokens back to text and bytes, and
+the checks that make a request the client's error (400) instead of the replica's. The engine
+(:class:`~llamafleet.engine.engine.Engine`) takes these methods from :class:`TextSide`; they touch only the model
+and the configuration, never the running sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
+from functools import cached_property
+
+from llamafleet.engine.chat import chat_tokens, tool_chat_tokens
+from llamafleet.engine.llama import Model
+from llamafleet.engine.template import ChatTemplate, ToolChat, tool_template
+from llamafleet.engine.types import ContextOverflow, EngineConfig, Request, check_token_ids
+
+
+class TextSide:
+    """Tokens, text and request checks for one loaded model (``model``, ``cfg``: set by the engine)."""
+
+    model: Model
+    cfg: EngineConfig
+
+    @property
+    def n_ctx_per_seq(self) -> int:
+        return self.cfg.n_ctx_per_seq
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.model.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: Iterable[int]) -> str:
+        return b"".join(self.model.pieces[t] for t in tokens).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (part of a UTF-8 character for byte-fallback tokens)."""
+        return self.model.pieces[token]
+
+    def apply_chat_template(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.model.apply_chat_template(messages, add_generation_prompt)
+
+    @cached_property
+    def tool_template(self) -> ChatTemplate | None:
+        """The GGUF's Jinja template (its ``tool_use`` one first) when it shows tools, compiled on first use."""
+        m = self.model
+        return tool_template(m.chat_template("tool_use") or m.chat_template(), *m.special_texts(), m.add_bos)
+
+    def tokenize_chat(self, messages: Seq[dict[str, str]], tools: ToolChat | None = None) -> list[int]:
+        """Chat messages -> prompt tokens: the template's markup parsed as special tokens, message contents never
+        (see :mod:`llamafleet.engine.chat`). A conversation with ``tools`` is rendered by the model's own template
+        when it shows tools and nothing outside the contents spells a special token; otherwise ``messages`` (their
+        generic rendering) by llama.cpp's."""
+        if tools is not None and self.tool_template is not None:
+            ids = tool_chat_tokens(tools, self.tool_template, self.tokenize)
+            if ids is not None:
+                return ids
+        return chat_tokens(messages, self.apply_chat_template, self.tokenize)
+
+    def check_request(self, req: Request) -> None:
+        """Raise ``ValueError`` (:class:`ContextOverflow` with the numbers when it is too long) if ``req`` can never
+        run in this engine."""
+        n = len(req.prompt_tokens)
+        limit = self.cfg.n_ctx_per_seq
+        if not self.model.causal:
+            raise ValueError("this model is an embedding model (an encoder: it attends both ways) and cannot "
+                             "generate text; use POST /v1/embeddings, or serve a generative model")
+        if n == 0:
+            raise ValueError("the prompt is empty: it must contain at least one token")
+        ContextOverflow.check(limit, n, req.params.max_tokens)
+        check_token_ids(req.prompt_tokens, self.model.n_vocab)
+        if biased := [t for t, _ in req.params.logit_bias if t >= self.model.n_vocab]:
+            raise ValueError(f"logit_bias names token ids outside the vocabulary [0, {self.model.n_vocab}): "
+                             f"{biased[:5]}")
+        if req.params.grammar is not None:  # parsed here, where a bad one is still the client's error to hear
+            self.model.check_grammar(req.params.grammar)
