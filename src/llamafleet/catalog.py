@@ -23,7 +23,7 @@ from llamafleet.config import ConfigError, FleetConfig, ModelEntry, describe_err
 if TYPE_CHECKING:
     from llamafleet.placement.packing import Demand
 
-FLEET_ONLY = {"models", "models_dir", "model_path", "model_name", "replicas"}
+FLEET_ONLY = {"models", "models_dir", "model_path", "model_name", "replicas", "remote"}
 
 
 @dataclass(frozen=True)

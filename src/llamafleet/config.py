@@ -36,6 +36,36 @@ PER_MODEL_KEYS = ("context_length", "parallel", "batch_size", "ubatch_size", "kv
                   "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer")
 
 
+class RemoteEntry(BaseModel):
+    """One remote member: an OpenAI-compatible server that serves the model as one more replica (see
+    docs/OPERATIONS.md, Remote members). Its key is read from the environment or a file, never written here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(min_length=1, description="the server's address, e.g. http://10.0.0.2:8080 (a trailing /v1 "
+                     "is accepted)")
+    model: str | None = Field(None, min_length=1, description="the upstream's name of the model; unset = the first "
+                              "one its /v1/models lists")
+    api_key_env: str | None = Field(None, min_length=1, description="environment variable holding its API key")
+    api_key_file: str | None = Field(None, min_length=1, description="file holding its API key")
+    max_concurrency: int = Field(8, ge=1, le=1024, description="sequences sent to it at once (its slots)")
+    timeout_s: float = Field(60.0, gt=0, description="longest wait for its next byte (then 504)")
+    llama_cpp: bool = Field(True, description="it is llamafleet or llama-server: it takes llama.cpp's fields "
+                            "(top_k, min_p, repeat_penalty, grammar, ignore_eos); false for other providers")
+
+    @model_validator(mode="after")
+    def _checked(self) -> RemoteEntry:
+        scheme, _, rest = self.url.partition("://")
+        if scheme not in ("http", "https") or not rest.strip("/"):
+            raise ValueError(f"url must start with http:// or https:// and name a host, not {self.url!r}")
+        if "@" in rest.split("/", 1)[0]:
+            raise ValueError("url must not hold credentials (they would show in logs); put the key in a file or "
+                             "variable named by api_key_file or api_key_env")
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give api_key_env or api_key_file, not both")
+        return self
+
+
 class ModelEntry(BaseModel):
     """One entry of the ``models:`` list: a model the fleet serves, loaded on demand (or kept loaded: ``pinned``).
 
@@ -93,6 +123,9 @@ class FleetConfig(BaseModel):
         None, description="several models, loaded on demand and placed together (see docs/OPERATIONS.md, "
         "Several models); replaces model_path / model_name")
     models_dir: str | None = Field(None, description="serve every .gguf file in this folder, named by its file stem")
+    remote: list[RemoteEntry] = Field(
+        default_factory=list, description="remote members: OpenAI-compatible servers that serve the model beside "
+        "(or, with no model_path, instead of) the local replicas (see docs/OPERATIONS.md, Remote members)")
     idle_ttl_s: float | None = Field(None, gt=0, description="with several models: an unpinned model idle this long "
                                      "is unloaded; unset = kept until evicted")
     max_loading_queue: int = Field(64, ge=0, description="requests waiting for their model to load, over all "
@@ -203,6 +236,9 @@ class FleetConfig(BaseModel):
             verb = "names" if len(single) == 1 else "name"
             raise ValueError(f"{' and '.join(single)} {verb} one model, {' and '.join(several)} several: keep one "
                              "way (a models: entry takes name and path)")
+        if self.remote and several:
+            raise ValueError("remote: members serve the one model of model_path / model_name; with models: or "
+                             "models_dir, remote members are not supported yet: serve those models separately")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):

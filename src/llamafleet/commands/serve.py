@@ -144,21 +144,32 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
     """Plan the one model (printing why); its service, or None if it does not fit."""
     from llamafleet.api.service import Service
     from llamafleet.fleet.dispatch import Dispatcher
+    from llamafleet.fleet.remote import NO_CONTEXT_LIMIT, member_specs, members
     from llamafleet.fleet.replicas import ReplicaSet
     from llamafleet.fleet.router import Router
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
 
-    model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
-    if not model_path.is_file():
-        raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
-    specs = _replica_specs(cfg, model_path, inventory)
-    if specs is None:
-        return None
-    model_name = cfg.model_name or model_path.stem
+    remote = members(cfg.remote)
+    if remote and cfg.model_path is None:  # remote members only: nothing loads here
+        model_name = cfg.model_name or remote[0].model
+        if model_name is None:
+            raise ConfigError("model_name: a fleet of remote members only has no file to name its model after; set "
+                              "model_name (--model-name) or the first member's model")
+        n_ctx = cfg.context_length if "context_length" in cfg.model_fields_set else NO_CONTEXT_LIMIT
+        specs: list[ReplicaSpec] = []
+    else:
+        model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
+        if not model_path.is_file():
+            raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
+        local = _replica_specs(cfg, model_path, inventory)
+        if local is None:
+            return None
+        model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
+    specs += member_specs(remote, n_ctx)
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
     dispatcher = Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router, model=model_name)
-    return Service(dispatcher, model_name, specs[0].engine.n_ctx_per_seq, cfg, *keys)
+    return Service(dispatcher, model_name, n_ctx, cfg, *keys)
 
 
 def run(args: argparse.Namespace) -> int:

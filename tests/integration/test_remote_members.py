@@ -1,0 +1,187 @@
+"""Remote members: a front llamafleet whose replicas are other llamafleet servers, over real HTTP on loopback.
+
+The upstreams are real ``llamafleet serve`` processes with the demo model (the session's shared ``fleet``, or one
+started here so that it can be killed); the fronts load no model. Every answer is checked against the upstream's own
+greedy answer to the same request, through the OpenAI SDK.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from conftest import FleetServer, free_port
+
+Launch = Callable[[list[str]], FleetServer]
+CHAT = [{"role": "user", "content": "Name three colours."}]
+
+
+def front_args(tmp_path: Path, members: list[dict[str, Any]], **keys: Any) -> list[str]:
+    """``serve`` arguments of a front whose replicas are ``members`` (plus any other config ``keys``)."""
+    config = tmp_path / f"front-{time.monotonic_ns()}.yaml"
+    config.write_text(yaml.safe_dump({"remote": members, **keys}), encoding="utf-8")
+    return ["--config", str(config)]
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``check`` (a server not listening yet counts as not yet) until it holds; fail saying ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{what} within {timeout:.0f}s")
+
+
+def member_report(front: FleetServer) -> dict[str, Any]:
+    status, body = front.ready()
+    return {"http": status, **body["replicas"][-1]}
+
+
+@pytest.fixture(scope="module")
+def front(launch_fleet: Launch, fleet: FleetServer, tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
+    """A front whose one replica is the shared fleet (served under another name)."""
+    server = launch_fleet(front_args(tmp_path_factory.mktemp("remote"), [{"url": f"{fleet.url}/v1"}],
+                                     model_name="relayed"))
+    server.wait_ready()
+    return server
+
+
+def test_remote_member_answers_chat_completions_and_streams_as_its_upstream(front: FleetServer,
+                                                                             fleet: FleetServer) -> None:
+    upstream, relayed = fleet.client(), front.client()
+    model = fleet.model()
+    want = upstream.chat.completions.create(model=model, messages=CHAT, temperature=0, max_tokens=24)  # type: ignore[arg-type]
+    got = relayed.chat.completions.create(model="relayed", messages=CHAT, temperature=0, max_tokens=24)  # type: ignore[arg-type]
+    assert got.model == "relayed"
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.choices[0].finish_reason == want.choices[0].finish_reason
+    assert got.usage is not None and want.usage is not None  # the upstream's counts
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (want.usage.prompt_tokens,
+                                                                      want.usage.completion_tokens)
+
+    text = upstream.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=12)
+    relayed_text = relayed.completions.create(model="relayed", prompt="The capital of France is", temperature=0,
+                                              max_tokens=12)
+    assert relayed_text.choices[0].text == text.choices[0].text
+
+    stream = relayed.chat.completions.create(model="relayed", messages=CHAT, temperature=0, max_tokens=24,  # type: ignore[arg-type]
+                                             stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == want.usage.completion_tokens
+    # n choices are relayed as n sequences, spread over the member's slots
+    two = relayed.chat.completions.create(model="relayed", messages=CHAT, temperature=0, max_tokens=8, n=2)  # type: ignore[arg-type]
+    assert two.choices[0].message.content == two.choices[1].message.content
+
+
+def test_remote_member_refuses_what_it_cannot_relay_and_passes_on_upstream_refusals(front: FleetServer) -> None:
+    relayed = front.client()
+    with pytest.raises(openai.BadRequestError, match="logprobs are not relayed"):
+        relayed.chat.completions.create(model="relayed", messages=CHAT, max_tokens=4, logprobs=True)  # type: ignore[arg-type]
+    r = httpx.post(f"{front.url}/v1/messages/count_tokens", json={"model": "relayed", "messages": CHAT}, timeout=30)
+    assert r.status_code == 400 and "tokenizer" in r.text
+    # the upstream's own 400 (its context is 512 tokens) reaches the client as a 400, naming the member
+    with pytest.raises(openai.BadRequestError, match="remote http://127.0.0.1.*refused the request"):
+        relayed.completions.create(model="relayed", prompt="hi", max_tokens=5000)
+    # a grammar is relayed to a llama.cpp upstream
+    out = relayed.completions.create(model="relayed", prompt="Yes or no?", max_tokens=4, temperature=0,
+                                     extra_body={"grammar": 'root ::= "yes" | "no"'})
+    assert out.choices[0].text in ("yes", "no")
+    assert member_report(front)["status"] == "ready"
+
+
+def test_remote_member_with_a_wrong_key_is_down_and_says_why(launch_fleet: Launch, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("right-key\n", encoding="utf-8")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("wrong-key\n", encoding="utf-8")
+    upstream = launch_fleet(["--replicas", "1", "--parallel", "2", "--ctx", "256", "--threads", "1",
+                             "--api-keys-file", str(keys)])
+    upstream.wait_ready()
+    front = launch_fleet(front_args(tmp_path, [{"url": upstream.url, "api_key_file": str(wrong)}],
+                                    model_name="relayed"))
+    wait_for(lambda: "401" in (member_report(front)["last_error"] or ""), 60, "the member did not report the 401")
+    report = member_report(front)
+    assert report["http"] == 503 and report["status"] in ("down", "loading")
+    assert "refused this server's credentials" in report["last_error"] and "wrong-key" not in front.log()
+    # the failed probes are load failures, retried with backoff, never taken for crashes of a loaded replica
+    assert "stopped:" not in front.log()
+
+
+def test_remote_upstream_that_dies_mid_stream_fails_cleanly_and_comes_back(launch_fleet: Launch,
+                                                                          tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("member-key\n", encoding="utf-8")
+    port = free_port()
+    upstream_args = ["--replicas", "1", "--parallel", "2", "--ctx", "512", "--threads", "1", "--port", str(port),
+                     "--api-keys-file", str(keys)]
+    upstream = launch_fleet(upstream_args)
+    upstream.wait_ready()
+    os.environ["TEST_REMOTE_MEMBER_KEY"] = "member-key"  # the front reads the member's key from its environment
+    try:
+        front = launch_fleet(front_args(tmp_path, [{"url": upstream.url, "api_key_env": "TEST_REMOTE_MEMBER_KEY",
+                                                    "max_concurrency": 2}], model_name="relayed"))
+    finally:
+        del os.environ["TEST_REMOTE_MEMBER_KEY"]
+    front.wait_ready()
+    assert "member-key" not in front.log()
+    stream = front.client().completions.create(model="relayed", prompt="Once upon a time", temperature=0,
+                                               max_tokens=400, extra_body={"ignore_eos": True}, stream=True)
+    first = next(iter(stream))
+    assert first.choices[0].text
+    os.killpg(upstream.proc.pid, signal.SIGKILL)  # the upstream and its workers, mid-answer
+    with pytest.raises(openai.APIError, match="remote http://127.0.0.1"):
+        for _ in stream:
+            pass
+    assert httpx.get(f"{front.url}/health", timeout=10).status_code == 200
+    wait_for(lambda: member_report(front)["status"] in ("down", "loading"), 30, "the member was not reported down")
+    with pytest.raises(openai.APIStatusError) as refused:
+        front.client().completions.create(model="relayed", prompt="hi", max_tokens=2)
+    assert refused.value.status_code == 503
+
+    upstream.stop()
+    again = launch_fleet(upstream_args)
+    again.wait_ready()
+    front.wait_ready(timeout=90)  # re-probed with backoff: at most 30 s apart
+    out = front.client().completions.create(model="relayed", prompt="Once upon a time", temperature=0, max_tokens=6)
+    assert out.choices[0].text and member_report(front)["restarts"] >= 1
+
+
+def test_remote_and_local_replicas_of_one_model_share_the_load(launch_fleet: Launch, fleet: FleetServer,
+                                                               model_path: Path, tmp_path: Path) -> None:
+    front = launch_fleet([*front_args(tmp_path, [{"url": fleet.url, "max_concurrency": 4}]),
+                          "--model", str(model_path), "--replicas", "1", "--parallel", "4", "--ctx", "512",
+                          "--threads", "1", "--routing", "least_outstanding"])
+    body = front.wait_ready()
+    assert [r["where"] for r in body["replicas"]] == ["CPU", f"remote {fleet.url}"]
+    model = front.model()
+
+    def ask(i: int) -> tuple[str, str]:
+        r = httpx.post(f"{front.url}/v1/completions", timeout=120, json={
+            "model": model, "prompt": f"Count to {i}:", "max_tokens": 16, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.headers["x-llamafleet-replicas"], r.json()["choices"][0]["text"]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    assert {where for where, _ in answers} == {"0", "1"}
+    # both kinds of replica give the same greedy answer to the same prompt
+    want = fleet.client().completions.create(model=fleet.model(), prompt="Count to 3:", max_tokens=16, temperature=0)
+    assert answers[3][1] == want.choices[0].text
+    # a request a member cannot relay goes to the local replica
+    scored = front.client().completions.create(model=model, prompt="Count to 3:", max_tokens=4, logprobs=2)
+    assert scored.choices[0].logprobs is not None
