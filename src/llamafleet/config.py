@@ -279,7 +279,11 @@ def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden" and known:
-            lines.append(f"  - {unknown_key(key, known)}")
+            if len(e["loc"]) == 3 and e["loc"][0] == "remote":  # a remote member's key: its own keys are the known
+                prefix = f"remote.{e['loc'][1]}."
+                lines.append(f"  - {unknown_key(key, [prefix + k for k in RemoteEntry.model_fields])}")
+            else:
+                lines.append(f"  - {unknown_key(key, known)}")
         elif e["type"] == "value_error":  # our own checks: their message names the key and the fix
             lines.append(f"  - '{key}': {e['msg'].removeprefix('Value error, ')}")
         else:
