@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from llamafleet.config import ConfigError, FleetConfig, ModelEntry, describe_errors
+from llamafleet.config import ConfigError, FleetConfig, ModelEntry, RemoteEntry, describe_errors
 
 if TYPE_CHECKING:
     from llamafleet.placement.packing import Demand
@@ -36,6 +36,7 @@ class ServedModel:
     pinned: bool  # loaded at start, never evicted (a lone model always is)
     idle_ttl_s: float | None  # unloaded after this long idle; None = kept until evicted
     cfg: FleetConfig
+    remote: tuple[RemoteEntry, ...] = ()  # remote members beside its local replicas
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -80,7 +81,8 @@ def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel
     except ValidationError as e:
         raise ConfigError(describe_errors(e, f"invalid settings for model '{entry.name}':")) from None
     ttl = entry.idle_ttl_s if entry.idle_ttl_s is not None else fleet.idle_ttl_s
-    return ServedModel(entry.name, Path(entry.path), tuple(entry.aliases), entry.pinned or not several, ttl, cfg)
+    return ServedModel(entry.name, Path(entry.path), tuple(entry.aliases), entry.pinned or not several, ttl, cfg,
+                       tuple(entry.remote))
 
 
 def demands(served: list[ServedModel]) -> list[Demand]:

@@ -83,6 +83,8 @@ class ModelEntry(BaseModel):
     pinned: bool = Field(False, description="loaded at start and never evicted")
     idle_ttl_s: float | None = Field(None, gt=0, description="unloaded after this long without a request; "
                                      "unset = the fleet's idle_ttl_s")
+    remote: list[RemoteEntry] = Field(default_factory=list, description="remote members serving this model beside "
+                                      "its local replicas (see docs/OPERATIONS.md, Remote members)")
 
     @field_validator("replicas")
     @classmethod
@@ -237,8 +239,8 @@ class FleetConfig(BaseModel):
             raise ValueError(f"{' and '.join(single)} {verb} one model, {' and '.join(several)} several: keep one "
                              "way (a models: entry takes name and path)")
         if self.remote and several:
-            raise ValueError("remote: members serve the one model of model_path / model_name; with models: or "
-                             "models_dir, remote members are not supported yet: serve those models separately")
+            raise ValueError("remote: members serve the one model of model_path / model_name; with models:, give "
+                             "each model entry its own remote: list")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):

@@ -185,3 +185,30 @@ def test_remote_and_local_replicas_of_one_model_share_the_load(launch_fleet: Lau
     # a request a member cannot relay goes to the local replica
     scored = front.client().completions.create(model=model, prompt="Count to 3:", max_tokens=4, logprobs=2)
     assert scored.choices[0].logprobs is not None
+
+
+def test_remote_members_of_one_model_in_a_models_list_load_and_unload_with_it(launch_fleet: Launch,
+                                                                             fleet: FleetServer, model_path: Path,
+                                                                             tmp_path: Path) -> None:
+    admin = tmp_path / "admin"
+    admin.write_text("admin-key\n", encoding="utf-8")
+    config = tmp_path / "models.yaml"
+    config.write_text(yaml.safe_dump({"parallel": 2, "context_length": 256, "threads": 1,
+                                      "admin_api_keys_file": str(admin), "models": [
+        {"name": "near", "path": str(model_path), "pinned": True},
+        {"name": "spread", "path": str(model_path), "remote": [{"url": fleet.url, "max_concurrency": 2}]},
+    ]}), encoding="utf-8")
+    front = launch_fleet(["--config", str(config)])
+    front.wait_ready()
+    out = front.client().completions.create(model="spread", prompt="Count to 3:", max_tokens=8, temperature=0)
+    want = fleet.client().completions.create(model=fleet.model(), prompt="Count to 3:", max_tokens=8, temperature=0)
+    assert out.choices[0].text == want.choices[0].text
+    body = front.wait_all_ready(60)
+    spread = {r["index"]: r["where"] for r in body["replicas"] if str(r["index"]).startswith("spread/")}
+    assert spread == {"spread/0": "spread on CPU", "spread/1": f"spread on remote {fleet.url}"}
+    card = httpx.get(f"{front.url}/v1/models/spread", timeout=10).json()
+    assert card["where"] == ["CPU", f"remote {fleet.url}"]
+    r = httpx.post(f"{front.url}/admin/models/spread/unload", headers={"Authorization": "Bearer admin-key"},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    assert not [r for r in front.ready()[1]["replicas"] if str(r["index"]).startswith("spread/")]

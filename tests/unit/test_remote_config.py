@@ -35,9 +35,13 @@ def test_remote_member_config_errors_name_the_field_and_the_fix(tmp_path: Path, 
         load_config(config(tmp_path, f"remote: [{member}]\n"))
 
 
-def test_remote_members_with_several_models_are_refused_with_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="remote members are not supported yet"):
+def test_remote_members_of_several_models_go_in_each_models_entry(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="give each model entry its own remote: list"):
         load_config(config(tmp_path, "remote: [{url: 'http://h'}]\nmodels: [{name: a, path: a.gguf}]\n"))
+    cfg = load_config(config(tmp_path, "models: [{name: a, path: a.gguf, remote: [{url: 'http://h'}]}]\n"))
+    assert cfg.models is not None and cfg.models[0].remote[0].url == "http://h"
+    with pytest.raises(ConfigError, match="url must start with http"):
+        load_config(config(tmp_path, "models: [{name: a, path: a.gguf, remote: [{url: h}]}]\n"))
 
 
 def test_remote_member_keys_come_from_the_environment_or_a_file_and_never_show(tmp_path: Path,

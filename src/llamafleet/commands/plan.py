@@ -79,7 +79,8 @@ def fleet_json(packing: Packing, demands: list[Demand], served: list[ServedModel
         state = "resident" if m.name in resident else "swapped" if m.name in evictions else "never"
         models.append({
             "name": m.name, "aliases": list(m.aliases), "path": str(m.path), "pinned": m.pinned,
-            "idle_ttl_s": m.idle_ttl_s, "state": state, "shape": packing.shapes[m.name].to_json(),
+            "idle_ttl_s": m.idle_ttl_s, "remote": [e.url for e in m.remote], "state": state,
+            "shape": packing.shapes[m.name].to_json(),
             "placement": resident[m.name].plan.to_json() if m.name in resident else None,
             "usage_mib": {("CPU" if k < 0 else f"GPU {k}"): v for k, v in resident[m.name].usage.items()}
             if m.name in resident else {},

@@ -119,6 +119,7 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     from llamafleet.catalog import demands, served_models
     from llamafleet.commands.plan import fleet_json, format_fleet
     from llamafleet.fleet.models import ManagedModel, ModelManager
+    from llamafleet.fleet.remote import members
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
@@ -134,7 +135,8 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     if not packing.fits:
         print("error: these models cannot all be served on this machine; nothing was loaded.", file=sys.stderr)
         return None
-    models = [ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s, packing.shapes[m.name].n_ctx_per_seq, d)
+    models = [ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s, packing.shapes[m.name].n_ctx_per_seq, d,
+                           remote=members(list(m.remote), f"models[{m.name}].remote"))
               for m, d in zip(served, fixed, strict=True)]
     return Service.of_models(ModelManager(models, cfg, FleetMetrics(), inventory), cfg, *keys)
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher
+from llamafleet.fleet.remote import RemoteMember, member_specs
 from llamafleet.fleet.replicas import LoadError, ReplicaSet, ReplicaSpec
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.telemetry import FleetMetrics, ModelState
@@ -71,13 +72,14 @@ class ManagedModel:
     failures: int = 0
     last_error: str | None = None
     waiting: int = 0  # requests waiting for it to load
+    remote: list[RemoteMember] = field(default_factory=list)  # replicas that are other servers, after its own
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def where(self) -> list[str]:
-        """Where its replicas run ("GPU 0", "GPUs 0,1", "CPU"); empty while it holds no memory."""
+        """Where its replicas run ("GPU 0", "GPUs 0,1", "CPU", "remote URL"); empty while it holds no memory."""
         if self.placed is not None:
-            return [r.label for r in self.placed.plan.replicas]
+            return [r.label for r in self.placed.plan.replicas] + [m.label for m in self.remote]
         return [spec.label for spec in self.dispatcher.replicas.specs] if self.dispatcher else []
 
 
@@ -297,6 +299,7 @@ class ModelManager:
         for i, replica in enumerate(plan.replicas):
             env, engine = launch_spec(plan, i, cfg, path)
             specs.append(ReplicaSpec(env, engine, f"{m.name} on {replica.label}", replica.gpus))
+        specs += member_specs(m.remote, m.n_ctx_per_seq, f"{m.name} on ")
         replicas = ReplicaSet(specs, self.cfg.log_level, self.cfg.heartbeat_timeout_s, self._load_lock)
         router = Router(len(specs), self.cfg.routing, self.cfg.max_queue_per_replica, self.cfg.max_queue)
         return Dispatcher(replicas, router, self.metrics, model=m.name)
