@@ -104,6 +104,21 @@ def test_remote_member_refuses_what_it_cannot_relay_and_passes_on_upstream_refus
     assert member_report(front)["status"] == "ready"
 
 
+def test_a_client_that_leaves_mid_stream_frees_the_members_slot_and_the_upstreams(front: FleetServer,
+                                                                                  fleet: FleetServer) -> None:
+    with httpx.stream("POST", f"{front.url}/v1/completions", timeout=60, json={
+            "model": "relayed", "prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True,
+            "stream": True}) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+    # the front aborts the relay, the relay closes its upstream stream, and the upstream aborts the sequence
+
+    def idle(server: FleetServer) -> bool:
+        return all(rep["outstanding"] == 0 and rep["slots_busy"] == 0 for rep in server.ready()[1]["replicas"])
+
+    wait_for(lambda: idle(front) and idle(fleet), 4, "slots stayed busy after the client left")  # 500 tokens: ~8 s
+
+
 def test_remote_member_with_a_wrong_key_is_down_and_says_why(launch_fleet: Launch, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("right-key\n", encoding="utf-8")
