@@ -90,8 +90,8 @@ def test_remote_member_answers_chat_completions_and_streams_as_its_upstream(fron
 
 def test_remote_member_refuses_what_it_cannot_relay_and_passes_on_upstream_refusals(front: FleetServer) -> None:
     relayed = front.client()
-    with pytest.raises(openai.BadRequestError, match="logprobs are not relayed"):
-        relayed.chat.completions.create(model="relayed", messages=CHAT, max_tokens=4, logprobs=True)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="prompt logprobs .* are not relayed"):
+        relayed.completions.create(model="relayed", prompt="Score me", max_tokens=0, echo=True, logprobs=1)
     r = httpx.post(f"{front.url}/v1/messages/count_tokens", json={"model": "relayed", "messages": CHAT}, timeout=30)
     assert r.status_code == 400 and "tokenizer" in r.text
     # the upstream's own 400 (its context is 512 tokens) reaches the client as a 400, naming the member
@@ -102,6 +102,28 @@ def test_remote_member_refuses_what_it_cannot_relay_and_passes_on_upstream_refus
                                      extra_body={"grammar": 'root ::= "yes" | "no"'})
     assert out.choices[0].text in ("yes", "no")
     assert member_report(front)["status"] == "ready"
+
+
+def test_remote_member_relays_logprobs_as_its_upstream_gives_them(front: FleetServer, fleet: FleetServer) -> None:
+    upstream, relayed = fleet.client(), front.client()
+    want = upstream.chat.completions.create(model=fleet.model(), messages=CHAT, temperature=0, max_tokens=8,  # type: ignore[arg-type]
+                                            logprobs=True, top_logprobs=3)
+    got = relayed.chat.completions.create(model="relayed", messages=CHAT, temperature=0, max_tokens=8,  # type: ignore[arg-type]
+                                          logprobs=True, top_logprobs=3)
+    assert want.choices[0].logprobs is not None and got.choices[0].logprobs is not None
+    assert got.choices[0].logprobs.model_dump() == want.choices[0].logprobs.model_dump()
+    stream = relayed.chat.completions.create(model="relayed", messages=CHAT, temperature=0, max_tokens=8,  # type: ignore[arg-type]
+                                             logprobs=True, top_logprobs=3, stream=True)
+    streamed = [t.model_dump() for c in stream if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content or []]
+    assert streamed == want.choices[0].logprobs.model_dump()["content"]
+
+    text_want = upstream.completions.create(model=fleet.model(), prompt="The sky is", temperature=0, max_tokens=6,
+                                            logprobs=2)
+    text_got = relayed.completions.create(model="relayed", prompt="The sky is", temperature=0, max_tokens=6,
+                                          logprobs=2)
+    assert text_got.choices[0].logprobs == text_want.choices[0].logprobs
+    assert text_got.choices[0].text == text_want.choices[0].text
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_members_slot_and_the_upstreams(front: FleetServer,
@@ -197,9 +219,11 @@ def test_remote_and_local_replicas_of_one_model_share_the_load(launch_fleet: Lau
     # both kinds of replica give the same greedy answer to the same prompt
     want = fleet.client().completions.create(model=fleet.model(), prompt="Count to 3:", max_tokens=16, temperature=0)
     assert answers[3][1] == want.choices[0].text
-    # a request a member cannot relay goes to the local replica
-    scored = front.client().completions.create(model=model, prompt="Count to 3:", max_tokens=4, logprobs=2)
-    assert scored.choices[0].logprobs is not None
+    # a request a member cannot relay (scoring the prompt) goes to the local replica, every time
+    for _ in range(3):
+        r = httpx.post(f"{front.url}/v1/completions", timeout=60, json={
+            "model": model, "prompt": "Count to 3:", "max_tokens": 0, "echo": True, "logprobs": 1})
+        assert r.status_code == 200 and r.headers["x-llamafleet-replicas"] == "0", r.text
 
 
 def test_remote_members_of_one_model_in_a_models_list_load_and_unload_with_it(launch_fleet: Launch,

@@ -77,8 +77,8 @@ def test_what_a_provider_that_is_not_llama_cpp_cannot_relay() -> None:
     assert "needs a llama.cpp upstream" in (unrelayable(grammar, provider) or "")
     assert unrelayable(grammar, llama) is None
     assert "top_k" in (unrelayable(Submit("r", SamplingParams(top_k=5), prompt="x"), provider) or "")
-    for refused in (Submit("r", SamplingParams(logprobs=True), prompt="x"), Submit("r", SamplingParams(),
-                    prompt="x", count_only=True)):
+    for refused in (Submit("r", SamplingParams(max_tokens=0, prompt_logprobs=True), prompt="x"),
+                    Submit("r", SamplingParams(), prompt="x", count_only=True)):
         assert unrelayable(refused, llama)
 
 
@@ -102,7 +102,7 @@ def test_an_upstream_stream_becomes_the_engines_outputs() -> None:
              'data: {"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"tool_calls"}]}',
              'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,'
              '"prompt_tokens_details":{"cached_tokens":4}}}', "data: [DONE]"]
-    outs = [o for o in map(reader.line, lines) if o is not None]
+    outs = [o for o, _ in filter(None, map(reader.line, lines))]
     assert [o.text for o in outs] == ["Hel", "lo"] and reader.done
     last = reader.last()
     assert (last.finished, last.finish_reason, last.prompt_tokens, last.completion_tokens, last.cached_tokens) == (

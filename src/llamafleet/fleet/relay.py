@@ -8,7 +8,8 @@ replica sends; :func:`upstream_failure` words an upstream's error answer with th
 
 The front has no token ids from an upstream: each content chunk counts as one token for the front's timings
 (time to first token, gaps), and the token counts of usage are the upstream's own (``stream_options.include_usage``;
-an upstream that sends none is counted one token per chunk and no prompt tokens).
+an upstream that sends none is counted one token per chunk and no prompt tokens). With logprobs, the tokens the
+upstream scores are the output's tokens, under ids made up per stream (see :class:`StreamReader`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str
         body["stop"] = list(p.stop)
     if p.logit_bias:
         body["logit_bias"] = {str(t): b for t, b in p.logit_bias}
+    if p.logprobs and msg.chat is not None:
+        body |= {"logprobs": True, "top_logprobs": p.top_logprobs}
+    elif p.logprobs:
+        body["logprobs"] = p.top_logprobs  # the legacy form: how many alternatives (0: the chosen token's only)
     if member.llama_cpp:
         body |= {"top_k": p.top_k, "min_p": p.min_p, "repeat_penalty": p.repeat_penalty}
         if p.grammar is not None:
@@ -83,17 +88,25 @@ class UpstreamError(Exception):
 
 
 class StreamReader:
-    """Turns one upstream SSE stream into :class:`RequestOutput` s for ``request_id`` (see the module docstring)."""
+    """Turns one upstream SSE stream into :class:`RequestOutput` s for ``request_id`` (see the module docstring).
 
-    def __init__(self, request_id: str) -> None:
+    With ``logprobs``, each token the upstream scores becomes one token of the output, under an id made up here
+    (one per distinct token text, in this stream): the front needs ids only to look up the bytes of each token and
+    of its alternatives, which travel with the output as a local replica's do."""
+
+    def __init__(self, request_id: str, logprobs: bool = False) -> None:
         self.request_id = request_id
+        self.logprobs = logprobs
+        self.ids: dict[bytes, int] = {}
+        self.tokens = 0
         self.chunks = 0
         self.finish: FinishReason | None = None
         self.usage: dict[str, Any] | None = None
         self.done = False  # data: [DONE] seen
 
-    def line(self, line: str) -> RequestOutput | None:
-        """The output one SSE line adds, if any (:class:`UpstreamError` for an error event)."""
+    def line(self, line: str) -> tuple[RequestOutput, list[bytes]] | None:
+        """The output one SSE line adds, if any, with the bytes of each of its tokens when logprobs were asked for
+        (:class:`UpstreamError` for an error event)."""
         if not line.startswith("data:"):
             return None  # blank separators, comments, event names
         data = line[5:].strip()
@@ -111,23 +124,56 @@ class StreamReader:
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         text = ""
+        scored: list[tuple[bytes, float, list[tuple[bytes, float]]]] = []
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
             text += piece or ""
+            if self.logprobs:
+                scored += _scored(choice.get("logprobs"))
             if choice.get("finish_reason"):
                 self.finish = "length" if choice["finish_reason"] == "length" else "stop"
-        if not text:
+        if not (text or scored):
             return None
         self.chunks += 1
-        return RequestOutput(self.request_id, text, [PLACEHOLDER_TOKEN], None, completion_tokens=self.chunks)
+        if not self.logprobs:
+            return RequestOutput(self.request_id, text, [PLACEHOLDER_TOKEN], None, completion_tokens=self.chunks), []
+        self.tokens += len(scored)
+        ids = [self._id(b) for b, _, _ in scored]
+        top = [[(self._id(b), lp) for b, lp in alts] for _, _, alts in scored]
+        words = {i: b for b, i in self.ids.items() if i in {*ids, *(t for alts in top for t, _ in alts)}}
+        return RequestOutput(self.request_id, text, ids, [lp for _, lp, _ in scored], completion_tokens=self.tokens,
+                             top_logprobs=top if any(top) else None, token_bytes=words), [b for b, _, _ in scored]
+
+    def _id(self, word: bytes) -> int:
+        return self.ids.setdefault(word, len(self.ids))
 
     def last(self) -> RequestOutput:
         """The final output, once the stream has ended with a finish reason, counted from the upstream's usage."""
         assert self.finish is not None
         usage = self.usage or {}
         details = usage.get("prompt_tokens_details") or {}
-        return RequestOutput(self.request_id, "", [], None, True, self.finish,
+        return RequestOutput(self.request_id, "", [], [] if self.logprobs else None, True, self.finish,
                              prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                             completion_tokens=int(usage.get("completion_tokens") or self.chunks),
+                             completion_tokens=int(usage.get("completion_tokens") or self.tokens or self.chunks),
                              cached_tokens=int(details.get("cached_tokens") or 0))
+
+
+def _word(entry: dict[str, Any]) -> bytes:
+    """A chat logprobs entry's token as bytes (exact when the upstream sends ``bytes``)."""
+    raw = entry.get("bytes")
+    return bytes(raw) if isinstance(raw, list) else str(entry.get("token", "")).encode()
+
+
+def _scored(lp: Any) -> list[tuple[bytes, float, list[tuple[bytes, float]]]]:
+    """(token, logprob, alternatives) of each token in a choice's ``logprobs``: chat's ``content`` list, or the
+    completions' parallel ``tokens`` / ``token_logprobs`` / ``top_logprobs`` lists."""
+    if not isinstance(lp, dict):
+        return []
+    if isinstance(lp.get("content"), list):
+        return [(_word(e), float(e["logprob"]), [(_word(t), float(t["logprob"])) for t in e.get("top_logprobs") or []])
+                for e in lp["content"]]
+    tops = lp.get("top_logprobs") or []
+    return [(str(t).encode(), float(p), [(str(a).encode(), float(b)) for a, b in (tops[i] or {}).items()]
+             if i < len(tops) else [])
+            for i, (t, p) in enumerate(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False))]

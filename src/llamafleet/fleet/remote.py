@@ -92,17 +92,14 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
     """Why ``member`` cannot serve ``msg`` as asked, worded for the client; None if it can.
 
     What an OpenAI-compatible upstream cannot express: counting tokens (it needs the model's tokenizer), scoring the
-    prompt (echo with logprobs), logprobs (the front renders them from token ids and bytes, which upstreams do not
-    all give) and, for an upstream that is not a llama.cpp server, a grammar, ``ignore_eos`` and llama.cpp's
-    sampling fields set to other than their defaults (at their defaults they are left out: the upstream's own
-    sampler applies)."""
+    prompt (echo with logprobs) and, for an upstream that is not a llama.cpp server, a grammar, ``ignore_eos`` and
+    llama.cpp's sampling fields set to other than their defaults (at their defaults they are left out: the
+    upstream's own sampler applies)."""
     p = msg.params
     if msg.count_only:
         return "counting tokens needs the model's tokenizer, which a remote member does not expose"
     if p.prompt_logprobs:
         return "prompt logprobs (echo with logprobs) are not relayed to remote members"
-    if p.logprobs:
-        return "logprobs are not relayed to remote members"
     if member.llama_cpp:
         return None
     if p.grammar is not None:

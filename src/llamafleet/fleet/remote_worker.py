@@ -100,6 +100,7 @@ class _Relays:
         self.gate = asyncio.Semaphore(member.max_concurrency)
         self.outputs: list[RequestOutput] = []
         self.rejected: list[Rejected] = []
+        self.pieces: dict[str, list[bytes]] = {}  # the tokens' bytes of outputs that carry logprobs
         self.flushing = False
         self.sent_at = time.monotonic()
         self.running = 0
@@ -113,10 +114,14 @@ class _Relays:
             self.pipe.send(msg)
         self.sent_at = time.monotonic()
 
-    def emit(self, out: RequestOutput | Rejected) -> None:
+    def emit(self, out: RequestOutput | Rejected, pieces: list[bytes] | None = None) -> None:
         if isinstance(out, Rejected):
             self.rejected.append(out)
         else:
+            if out.request_id in self.pieces:
+                self.flush()  # pieces go by request id: one output of a sequence per message (as per engine step)
+            if pieces is not None:
+                self.pieces[out.request_id] = pieces
             self.outputs.append(out)
         if not self.flushing:  # everything emitted in this turn of the event loop travels in one message
             self.flushing = True
@@ -127,8 +132,8 @@ class _Relays:
         if self.outputs or self.rejected:
             stats = EngineStats(self.member.max_concurrency, self.running, len(self.tasks) - self.running, 0, 0, 0,
                                 self.prompt_tokens, self.generated_tokens, 0.0, 0.0, 0.0)
-            msg = StepOutputs(self.outputs, self.rejected, {}, stats)
-            self.outputs, self.rejected = [], []
+            msg = StepOutputs(self.outputs, self.rejected, self.pieces, stats)
+            self.outputs, self.rejected, self.pieces = [], [], {}
             self.send(msg)
 
     async def beat(self, beat_s: float) -> None:
@@ -171,7 +176,7 @@ class _Relays:
         """Relay ``msg``, emitting its outputs as they come; its last output, or why it failed."""
         rid, label = msg.request_id, self.member.label
         path, body = upstream_request(msg, self.member, self.model)
-        reader = StreamReader(rid)
+        reader = StreamReader(rid, msg.params.logprobs)
         try:
             async with self.client.stream("POST", path, json=body) as r:
                 if r.status_code != 200:
@@ -182,7 +187,7 @@ class _Relays:
                 async for line in r.aiter_lines():
                     out = reader.line(line)
                     if out is not None:
-                        self.emit(out)
+                        self.emit(out[0], out[1] if reader.logprobs else None)
                     if reader.done:
                         break
         except httpx.TimeoutException:
