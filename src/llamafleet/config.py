@@ -281,8 +281,8 @@ def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden" and known:
-            if len(e["loc"]) == 3 and e["loc"][0] == "remote":  # a remote member's key: its own keys are the known
-                prefix = f"remote.{e['loc'][1]}."
+            if len(e["loc"]) >= 3 and e["loc"][-3] == "remote":  # a remote member's key: its own keys are known
+                prefix = ".".join(map(str, e["loc"][:-1])) + "."
                 lines.append(f"  - {unknown_key(key, [prefix + k for k in RemoteEntry.model_fields])}")
             else:
                 lines.append(f"  - {unknown_key(key, known)}")

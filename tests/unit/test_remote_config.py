@@ -42,6 +42,8 @@ def test_remote_members_of_several_models_go_in_each_models_entry(tmp_path: Path
     assert cfg.models is not None and cfg.models[0].remote[0].url == "http://h"
     with pytest.raises(ConfigError, match="url must start with http"):
         load_config(config(tmp_path, "models: [{name: a, path: a.gguf, remote: [{url: h}]}]\n"))
+    with pytest.raises(ConfigError, match="did you mean 'models.0.remote.0.timeout_s'"):
+        load_config(config(tmp_path, "models: [{name: a, path: a.gguf, remote: [{url: 'http://h', timeout: 5}]}]\n"))
 
 
 def test_remote_member_keys_come_from_the_environment_or_a_file_and_never_show(tmp_path: Path,
