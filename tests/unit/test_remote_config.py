@@ -70,6 +70,19 @@ def test_a_remote_only_fleet_needs_a_model_name(tmp_path: Path) -> None:
     assert done.returncode == 2 and "model_name: a fleet of remote members only" in done.stderr
 
 
+def test_plan_shows_remote_members_and_places_nothing_for_them(tmp_path: Path, model_path: Path) -> None:
+    def plan(text: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "llamafleet.cli", "plan", "--config", str(config(tmp_path, text))],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "served by remote members only: http://h:1 (max_concurrency 8)" in plan(
+        "model_name: m\nremote: [{url: 'http://h:1'}]\n")
+    mixed = plan(f"model_path: {model_path}\nreplicas: 1\nremote: [{{url: 'http://h:1', max_concurrency: 3}}]\n")
+    assert "replicas" in mixed and "remote members beside these replicas: http://h:1 (max_concurrency 3)" in mixed
+
+
 def test_what_a_provider_that_is_not_llama_cpp_cannot_relay() -> None:
     provider = RemoteMember("https://api.example.com", "m", llama_cpp=False)
     llama = RemoteMember("http://10.0.0.2:8080", None)

@@ -156,6 +156,12 @@ def run(args: argparse.Namespace) -> int:
         inventory = load_inventory(args.inventory) if args.inventory else detect_inventory()
         if cfg.models is not None or cfg.models_dir is not None:
             return _run_fleet(args, cfg, inventory)
+        remote = [f"{e.url} (max_concurrency {e.max_concurrency})" for e in cfg.remote]
+        if remote and cfg.model_path is None:
+            print(json.dumps({"fits": True, "replicas": [], "remote": [e.url for e in cfg.remote]}, indent=2)
+                  if args.json else "nothing to place here: the model is served by remote members only: "
+                  f"{', '.join(remote)}; each places it on its own machine")
+            return 0
         model = read_model_info(Path(cfg.model_path) if cfg.model_path else default_model_path())
     except (ConfigError, GgufError, InventoryError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -165,9 +171,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {line}", file=sys.stderr)
     plan = make_plan(model, inventory, cfg)
     if args.json:
-        print(json.dumps({**plan.to_json(), "model_path": model.path, "inventory": inventory.source}, indent=2))
+        print(json.dumps({**plan.to_json(), "model_path": model.path, "inventory": inventory.source,
+                          "remote": [e.url for e in cfg.remote]}, indent=2))
     else:
         print(format_plan(plan, model, inventory))
+        if remote:
+            print(f"remote members beside these replicas: {', '.join(remote)}")
     return 0 if plan.fits else 1
 
 
