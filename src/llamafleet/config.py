@@ -76,7 +76,8 @@ class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)  # the per-model knobs; anything else is refused
 
     name: str = Field(min_length=1, description="the name clients send as 'model'")
-    path: str = Field(min_length=1, description="the GGUF file")
+    path: str | None = Field(None, min_length=1, description="the GGUF file; unset: served by its remote members "
+                             "only")
     aliases: list[str] = Field(default_factory=list, description="other names clients may send for it")
     replicas: int | Literal["auto"] = Field(
         "auto", description="replicas while loaded; auto = 1 when the fleet has several models, else the plan's")
@@ -95,6 +96,8 @@ class ModelEntry(BaseModel):
 
     @model_validator(mode="after")
     def _known_knobs(self) -> ModelEntry:
+        if self.path is None and not self.remote:
+            raise ValueError(f"model '{self.name}' needs a path (its GGUF file) or remote (servers that serve it)")
         unknown = sorted(set(self.model_extra or {}) - set(PER_MODEL_KEYS))
         if unknown:
             raise ValueError("; ".join(unknown_key(k, [*PER_MODEL_KEYS, *ModelEntry.model_fields]) for k in unknown))

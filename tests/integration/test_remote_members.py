@@ -252,6 +252,7 @@ def test_remote_members_of_one_model_in_a_models_list_load_and_unload_with_it(la
                                       "admin_api_keys_file": str(admin), "models": [
         {"name": "near", "path": str(model_path), "pinned": True},
         {"name": "spread", "path": str(model_path), "remote": [{"url": fleet.url, "max_concurrency": 2}]},
+        {"name": "far", "aliases": ["elsewhere"], "remote": [{"url": fleet.url}]},
     ]}), encoding="utf-8")
     front = launch_fleet(["--config", str(config)])
     front.wait_ready()
@@ -267,3 +268,10 @@ def test_remote_members_of_one_model_in_a_models_list_load_and_unload_with_it(la
                    timeout=60)
     assert r.status_code == 200, r.text
     assert not [r for r in front.ready()[1]["replicas"] if str(r["index"]).startswith("spread/")]
+    # a model of remote members only: nothing to load here, always there, never unloaded
+    far = front.client().completions.create(model="elsewhere", prompt="Count to 3:", max_tokens=8, temperature=0)
+    assert far.choices[0].text == want.choices[0].text
+    card = httpx.get(f"{front.url}/v1/models/far", timeout=10).json()
+    assert (card["state"], card["pinned"], card["where"]) == ("loaded", True, [f"far on remote {fleet.url}"])
+    r = httpx.post(f"{front.url}/admin/models/far/unload", headers={"Authorization": "Bearer admin-key"}, timeout=60)
+    assert r.status_code == 409

@@ -4,6 +4,7 @@ test_remote_members.py)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,8 @@ def test_plan_shows_remote_members_and_places_nothing_for_them(tmp_path: Path, m
 
     assert "served by remote members only: http://h:1 (max_concurrency 8)" in plan(
         "model_name: m\nremote: [{url: 'http://h:1'}]\n")
+    several = plan(f"models: [{{name: a, path: '{model_path}'}}, {{name: b, remote: [{{url: 'http://h:1'}}]}}]\n")
+    assert re.search(r"\n\s*b\s+yes\s+remote\s+1\s+-\s+http://h:1", several), several
     mixed = plan(f"model_path: {model_path}\nreplicas: 1\nremote: [{{url: 'http://h:1', max_concurrency: 3}}]\n")
     assert "replicas" in mixed and "remote members beside these replicas: http://h:1 (max_concurrency 3)" in mixed
 

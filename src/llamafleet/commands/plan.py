@@ -74,8 +74,13 @@ def fleet_json(packing: Packing, demands: list[Demand], served: list[ServedModel
 
     resident = {p.name: p for p in packing.resident}
     evictions = swaps(packing, demands, inventory)
-    models = []
+    models: list[dict[str, Any]] = []
     for m in served:
+        if m.path is None:  # served by remote members only: nothing placed here
+            models.append({"name": m.name, "aliases": list(m.aliases), "path": None, "pinned": True,
+                           "idle_ttl_s": None, "remote": [e.url for e in m.remote], "state": "remote", "shape": None,
+                           "placement": None, "usage_mib": {}, "evicts": [], "swap_note": ""})
+            continue
         state = "resident" if m.name in resident else "swapped" if m.name in evictions else "never"
         models.append({
             "name": m.name, "aliases": list(m.aliases), "path": str(m.path), "pinned": m.pinned,
@@ -103,6 +108,9 @@ def format_fleet(d: dict[str, Any], inventory: Inventory) -> str:
              "memory together, in this order, the others swap; pinned models load at start, the rest on demand)"]
     rows = [["model", "pinned", "state", "replicas", "slots x ctx", "where", "file"]]
     for m in d["models"]:
+        if m["shape"] is None:
+            rows.append([m["name"], "yes", "remote", str(len(m["remote"])), "-", " ".join(m["remote"]), "-"])
+            continue
         shape, where = m["shape"], m["placement"] or m["shape"]
         rows.append([m["name"], "yes" if m["pinned"] else "no", m["state"], str(len(where["replicas"])),
                      f"{shape['n_seq']} x {shape['n_ctx_per_seq']}",

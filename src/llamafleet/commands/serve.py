@@ -118,7 +118,7 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     from llamafleet.api.service import Service
     from llamafleet.catalog import demands, served_models
     from llamafleet.commands.plan import fleet_json, format_fleet
-    from llamafleet.fleet.models import ManagedModel, ModelManager
+    from llamafleet.fleet.models import ManagedModel, ModelManager, remote_only
     from llamafleet.fleet.remote import members
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import default_model_path
@@ -127,7 +127,7 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
 
     served = served_models(cfg, default_model_path)
     for m in served:
-        if not m.path.is_file():
+        if m.path is not None and not m.path.is_file():
             raise GgufError(f"model file not found: {m.path} (check the path of model '{m.name}')")
     packing, fixed = pack(demands(served), inventory)
     report = format_fleet(fleet_json(packing, fixed, served, inventory, cfg.vram_margin_mib), inventory)
@@ -135,20 +135,22 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     if not packing.fits:
         print("error: these models cannot all be served on this machine; nothing was loaded.", file=sys.stderr)
         return None
-    models = [ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s, packing.shapes[m.name].n_ctx_per_seq, d,
-                           remote=members(list(m.remote), f"models[{m.name}].remote"))
-              for m, d in zip(served, fixed, strict=True)]
-    return Service.of_models(ModelManager(models, cfg, FleetMetrics(), inventory), cfg, *keys)
+    metrics, demand = FleetMetrics(), {d.name: d for d in fixed}
+    models = []
+    for m in served:
+        remote = members(list(m.remote), f"models[{m.name}].remote")
+        models.append(remote_only(m.name, m.aliases, remote, m.cfg, metrics) if m.path is None else ManagedModel(
+            m.name, m.aliases, m.pinned, m.idle_ttl_s, packing.shapes[m.name].n_ctx_per_seq, demand[m.name],
+            remote=remote))
+    return Service.of_models(ModelManager(models, cfg, metrics, inventory), cfg, *keys)
 
 
 def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
                        ) -> Service | None:
     """Plan the one model (printing why); its service, or None if it does not fit."""
     from llamafleet.api.service import Service
-    from llamafleet.fleet.dispatch import Dispatcher
-    from llamafleet.fleet.remote import NO_CONTEXT_LIMIT, member_specs, members
-    from llamafleet.fleet.replicas import ReplicaSet
-    from llamafleet.fleet.router import Router
+    from llamafleet.fleet.models import new_dispatcher
+    from llamafleet.fleet.remote import member_specs, members, remote_context
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
 
@@ -158,8 +160,7 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
         if model_name is None:
             raise ConfigError("model_name: a fleet of remote members only has no file to name its model after; set "
                               "model_name (--model-name) or the first member's model")
-        n_ctx = cfg.context_length if "context_length" in cfg.model_fields_set else NO_CONTEXT_LIMIT
-        specs: list[ReplicaSpec] = []
+        n_ctx, specs = remote_context(cfg), []
     else:
         model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
         if not model_path.is_file():
@@ -169,9 +170,7 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
             return None
         model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
-    router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
-    dispatcher = Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router, model=model_name)
-    return Service(dispatcher, model_name, n_ctx, cfg, *keys)
+    return Service(new_dispatcher(specs, cfg, None, model_name), model_name, n_ctx, cfg, *keys)
 
 
 def run(args: argparse.Namespace) -> int:

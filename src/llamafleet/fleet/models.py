@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.remote import RemoteMember, member_specs
+from llamafleet.fleet.remote import RemoteMember, member_specs, remote_context
 from llamafleet.fleet.replicas import LoadError, ReplicaSet, ReplicaSpec
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.telemetry import FleetMetrics, ModelState
@@ -81,6 +81,23 @@ class ManagedModel:
         if self.placed is not None:
             return [r.label for r in self.placed.plan.replicas] + [m.label for m in self.remote]
         return [spec.label for spec in self.dispatcher.replicas.specs] if self.dispatcher else []
+
+
+def new_dispatcher(specs: list[ReplicaSpec], cfg: FleetConfig, metrics: FleetMetrics | None, model: str,
+                   load_lock: asyncio.Lock | None = None) -> Dispatcher:
+    """The replica set of ``specs`` behind a router and a dispatcher, as ``cfg`` sets them."""
+    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, load_lock)
+    router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
+    return Dispatcher(replicas, router, metrics, model=model)
+
+
+def remote_only(name: str, aliases: tuple[str, ...], remote: list[RemoteMember], cfg: FleetConfig,
+                metrics: FleetMetrics) -> ManagedModel:
+    """A model served by remote members only: nothing to place or load here, so it is pinned (always there, its
+    members joining as their upstreams answer) and its dispatcher is built now."""
+    n_ctx = remote_context(cfg)
+    dispatcher = new_dispatcher(member_specs(remote, n_ctx, f"{name} on "), cfg, metrics, name)
+    return ManagedModel(name, aliases, True, None, n_ctx, dispatcher=dispatcher, remote=remote)
 
 
 def is_loaded(m: ManagedModel) -> bool:
@@ -300,9 +317,7 @@ class ModelManager:
             env, engine = launch_spec(plan, i, cfg, path)
             specs.append(ReplicaSpec(env, engine, f"{m.name} on {replica.label}", replica.gpus))
         specs += member_specs(m.remote, m.n_ctx_per_seq, f"{m.name} on ")
-        replicas = ReplicaSet(specs, self.cfg.log_level, self.cfg.heartbeat_timeout_s, self._load_lock)
-        router = Router(len(specs), self.cfg.routing, self.cfg.max_queue_per_replica, self.cfg.max_queue)
-        return Dispatcher(replicas, router, self.metrics, model=m.name)
+        return new_dispatcher(specs, self.cfg, self.metrics, m.name, self._load_lock)
 
     async def _reap_idle(self) -> None:
         """Unload models idle past their ``idle_ttl_s``; a model with requests in flight counts as used now."""

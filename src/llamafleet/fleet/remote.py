@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamafleet.config import ConfigError, RemoteEntry
+from llamafleet.config import ConfigError, FleetConfig, RemoteEntry
 from llamafleet.engine.types import EngineConfig, SamplingParams
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.replicas import ReplicaSpec
@@ -80,6 +80,12 @@ def members(entries: list[RemoteEntry], where: str = "remote") -> list[RemoteMem
     """The configured members, keys read now (:class:`ConfigError` naming the field if one cannot be)."""
     return [RemoteMember(root_url(e.url), e.model, e.max_concurrency, e.timeout_s, e.llama_cpp,
                          _read_key(e, f"{where}[{i}]")) for i, e in enumerate(entries)]
+
+
+def remote_context(cfg: FleetConfig) -> int:
+    """The context per sequence of a model served by remote members only: the upstream's (it refuses what does not
+    fit), unless ``context_length`` is set to refuse too-long requests here first."""
+    return cfg.context_length if "context_length" in cfg.model_fields_set else NO_CONTEXT_LIMIT
 
 
 def member_specs(remote: list[RemoteMember], n_ctx_per_seq: int, prefix: str = "") -> list[ReplicaSpec]:
