@@ -17,6 +17,9 @@ same thing with one pinned model. The rules:
 * An unloading model first finishes the requests it runs (up to ``request_timeout_s``; then they end with 503);
   requests that arrive meanwhile wait for its next load. Nothing in flight is dropped.
 * A model idle (no request in flight) for its ``idle_ttl_s`` is unloaded.
+* A model's replicas may include remote members (other servers, :mod:`llamafleet.fleet.remote`): they start and
+  stop with its load and unload. A model served by remote members only places and loads nothing here: it is pinned,
+  its dispatcher built up front (:func:`remote_only`).
 * Loads of all models share one lock, so two loads never run on one GPU at once (concurrent CUDA context creation
   is a known crash), as the replicas of one model already did.
 """
