@@ -82,7 +82,8 @@ class ManagedModel:
     def where(self) -> list[str]:
         """Where its replicas run ("GPU 0", "GPUs 0,1", "CPU", "remote URL"); empty while it holds no memory."""
         if self.placed is not None:
-            return [r.label for r in self.placed.plan.replicas] + [m.label for m in self.remote]
+            remote = [s.remote.label for s in self.dispatcher.replicas.specs if s.remote] if self.dispatcher else []
+            return [r.label for r in self.placed.plan.replicas] + remote
         return [spec.label for spec in self.dispatcher.replicas.specs] if self.dispatcher else []
 
 
