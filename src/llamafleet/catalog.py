@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from llamafleet.config import ConfigError, FleetConfig, ModelEntry, describe_errors
+from llamafleet.config import ConfigError, FleetConfig, ModelEntry, RemoteEntry, describe_errors
 
 if TYPE_CHECKING:
     from llamafleet.placement.packing import Demand
 
-FLEET_ONLY = {"models", "models_dir", "model_path", "model_name", "replicas"}
+FLEET_ONLY = {"models", "models_dir", "model_path", "model_name", "replicas", "remote"}
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,12 @@ class ServedModel:
     """One model of the fleet: the names clients may send, its file, how it is kept, its configuration."""
 
     name: str
-    path: Path
+    path: Path | None  # None: served by its remote members only
     aliases: tuple[str, ...]
     pinned: bool  # loaded at start, never evicted (a lone model always is)
     idle_ttl_s: float | None  # unloaded after this long idle; None = kept until evicted
     cfg: FleetConfig
+    remote: tuple[RemoteEntry, ...] = ()  # remote members beside its local replicas
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -58,7 +59,7 @@ def served_models(cfg: FleetConfig, default_path: Callable[[], Path]) -> list[Se
 def _folder_entries(folder: Path, listed: list[ModelEntry]) -> list[ModelEntry]:
     if not folder.is_dir():
         raise ConfigError(f"models_dir: {folder} is not a folder; give a folder of .gguf files (--models-dir)")
-    taken = {n for e in listed for n in (e.name, *e.aliases)} | {str(Path(e.path).resolve()) for e in listed}
+    taken = {n for e in listed for n in (e.name, *e.aliases)} | {str(Path(e.path).resolve()) for e in listed if e.path}
     files = sorted(folder.glob("*.gguf"))
     if not files and not listed:
         raise ConfigError(f"models_dir: {folder} holds no .gguf file")
@@ -80,12 +81,15 @@ def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel
     except ValidationError as e:
         raise ConfigError(describe_errors(e, f"invalid settings for model '{entry.name}':")) from None
     ttl = entry.idle_ttl_s if entry.idle_ttl_s is not None else fleet.idle_ttl_s
-    return ServedModel(entry.name, Path(entry.path), tuple(entry.aliases), entry.pinned or not several, ttl, cfg)
+    if entry.path is None:  # nothing is loaded here: always "loaded", never evicted
+        return ServedModel(entry.name, None, tuple(entry.aliases), True, None, cfg, tuple(entry.remote))
+    return ServedModel(entry.name, Path(entry.path), tuple(entry.aliases), entry.pinned or not several, ttl, cfg,
+                       tuple(entry.remote))
 
 
 def demands(served: list[ServedModel]) -> list[Demand]:
-    """What the packer needs of each model: its header read from its file (raises ``GgufError``)."""
+    """What the packer needs of each model with a file: its header read from it (raises ``GgufError``)."""
     from llamafleet.model.header import read_model_info
     from llamafleet.placement.packing import Demand
 
-    return [Demand(m.name, read_model_info(m.path), m.cfg, m.pinned) for m in served]
+    return [Demand(m.name, read_model_info(m.path), m.cfg, m.pinned) for m in served if m.path is not None]

@@ -36,6 +36,36 @@ PER_MODEL_KEYS = ("context_length", "parallel", "batch_size", "ubatch_size", "kv
                   "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer")
 
 
+class RemoteEntry(BaseModel):
+    """One remote member: an OpenAI-compatible server that serves the model as one more replica (see
+    docs/OPERATIONS.md, Remote members). Its key is read from the environment or a file, never written here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(min_length=1, description="the server's address, e.g. http://10.0.0.2:8080 (a trailing /v1 "
+                     "is accepted)")
+    model: str | None = Field(None, min_length=1, description="the upstream's name of the model; unset = the first "
+                              "one its /v1/models lists")
+    api_key_env: str | None = Field(None, min_length=1, description="environment variable holding its API key")
+    api_key_file: str | None = Field(None, min_length=1, description="file holding its API key")
+    max_concurrency: int = Field(8, ge=1, le=1024, description="sequences sent to it at once (its slots)")
+    timeout_s: float = Field(60.0, gt=0, description="longest wait for its next byte (then 504)")
+    llama_cpp: bool = Field(True, description="it is llamafleet or llama-server: it takes llama.cpp's fields "
+                            "(top_k, min_p, repeat_penalty, grammar, ignore_eos); false for other providers")
+
+    @model_validator(mode="after")
+    def _checked(self) -> RemoteEntry:
+        scheme, _, rest = self.url.partition("://")
+        if scheme not in ("http", "https") or not rest.strip("/"):
+            raise ValueError(f"url must start with http:// or https:// and name a host, not {self.url!r}")
+        if "@" in rest.split("/", 1)[0]:
+            raise ValueError("url must not hold credentials (they would show in logs); put the key in a file or "
+                             "variable named by api_key_file or api_key_env")
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give api_key_env or api_key_file, not both")
+        return self
+
+
 class ModelEntry(BaseModel):
     """One entry of the ``models:`` list: a model the fleet serves, loaded on demand (or kept loaded: ``pinned``).
 
@@ -46,13 +76,16 @@ class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)  # the per-model knobs; anything else is refused
 
     name: str = Field(min_length=1, description="the name clients send as 'model'")
-    path: str = Field(min_length=1, description="the GGUF file")
+    path: str | None = Field(None, min_length=1, description="the GGUF file; unset: served by its remote members "
+                             "only")
     aliases: list[str] = Field(default_factory=list, description="other names clients may send for it")
     replicas: int | Literal["auto"] = Field(
         "auto", description="replicas while loaded; auto = 1 when the fleet has several models, else the plan's")
     pinned: bool = Field(False, description="loaded at start and never evicted")
     idle_ttl_s: float | None = Field(None, gt=0, description="unloaded after this long without a request; "
                                      "unset = the fleet's idle_ttl_s")
+    remote: list[RemoteEntry] = Field(default_factory=list, description="remote members serving this model beside "
+                                      "its local replicas (see docs/OPERATIONS.md, Remote members)")
 
     @field_validator("replicas")
     @classmethod
@@ -63,6 +96,8 @@ class ModelEntry(BaseModel):
 
     @model_validator(mode="after")
     def _known_knobs(self) -> ModelEntry:
+        if self.path is None and not self.remote:
+            raise ValueError(f"model '{self.name}' needs a path (its GGUF file) or remote (servers that serve it)")
         unknown = sorted(set(self.model_extra or {}) - set(PER_MODEL_KEYS))
         if unknown:
             raise ValueError("; ".join(unknown_key(k, [*PER_MODEL_KEYS, *ModelEntry.model_fields]) for k in unknown))
@@ -93,6 +128,9 @@ class FleetConfig(BaseModel):
         None, description="several models, loaded on demand and placed together (see docs/OPERATIONS.md, "
         "Several models); replaces model_path / model_name")
     models_dir: str | None = Field(None, description="serve every .gguf file in this folder, named by its file stem")
+    remote: list[RemoteEntry] = Field(
+        default_factory=list, description="remote members: OpenAI-compatible servers that serve the model beside "
+        "(or, with no model_path, instead of) the local replicas (see docs/OPERATIONS.md, Remote members)")
     idle_ttl_s: float | None = Field(None, gt=0, description="with several models: an unpinned model idle this long "
                                      "is unloaded; unset = kept until evicted")
     max_loading_queue: int = Field(64, ge=0, description="requests waiting for their model to load, over all "
@@ -207,6 +245,9 @@ class FleetConfig(BaseModel):
             verb = "names" if len(single) == 1 else "name"
             raise ValueError(f"{' and '.join(single)} {verb} one model, {' and '.join(several)} several: keep one "
                              "way (a models: entry takes name and path)")
+        if self.remote and several:
+            raise ValueError("remote: members serve the one model of model_path / model_name; with models:, give "
+                             "each model entry its own remote: list")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):
@@ -247,7 +288,11 @@ def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden" and known:
-            lines.append(f"  - {unknown_key(key, known)}")
+            if len(e["loc"]) >= 3 and e["loc"][-3] == "remote":  # a remote member's key: its own keys are known
+                prefix = ".".join(map(str, e["loc"][:-1])) + "."
+                lines.append(f"  - {unknown_key(key, [prefix + k for k in RemoteEntry.model_fields])}")
+            else:
+                lines.append(f"  - {unknown_key(key, known)}")
         elif e["type"] == "value_error":  # our own checks: their message names the key and the fix
             lines.append(f"  - '{key}': {e['msg'].removeprefix('Value error, ')}")
         else:

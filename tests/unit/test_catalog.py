@@ -38,7 +38,7 @@ def test_entries_get_the_same_checks_as_the_top_level() -> None:
     assert "unknown key 'port': remove it or use one of: " in text and "context_length" in text
     assert "'models.0': 'parallel': Input should be greater than or equal to 1" in refused(
         {"models": [{"name": "a", "path": "a.gguf", "parallel": 0}]})
-    assert "'models.0.path': Field required" in refused({"models": [{"name": "a"}]})
+    assert "'models.0': model 'a' needs a path (its GGUF file) or remote" in refused({"models": [{"name": "a"}]})
     assert "'models.0.replicas': replicas must be 1 or more, or auto" in refused(
         {"models": [{"name": "a", "path": "a.gguf", "replicas": 0}]})
     assert "'models.0': ubatch_size (128) cannot exceed batch_size (64)" in refused(

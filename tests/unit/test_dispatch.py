@@ -18,10 +18,10 @@ from starlette.requests import Request
 
 from llamafleet.api.aggregate import respond
 from llamafleet.api.openai import ChatRenderer, TextRenderer
-from llamafleet.engine.types import EngineStats, RequestOutput, SamplingParams
+from llamafleet.engine.types import EngineConfig, EngineStats, RequestOutput, SamplingParams
 from llamafleet.fleet.dispatch import Delta, Dispatcher, Failure, Group
 from llamafleet.fleet.messages import Abort, Ready, Rejected, StepOutputs, Submit, ToWorker
-from llamafleet.fleet.replicas import ReplicaListener
+from llamafleet.fleet.replicas import ReplicaListener, ReplicaSpec
 from llamafleet.fleet.router import QueueFullError, Router
 
 STATS = EngineStats(slots_total=4, slots_busy=0, waiting=0, kv_tokens_used=0, kv_tokens_total=0, steps=0,
@@ -39,6 +39,7 @@ class Replicas:
         self.broken: set[int] = set()
         self.down: set[int] = set()
         self.listener: ReplicaListener | None = None
+        self.specs = [ReplicaSpec({}, EngineConfig("model.gguf"), "CPU")] * n  # local replicas: they serve anything
 
     def __len__(self) -> int:
         return self.n

@@ -19,7 +19,7 @@ from fastapi import Depends, Request
 
 from llamafleet.api.errors import ApiError
 from llamafleet.config import FleetConfig
-from llamafleet.fleet.dispatch import Dispatcher, Group
+from llamafleet.fleet.dispatch import Dispatcher, Group, Unservable
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
 from llamafleet.fleet.router import NoReplicaError, QueueFullError
@@ -159,6 +159,8 @@ class Service:
         except NoReplicaError as e:
             raise self._refuse(503, "no_replica",
                                f"{e}; retry shortly (GET /ready reports when replicas are up)") from None
+        except Unservable as e:
+            raise ApiError(400, str(e)) from None
         except QueueFullError as e:
             raise self._refuse(429, "queue_full", f"{e}; retry after {RETRY_AFTER_S}s") from None
 

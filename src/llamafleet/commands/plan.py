@@ -74,12 +74,18 @@ def fleet_json(packing: Packing, demands: list[Demand], served: list[ServedModel
 
     resident = {p.name: p for p in packing.resident}
     evictions = swaps(packing, demands, inventory)
-    models = []
+    models: list[dict[str, Any]] = []
     for m in served:
+        if m.path is None:  # served by remote members only: nothing placed here
+            models.append({"name": m.name, "aliases": list(m.aliases), "path": None, "pinned": True,
+                           "idle_ttl_s": None, "remote": [e.url for e in m.remote], "state": "remote", "shape": None,
+                           "placement": None, "usage_mib": {}, "evicts": [], "swap_note": ""})
+            continue
         state = "resident" if m.name in resident else "swapped" if m.name in evictions else "never"
         models.append({
             "name": m.name, "aliases": list(m.aliases), "path": str(m.path), "pinned": m.pinned,
-            "idle_ttl_s": m.idle_ttl_s, "state": state, "shape": packing.shapes[m.name].to_json(),
+            "idle_ttl_s": m.idle_ttl_s, "remote": [e.url for e in m.remote], "state": state,
+            "shape": packing.shapes[m.name].to_json(),
             "placement": resident[m.name].plan.to_json() if m.name in resident else None,
             "usage_mib": {("CPU" if k < 0 else f"GPU {k}"): v for k, v in resident[m.name].usage.items()}
             if m.name in resident else {},
@@ -102,6 +108,9 @@ def format_fleet(d: dict[str, Any], inventory: Inventory) -> str:
              "memory together, in this order, the others swap; pinned models load at start, the rest on demand)"]
     rows = [["model", "pinned", "state", "replicas", "slots x ctx", "where", "file"]]
     for m in d["models"]:
+        if m["shape"] is None:
+            rows.append([m["name"], "yes", "remote", str(len(m["remote"])), "-", " ".join(m["remote"]), "-"])
+            continue
         shape, where = m["shape"], m["placement"] or m["shape"]
         rows.append([m["name"], "yes" if m["pinned"] else "no", m["state"], str(len(where["replicas"])),
                      f"{shape['n_seq']} x {shape['n_ctx_per_seq']}",
@@ -156,6 +165,12 @@ def run(args: argparse.Namespace) -> int:
         inventory = load_inventory(args.inventory) if args.inventory else detect_inventory()
         if cfg.models is not None or cfg.models_dir is not None:
             return _run_fleet(args, cfg, inventory)
+        remote = [f"{e.url} (max_concurrency {e.max_concurrency})" for e in cfg.remote]
+        if remote and cfg.model_path is None:
+            print(json.dumps({"fits": True, "replicas": [], "remote": [e.url for e in cfg.remote]}, indent=2)
+                  if args.json else "nothing to place here: the model is served by remote members only: "
+                  f"{', '.join(remote)}; each places it on its own machine")
+            return 0
         model = read_model_info(Path(cfg.model_path) if cfg.model_path else default_model_path())
     except (ConfigError, GgufError, InventoryError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -165,9 +180,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {line}", file=sys.stderr)
     plan = make_plan(model, inventory, cfg)
     if args.json:
-        print(json.dumps({**plan.to_json(), "model_path": model.path, "inventory": inventory.source}, indent=2))
+        print(json.dumps({**plan.to_json(), "model_path": model.path, "inventory": inventory.source,
+                          "remote": [e.url for e in cfg.remote]}, indent=2))
     else:
         print(format_plan(plan, model, inventory))
+        if remote:
+            print(f"remote members beside these replicas: {', '.join(remote)}")
     return 0 if plan.fits else 1
 
 

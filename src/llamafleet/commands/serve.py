@@ -120,7 +120,8 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     from llamafleet.api.service import Service
     from llamafleet.catalog import demands, served_models
     from llamafleet.commands.plan import fleet_json, format_fleet
-    from llamafleet.fleet.models import ManagedModel, ModelManager
+    from llamafleet.fleet.models import ManagedModel, ModelManager, remote_only
+    from llamafleet.fleet.remote import members
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
@@ -128,7 +129,7 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
 
     served = served_models(cfg, default_model_path)
     for m in served:
-        if not m.path.is_file():
+        if m.path is not None and not m.path.is_file():
             raise GgufError(f"model file not found: {m.path} (check the path of model '{m.name}')")
     packing, fixed = pack(demands(served), inventory)
     report = format_fleet(fleet_json(packing, fixed, served, inventory, cfg.vram_margin_mib), inventory)
@@ -136,32 +137,46 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     if not packing.fits:
         print("error: these models cannot all be served on this machine; nothing was loaded.", file=sys.stderr)
         return None
-    models = [ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s, packing.shapes[m.name].n_ctx_per_seq, d)
-              for m, d in zip(served, fixed, strict=True)]
-    return Service.of_models(ModelManager(models, cfg, FleetMetrics(), inventory), cfg, *keys)
+    metrics, demand = FleetMetrics(), {d.name: d for d in fixed}
+    models = []
+    for m in served:
+        remote = members(list(m.remote), f"models[{m.name}].remote")
+        if m.path is None:
+            models.append(remote_only(m.name, m.aliases, remote, m.cfg, metrics,
+                                      f"{m.name}/" if len(served) > 1 else ""))
+        else:
+            models.append(ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s,
+                                       packing.shapes[m.name].n_ctx_per_seq, demand[m.name], remote=remote))
+    return Service.of_models(ModelManager(models, cfg, metrics, inventory), cfg, *keys)
 
 
 def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
                        ) -> Service | None:
     """Plan the one model (printing why); its service, or None if it does not fit."""
     from llamafleet.api.service import Service
-    from llamafleet.fleet.dispatch import Dispatcher
-    from llamafleet.fleet.replicas import ReplicaSet
-    from llamafleet.fleet.router import Router
+    from llamafleet.fleet.models import new_dispatcher
+    from llamafleet.fleet.remote import member_specs, members, remote_context
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
 
-    model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
-    if not model_path.is_file():
-        raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
-    planned = _replica_specs(cfg, model_path, inventory)
-    if planned is None:
-        return None
-    plan, specs = planned
-    model_name = cfg.model_name or model_path.stem
-    router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
-    dispatcher = Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router, model=model_name)
-    return Service(dispatcher, model_name, specs[0].engine.n_ctx_per_seq, cfg, *keys, plan=plan)
+    remote = members(cfg.remote)
+    if remote and cfg.model_path is None:  # remote members only: nothing loads here
+        model_name = cfg.model_name or remote[0].model
+        if model_name is None:
+            raise ConfigError("model_name: a fleet of remote members only has no file to name its model after; set "
+                              "model_name (--model-name) or the first member's model")
+        n_ctx, specs, plan = remote_context(cfg), [], None
+    else:
+        model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
+        if not model_path.is_file():
+            raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
+        planned = _replica_specs(cfg, model_path, inventory)
+        if planned is None:
+            return None
+        plan, local = planned
+        model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
+    specs += member_specs(remote, n_ctx)
+    return Service(new_dispatcher(specs, cfg, None, model_name), model_name, n_ctx, cfg, *keys, plan=plan)
 
 
 def run(args: argparse.Namespace) -> int:

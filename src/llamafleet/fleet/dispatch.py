@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from llamafleet.engine.types import ContextOverflow, RequestOutput
 from llamafleet.fleet.messages import Abort, Ready, StepOutputs, Submit
+from llamafleet.fleet.remote import unrelayable
 from llamafleet.fleet.replicas import ReplicaSet
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.telemetry import FleetMetrics
@@ -45,6 +46,10 @@ class Failure:
     status: int
     message: str
     overflow: ContextOverflow | None = None
+
+
+class Unservable(ValueError):
+    """No replica of the model can serve the request as asked (a 400: the client must ask differently)."""
 
 
 Event = tuple[int, Delta | Failure]  # (index of the sequence in its group, what happened)
@@ -137,8 +142,10 @@ class Dispatcher:
 
         :class:`~llamafleet.fleet.router.NoReplicaError` if none is up, :class:`~llamafleet.fleet.router.QueueFullError`
         if the queues are full (then nothing was sent)."""
+        able = [self._able(m) for m in msgs]  # before anything is assigned: a refusal leaves nothing behind
         try:
-            placed = [self.router.assign(m.request_id, m.prompt if m.chat is None else m.chat) for m in msgs]
+            placed = [self.router.assign(m.request_id, m.prompt if m.chat is None else m.chat, a)
+                      for m, a in zip(msgs, able, strict=True)]
         except BaseException:
             for m in msgs:
                 self.router.release(m.request_id)
@@ -153,6 +160,17 @@ class Dispatcher:
         for replica, m in zip(placed, msgs, strict=True):
             self.replicas.send(replica, m)
         return group
+
+    def _able(self, msg: Submit) -> list[int] | None:
+        """The replicas that can serve ``msg`` (None: all); :class:`Unservable` if none can (remote members
+        cannot serve everything, see :func:`~llamafleet.fleet.remote.unrelayable`)."""
+        why = {i: unrelayable(msg, s.remote) for i, s in enumerate(self.replicas.specs) if s.remote is not None}
+        if not any(why.values()):
+            return None
+        able = [i for i in range(len(self.replicas)) if not why.get(i)]
+        if not able:
+            raise Unservable(f"this model is served by remote members only, and {next(w for w in why.values() if w)}")
+        return able
 
     def close(self, group: Group) -> None:
         for rid in group.request_ids:

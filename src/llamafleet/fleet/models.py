@@ -17,6 +17,9 @@ same thing with one pinned model. The rules:
 * An unloading model first finishes the requests it runs (up to ``request_timeout_s``; then they end with 503);
   requests that arrive meanwhile wait for its next load. Nothing in flight is dropped.
 * A model idle (no request in flight) for its ``idle_ttl_s`` is unloaded.
+* A model's replicas may include remote members (other servers, :mod:`llamafleet.fleet.remote`): they start and
+  stop with its load and unload. A model served by remote members only places and loads nothing here: it is pinned,
+  its dispatcher built up front (:func:`remote_only`).
 * Loads of all models share one lock, so two loads never run on one GPU at once (concurrent CUDA context creation
   is a known crash), as the replicas of one model already did.
 """
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher
+from llamafleet.fleet.remote import RemoteMember, member_specs, remote_context
 from llamafleet.fleet.replicas import LoadError, ReplicaSet, ReplicaSpec
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.telemetry import FleetMetrics, ModelState
@@ -71,14 +75,35 @@ class ManagedModel:
     failures: int = 0
     last_error: str | None = None
     waiting: int = 0  # requests waiting for it to load
+    remote: list[RemoteMember] = field(default_factory=list)  # replicas that are other servers, after its own
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def where(self) -> list[str]:
-        """Where its replicas run ("GPU 0", "GPUs 0,1", "CPU"); empty while it holds no memory."""
+        """Where its replicas run ("GPU 0", "GPUs 0,1", "CPU", "remote URL"); empty while it holds no memory."""
         if self.placed is not None:
-            return [r.label for r in self.placed.plan.replicas]
+            remote = [s.remote.label for s in self.dispatcher.replicas.specs if s.remote] if self.dispatcher else []
+            return [r.label for r in self.placed.plan.replicas] + remote
         return [spec.label for spec in self.dispatcher.replicas.specs] if self.dispatcher else []
+
+
+def new_dispatcher(specs: list[ReplicaSpec], cfg: FleetConfig, metrics: FleetMetrics | None, model: str,
+                   load_lock: asyncio.Lock | None = None, replica_prefix: str = "") -> Dispatcher:
+    """The replica set of ``specs`` behind a router and a dispatcher, as ``cfg`` sets them; ``replica_prefix``
+    starts its replicas' metric labels ("" for a lone model, "chat/" for several)."""
+    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, load_lock)
+    router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
+    return Dispatcher(replicas, router, metrics, model=model, replica_prefix=replica_prefix)
+
+
+def remote_only(name: str, aliases: tuple[str, ...], remote: list[RemoteMember], cfg: FleetConfig,
+                metrics: FleetMetrics, replica_prefix: str = "") -> ManagedModel:
+    """A model served by remote members only: nothing to place or load here, so it is pinned (always there, its
+    members joining as their upstreams answer) and its dispatcher is built now."""
+    n_ctx = remote_context(cfg)
+    dispatcher = new_dispatcher(member_specs(remote, n_ctx, f"{name} on "), cfg, metrics, name,
+                                replica_prefix=replica_prefix)
+    return ManagedModel(name, aliases, True, None, n_ctx, dispatcher=dispatcher, remote=remote)
 
 
 def is_loaded(m: ManagedModel) -> bool:
@@ -300,10 +325,9 @@ class ModelManager:
         for i, replica in enumerate(plan.replicas):
             env, engine = launch_spec(plan, i, cfg, path)
             specs.append(ReplicaSpec(env, engine, f"{m.name} on {replica.label}", replica.gpus))
-        replicas = ReplicaSet(specs, self.cfg.log_level, self.cfg.heartbeat_timeout_s, self._load_lock)
-        router = Router(len(specs), self.cfg.routing, self.cfg.max_queue_per_replica, self.cfg.max_queue)
-        return Dispatcher(replicas, router, self.metrics, model=m.name,
-                          replica_prefix=f"{m.name}/" if self.several else "")
+        specs += member_specs(m.remote, m.n_ctx_per_seq, f"{m.name} on ")
+        return new_dispatcher(specs, self.cfg, self.metrics, m.name, self._load_lock,
+                              replica_prefix=f"{m.name}/" if self.several else "")
 
     async def _reap_idle(self) -> None:
         """Unload models idle past their ``idle_ttl_s``; a model with requests in flight counts as used now."""

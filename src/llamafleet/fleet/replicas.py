@@ -11,6 +11,10 @@
 * A loaded worker that sends nothing (no step output, no heartbeat) for ``heartbeat_timeout_s`` is hung (frozen, or
   stuck in one step): it is taken out of routing, shown as "unresponsive", its work failed with 503, and it is killed
   and restarted like a crashed one. Loading is exempt: it reports its own progress and may take minutes.
+* A replica may be a remote member (``ReplicaSpec.remote``, :mod:`llamafleet.fleet.remote`): its worker relays to an
+  upstream server instead of loading a model, and is supervised the same way. It takes no load lock (no GPU), and
+  it loads in the background: an upstream that does not answer at start is retried with backoff, it never stops the
+  server from starting.
 * On :meth:`ReplicaSet.stop` every worker is told to cancel its work and exit; one that does not within the bound
   is killed. Workers are daemonic and also exit when the server's end of the pipe closes, so nothing is orphaned.
 """
@@ -18,19 +22,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing as mp
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from llamafleet.engine.types import EngineConfig, EngineStats
 from llamafleet.fleet.messages import Heartbeat, LoadFailed, LoadProgress, Ready, Shutdown, StepOutputs, ToWorker
 from llamafleet.fleet.pipe import AsyncPipe
 from llamafleet.fleet.worker import worker_main
+
+if TYPE_CHECKING:
+    from llamafleet.fleet.remote import RemoteMember
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +65,7 @@ class ReplicaSpec:
     engine: EngineConfig
     label: str  # where it runs, for people: "CPU", "GPU 0", "GPUs 0,1"
     gpus: tuple[int, ...] = ()  # the GPUs (NVML indices) it runs on; none on the CPU
+    remote: RemoteMember | None = None  # set: an upstream server relayed to (llamafleet.fleet.remote), no model
 
 
 class ReplicaListener(Protocol):
@@ -92,6 +102,12 @@ class _Worker:
     pipe: AsyncPipe
     loaded: asyncio.Future[Ready] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     heard_at: float = field(default_factory=time.monotonic)  # when its last message arrived
+
+
+def _remote_main() -> Callable[..., None]:
+    from llamafleet.fleet.remote_worker import remote_main  # here: it imports the config, which imports the fleet
+
+    return remote_main
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -141,8 +157,12 @@ class ReplicaSet:
         """Load every replica, one after another; :class:`LoadError` if one fails (then call :meth:`stop`)."""
         self._listener = listener
         self._watch = asyncio.get_running_loop().create_task(self._watch_heartbeats())
-        for i in range(len(self.specs)):
-            await self._load(i)
+        for i, spec in enumerate(self.specs):  # an upstream down at start must not stop the server: it is retried
+            if spec.remote is not None:
+                self._restarts[i] = asyncio.get_running_loop().create_task(self._start_remote(i))
+        for i, spec in enumerate(self.specs):
+            if spec.remote is None:
+                await self._load(i)
 
     def send(self, replica: int, msg: ToWorker) -> None:
         """Queue ``msg`` for ``replica``'s worker (never blocks); a pipe that breaks reports the worker's death."""
@@ -181,7 +201,7 @@ class ReplicaSet:
 
     # -- loading ------------------------------------------------------------------------------------------------
     async def _load(self, i: int) -> None:
-        async with self._load_lock:
+        async with self._load_lock if self.specs[i].remote is None else contextlib.nullcontext():  # no GPU to share
             if self._stopping:
                 return
             worker = await self._spawn(i)
@@ -199,12 +219,20 @@ class ReplicaSet:
         assert self._listener is not None
         self._listener.replica_up(i, ready)
 
+    async def _start_remote(self, i: int) -> None:
+        try:
+            await self._load(i)
+        except LoadError as e:
+            log.error("%s", e)
+            await self._keep_loading(i, BACKOFF_FIRST_S)
+
     async def _spawn(self, i: int) -> _Worker:
         spec, state = self.specs[i], self.states[i]
         parent, child = socket.socketpair()
+        target, extra = (worker_main, ()) if spec.remote is None else (_remote_main(), (spec.remote,))
         process = self._mp.Process(
-            target=worker_main,
-            args=(child, i, spec.env, spec.engine, self._log_level, self._beat_s),
+            target=target,
+            args=(child, i, spec.env, spec.engine, self._log_level, self._beat_s, *extra),
             name=f"llamafleet-replica-{i}",
             daemon=True,
         )
@@ -260,6 +288,8 @@ class ReplicaSet:
         elif isinstance(msg, LoadFailed):
             self.states[i].last_error = msg.message
             if not worker.loaded.done():
+                self.states[i].status = "down"
+                self._forget(i)  # it exits now: its pipe's end must not be taken for the death of a loaded replica
                 worker.loaded.set_exception(LoadError(f"replica {i} failed to load: {msg.message}"))
         else:
             log.error("replica %d sent an unexpected message %r; ignored", i, msg)
@@ -311,7 +341,11 @@ class ReplicaSet:
         await self._reap(i, dead)
         state = self.states[i]
         stable = state.up_since is not None and time.monotonic() - state.up_since >= STABLE_AFTER_S
-        delay = 0.0 if stable else BACKOFF_FIRST_S
+        await self._keep_loading(i, 0.0 if stable else BACKOFF_FIRST_S)
+
+    async def _keep_loading(self, i: int, delay: float) -> None:
+        """Load the replica after ``delay``, backing off while loads keep failing."""
+        state = self.states[i]
         while not self._stopping:
             await asyncio.sleep(delay)
             state.restarts += 1

@@ -28,6 +28,7 @@ replica's sequences be found and failed at once. Pure bookkeeping: no I/O, no as
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from fractions import Fraction
 from typing import Literal, get_args
 
@@ -109,13 +110,15 @@ class Router:
         self._load[replica] = 0
         return lost
 
-    def assign(self, request_id: str, prompt: Prompt = "") -> int:
-        """Choose a replica for ``request_id`` (whose ``prompt`` is text or chat messages) and record it there."""
+    def assign(self, request_id: str, prompt: Prompt = "", able: Collection[int] | None = None) -> int:
+        """Choose a replica for ``request_id`` (whose ``prompt`` is text or chat messages) and record it there;
+        ``able``: the only replicas that can serve it (None: any)."""
         if request_id in self._where:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        up = self._rotation()
+        up = [r for r in self._rotation() if able is None or r in able]
         if not up:
-            raise NoReplicaError("no replica is ready to serve (loading or restarting)")
+            raise NoReplicaError("no replica is ready to serve (loading or restarting)" if able is None else
+                                 "no replica that can serve this request is ready (loading or restarting)")
         candidates = [r for r in up if self._has_room(r)]
         if not candidates:
             raise QueueFullError(f"the server is at capacity ({self.queue_depth()} sequence(s) already waiting)")

@@ -1,0 +1,179 @@
+"""One sequence relayed to an upstream OpenAI-compatible server: the request it becomes, its stream read back.
+
+Pure translation, no I/O: :func:`upstream_request` turns a :class:`~llamafleet.fleet.messages.Submit` into the path and
+JSON body of a streamed ``/v1/chat/completions`` (chat turns) or ``/v1/completions`` (a text or token-id prompt) with
+``n`` = 1 (the dispatcher already made one sequence per choice) and usage asked for; :class:`StreamReader` turns the
+SSE lines that come back into the engine's :class:`~llamafleet.engine.types.RequestOutput` s, the same ones a local
+replica sends; :func:`upstream_failure` words an upstream's error answer with the status the front's client gets.
+
+The front has no token ids from an upstream: each content chunk counts as one token for the front's timings
+(time to first token, gaps), and the token counts of usage are the upstream's own (``stream_options.include_usage``;
+an upstream that sends none is counted one token per chunk and no prompt tokens). With logprobs, the tokens the
+upstream scores are the output's tokens, under ids made up per stream (see :class:`StreamReader`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llamafleet.engine.types import FinishReason, RequestOutput
+from llamafleet.fleet.messages import Submit
+from llamafleet.fleet.remote import RemoteMember
+
+PLACEHOLDER_TOKEN = -1  # the token id of a relayed chunk: the front only counts and times them
+
+
+def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body that ask ``member`` (whose name of the model is ``model``) for ``msg``'s sequence."""
+    p = msg.params
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                            "temperature": p.temperature, "top_p": p.top_p}
+    if p.max_tokens is not None:
+        body["max_tokens"] = p.max_tokens
+    if p.presence_penalty:
+        body["presence_penalty"] = p.presence_penalty
+    if p.frequency_penalty:
+        body["frequency_penalty"] = p.frequency_penalty
+    if p.seed is not None:
+        body["seed"] = p.seed
+    if p.stop:
+        body["stop"] = list(p.stop)
+    if p.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in p.logit_bias}
+    if p.logprobs and msg.chat is not None:
+        body |= {"logprobs": True, "top_logprobs": p.top_logprobs}
+    elif p.logprobs:
+        body["logprobs"] = p.top_logprobs  # the legacy form: how many alternatives (0: the chosen token's only)
+    if member.llama_cpp:
+        body |= {"top_k": p.top_k, "min_p": p.min_p, "repeat_penalty": p.repeat_penalty}
+        if p.grammar is not None:
+            body["grammar"] = p.grammar
+        if p.ignore_eos:
+            body["ignore_eos"] = True
+    if msg.chat is not None:
+        body["messages"] = [{"role": role, "content": content} for role, content in msg.chat]
+        return "/v1/chat/completions", body
+    body["prompt"] = list(msg.prompt_ids) if msg.prompt_ids is not None else msg.prompt
+    return "/v1/completions", body
+
+
+def error_text(body: bytes) -> str:
+    """The message of an OpenAI-shaped error body (``{"error": {"message": ...}}``), else the body's start."""
+    try:
+        data = json.loads(body)
+        message = data["error"]["message"] if isinstance(data.get("error"), dict) else data.get("error") or data
+        return str(message)[:500]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return body[:300].decode("utf-8", errors="replace")
+
+
+def upstream_failure(status: int, body: bytes, label: str) -> tuple[int, str]:
+    """The status and message the front's client gets for an upstream's error answer.
+
+    4xx other than 401/403 is the request's own fault: the client gets the same status and the upstream's words.
+    401/403 is the member's configuration (its key), not the client's: 502. 5xx: 502, or 503 for the upstream's 503
+    (busy or loading: worth a retry), 504 for its 504."""
+    text = error_text(body)
+    if status in (401, 403):
+        return 502, (f"{label} refused this server's credentials ({status}: {text}); the operator must fix the "
+                     "member's api_key_env / api_key_file")
+    if 400 <= status < 500:
+        return status, f"{label} refused the request ({status}): {text}"
+    return (status if status in (503, 504) else 502), f"{label} failed ({status}): {text}"
+
+
+class UpstreamError(Exception):
+    """The upstream ended a stream with an error event, or sent what is not an OpenAI stream."""
+
+
+class StreamReader:
+    """Turns one upstream SSE stream into :class:`RequestOutput` s for ``request_id`` (see the module docstring).
+
+    With ``logprobs``, each token the upstream scores becomes one token of the output, under an id made up here
+    (one per distinct token text, in this stream): the front needs ids only to look up the bytes of each token and
+    of its alternatives, which travel with the output as a local replica's do."""
+
+    def __init__(self, request_id: str, logprobs: bool = False) -> None:
+        self.request_id = request_id
+        self.logprobs = logprobs
+        self.ids: dict[bytes, int] = {}
+        self.tokens = 0
+        self.chunks = 0
+        self.finish: FinishReason | None = None
+        self.usage: dict[str, Any] | None = None
+        self.done = False  # data: [DONE] seen
+
+    def line(self, line: str) -> tuple[RequestOutput, list[bytes]] | None:
+        """The output one SSE line adds, if any, with the bytes of each of its tokens when logprobs were asked for
+        (:class:`UpstreamError` for an error event)."""
+        if not line.startswith("data:"):
+            return None  # blank separators, comments, event names
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return None
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise UpstreamError(f"sent a line that is not JSON: {data[:100]!r}") from None
+        if not isinstance(chunk, dict):
+            raise UpstreamError(f"sent a chunk that is not an object: {data[:100]!r}")
+        if "error" in chunk:
+            raise UpstreamError(error_text(data.encode()))
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        text = ""
+        scored: list[tuple[bytes, float, list[tuple[bytes, float]]]] = []
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            text += piece or ""
+            if self.logprobs:
+                scored += _scored(choice.get("logprobs"))
+            if choice.get("finish_reason"):
+                self.finish = "length" if choice["finish_reason"] == "length" else "stop"
+        if not (text or scored):
+            return None
+        self.chunks += 1
+        if not self.logprobs:
+            return RequestOutput(self.request_id, text, [PLACEHOLDER_TOKEN], None, completion_tokens=self.chunks), []
+        self.tokens += len(scored)
+        ids = [self._id(b) for b, _, _ in scored]
+        top = [[(self._id(b), lp) for b, lp in alts] for _, _, alts in scored]
+        words = {i: b for b, i in self.ids.items() if i in {*ids, *(t for alts in top for t, _ in alts)}}
+        return RequestOutput(self.request_id, text, ids, [lp for _, lp, _ in scored], completion_tokens=self.tokens,
+                             top_logprobs=top if any(top) else None, token_bytes=words), [b for b, _, _ in scored]
+
+    def _id(self, word: bytes) -> int:
+        return self.ids.setdefault(word, len(self.ids))
+
+    def last(self) -> RequestOutput:
+        """The final output, once the stream has ended with a finish reason, counted from the upstream's usage."""
+        assert self.finish is not None
+        usage = self.usage or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return RequestOutput(self.request_id, "", [], [] if self.logprobs else None, True, self.finish,
+                             prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                             completion_tokens=int(usage.get("completion_tokens") or self.tokens or self.chunks),
+                             cached_tokens=int(details.get("cached_tokens") or 0))
+
+
+def _word(entry: dict[str, Any]) -> bytes:
+    """A chat logprobs entry's token as bytes (exact when the upstream sends ``bytes``)."""
+    raw = entry.get("bytes")
+    return bytes(raw) if isinstance(raw, list) else str(entry.get("token", "")).encode()
+
+
+def _scored(lp: Any) -> list[tuple[bytes, float, list[tuple[bytes, float]]]]:
+    """(token, logprob, alternatives) of each token in a choice's ``logprobs``: chat's ``content`` list, or the
+    completions' parallel ``tokens`` / ``token_logprobs`` / ``top_logprobs`` lists."""
+    if not isinstance(lp, dict):
+        return []
+    if isinstance(lp.get("content"), list):
+        return [(_word(e), float(e["logprob"]), [(_word(t), float(t["logprob"])) for t in e.get("top_logprobs") or []])
+                for e in lp["content"]]
+    tops = lp.get("top_logprobs") or []
+    return [(str(t).encode(), float(p), [(str(a).encode(), float(b)) for a, b in (tops[i] or {}).items()]
+             if i < len(tops) else [])
+            for i, (t, p) in enumerate(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False))]
