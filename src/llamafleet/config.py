@@ -102,6 +102,12 @@ class FleetConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
 
+    # Replicas on other hosts (see docs/DEPLOYMENT.md, Ray).
+    ray: str | None = Field(None, description="run the replicas on this Ray cluster: 'auto' (the one `ray start` "
+                            "joined this host to) or its address HOST:PORT; unset = on this machine")
+    ray_port: int = Field(0, ge=0, le=65535, description="with ray: the port replicas connect back to the API "
+                          "process on; 0 = any free port")
+
     # Capacity of each replica.
     # Left unset (not merely equal to the default), these two are fitted by the planner: see docs/PLANNER.md.
     context_length: int = Field(4096, ge=64, description="tokens of context per sequence (prompt + answer)")
@@ -203,6 +209,9 @@ class FleetConfig(BaseModel):
             verb = "names" if len(single) == 1 else "name"
             raise ValueError(f"{' and '.join(single)} {verb} one model, {' and '.join(several)} several: keep one "
                              "way (a models: entry takes name and path)")
+        if self.ray is not None and several:
+            raise ValueError(f"ray serves one model for now, but {' and '.join(several)} name several: serve one "
+                             "model (model_path) with ray, or leave ray unset")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):

@@ -22,6 +22,7 @@ from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
     from llamafleet.api.service import Service
+    from llamafleet.fleet.ray_cluster import RayFleet
     from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.placement.gpus import Inventory
 
@@ -111,6 +112,32 @@ def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> 
     return specs
 
 
+def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:
+    """Join the Ray cluster and plan the model on each of its nodes; None (after printing why) if no node can run a
+    replica. Needs the ``ray`` extra (``pip install llamafleet[ray]``)."""
+    try:
+        from llamafleet.fleet.ray_cluster import connect, ray_fleet
+    except ImportError as e:
+        raise ConfigError(f"ray: Ray is not installed ({e}); install it with `pip install llamafleet[ray]`, or leave "
+                          "--ray / ray unset") from None
+    from llamafleet.model.header import read_model_info
+
+    assert cfg.ray is not None
+    connect(cfg.ray, cfg.log_level)
+    fleet = ray_fleet(read_model_info(model_path), cfg, str(model_path))
+    out = sys.stdout if fleet.plan.fits else sys.stderr
+    for node in fleet.plan.nodes:
+        print(f"  plan: node {node.node.address}: {len(node.plan.replicas)} replica(s) on "
+              f"{', '.join(r.label for r in node.plan.replicas)}", file=out)
+    for note in fleet.plan.notes:
+        print(f"  plan: {note}", file=out)
+    if not fleet.plan.fits:
+        print(f"error: no node of the Ray cluster can run {model_path.name} with this configuration; nothing was "
+              "loaded.", file=sys.stderr)
+        return None
+    return fleet
+
+
 def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
                    ) -> Service | None:
     """Place several models (printing the placement); their service, or None (after printing why) if the fleet
@@ -152,12 +179,20 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
     model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
     if not model_path.is_file():
         raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
-    specs = _replica_specs(cfg, model_path, inventory)
+    launcher, specs = None, None
+    if cfg.ray is not None:
+        ray_fleet = _ray_fleet(cfg, model_path)
+        if ray_fleet is None:
+            return None
+        specs, launcher = ray_fleet.specs, ray_fleet.launcher
+    else:
+        specs = _replica_specs(cfg, model_path, inventory)
     if specs is None:
         return None
     model_name = cfg.model_name or model_path.stem
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
-    dispatcher = Dispatcher(ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s), router, model=model_name)
+    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, launcher=launcher)
+    dispatcher = Dispatcher(replicas, router, model=model_name)
     return Service(dispatcher, model_name, specs[0].engine.n_ctx_per_seq, cfg, *keys)
 
 
