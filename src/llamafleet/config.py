@@ -210,8 +210,9 @@ class FleetConfig(BaseModel):
             raise ValueError(f"{' and '.join(single)} {verb} one model, {' and '.join(several)} several: keep one "
                              "way (a models: entry takes name and path)")
         if self.ray is not None and several:
-            raise ValueError(f"ray serves one model for now, but {' and '.join(several)} name several: serve one "
-                             "model (model_path) with ray, or leave ray unset")
+            raise ValueError(f"ray serves one model for now, but {' and '.join(several)} "
+                             f"{'names' if len(several) == 1 else 'name'} several: serve one model (model_path) with "
+                             "ray, or leave ray unset")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):

@@ -23,7 +23,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from conftest import FleetServer
+from conftest import FleetServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -173,3 +173,11 @@ def test_ray_node_lost_under_load_fails_its_requests_and_the_replica_returns_on_
         model=ray_server.model(), messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0, n=2)
     assert sorted(raw.headers[HEADER].split(",")) == ["0", "1"]
     assert os.path.exists(f"/proc/{back['pid']}")
+
+
+def test_ray_address_where_nothing_listens_is_refused_at_once(launch_fleet: Callable[[list[str]], FleetServer],
+                                                            model_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    server = launch_fleet(["--model", str(model_path), "--ray", address])
+    assert server.proc.wait(60) == 2
+    assert f"error: ray: nothing answers at '{address}'" in server.log(), server.log()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 import ray
@@ -27,6 +28,7 @@ from llamafleet.placement.planner import launch_spec
 log = logging.getLogger(__name__)
 
 FACTS_TIMEOUT_S = 120.0  # every node must report its facts within this long
+REACH_TIMEOUT_S = 5.0  # the cluster's address must accept a connection within this long
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,17 @@ class RayFleet:
 
 
 def connect(address: str, log_level: str) -> None:
-    """Join the Ray cluster at ``address`` ("auto": the one started on this host with ``ray start``)."""
+    """Join the Ray cluster at ``address`` ("auto": the one started on this host with ``ray start``).
+
+    An address where nothing listens is refused at once: Ray itself would retry it for minutes."""
+    if address != "auto":
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"ray: nothing answers at '{address}' ({e}); give the head node's HOST:PORT (the port "
+                              "`ray start --head` printed, 6379 by default), or 'auto' on a host that ran `ray start`"
+                              ) from None
     try:
         ray.init(address=address, logging_level=log_level.upper(), log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as e:

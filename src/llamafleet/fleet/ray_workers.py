@@ -208,10 +208,11 @@ class RayLauncher:
         env = {k: v for k, v in spec.env.items() if not (place.num_gpus and k == "CUDA_VISIBLE_DEVICES")}
         run = actor.run.remote(self._listener.host, self._listener.port, token, replica, env, spec.engine,
                                log_level, beat_s)
+        # never cancelled (that would reach into Ray): it ends with the actor; its outcome is read through RayWorker
         ended = asyncio.ensure_future(_wait(run))
+        ended.add_done_callback(lambda f: f.cancelled() or f.exception())
         done, _ = await asyncio.wait([connected, ended], timeout=CONNECT_TIMEOUT_S,
                                      return_when=asyncio.FIRST_COMPLETED)
-        ended.cancel()
         if connected not in done:
             connected.cancel()
             ray.kill(actor, no_restart=True)
