@@ -10,7 +10,6 @@ in their own process groups and are all stopped at the end of the module.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,13 +21,13 @@ import openai
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from test_server_faults import _Stream
 
 from conftest import FleetServer, free_port
 
 pytestmark = pytest.mark.slow
 
 HEADER = "x-llamafleet-replicas"
-COUNTING = "1, 2, 3, 4, 5,"
 LOOPBACK = {"node_ip_address": "127.0.0.1", "object_store_memory": 100 << 20}  # every Ray address on 127.0.0.1
 NODE = {"num_cpus": 1, **LOOPBACK}
 
@@ -97,31 +96,6 @@ def test_ray_replicas_on_two_nodes_share_the_requests(ray_server: FleetServer, r
     assert all(c.message.content for c in raw.parse().choices)
 
 
-class _Stream(threading.Thread):
-    """One streamed completion: its replica, and how it ended."""
-
-    def __init__(self, server: FleetServer) -> None:
-        super().__init__(daemon=True)
-        self.server = server
-        self.replica = -1
-        self.started = threading.Event()
-        self.error: Exception | None = None
-        self.finish: str | None = None
-
-    def run(self) -> None:
-        try:
-            raw = self.server.client().completions.with_raw_response.create(
-                model=self.server.model(), prompt=COUNTING, max_tokens=200, temperature=0, stream=True)
-            self.replica = int(raw.headers[HEADER])
-            for chunk in raw.parse():
-                self.started.set()
-                self.finish = chunk.choices[0].finish_reason or self.finish
-        except openai.APIError as e:
-            self.error = e
-        finally:
-            self.started.set()
-
-
 def _wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -134,7 +108,7 @@ def test_ray_node_lost_under_load_fails_its_requests_and_the_replica_returns_on_
     reps = ray_server.wait_all_ready()["replicas"]
     a, b = ray_cluster.nodes
     lost_index = 0 if _on(b, reps[0]) else 1
-    streams = [_Stream(ray_server) for _ in range(6)]
+    streams = [_Stream(ray_server, ray_server.model(), max_tokens=200) for _ in range(6)]
     for s in streams:
         s.start()
     for s in streams:

@@ -70,7 +70,11 @@ def gather(model_path: str) -> list[Node]:
     task = ray.remote(_node_facts)
     refs = [task.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
             .remote(model_path) for n in nodes]
-    facts = ray.get(refs, timeout=FACTS_TIMEOUT_S)
+    try:
+        facts = ray.get(refs, timeout=FACTS_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise ConfigError(f"ray: not every node of the cluster reported its GPUs within {FACTS_TIMEOUT_S:g}s; check "
+                          "`ray status` and that llamafleet is installed on every node") from None
     return [Node(n["NodeID"], n["NodeManagerAddress"], float(n["Resources"].get("CPU", 0)),
                  int(n["Resources"].get("GPU", 0)), inventory, has_model)
             for n, (inventory, has_model) in zip(nodes, facts, strict=True)]
