@@ -1,15 +1,18 @@
 """``serve --ray`` on a real Ray cluster of several nodes on this machine (Ray's own ``cluster_utils``), all on
 loopback: the demo model's replicas on different nodes share the requests; a node removed under load fails only the
 requests it ran, with the 503 a dead replica gives, while the other node keeps serving; its replica waits, reported
-down, until a node with room joins, then comes back there.
+down, until a node with room joins, then comes back there; a replica restarted where the model file is missing says
+which node and path; an address where no cluster listens is refused at once.
 
-Each node offers Ray one CPU, so each holds exactly one CPU replica (one thread). Ray's processes and the server run
-in their own process groups and are all stopped at the end of the module.
+Each node offers Ray one CPU, so each holds exactly one CPU replica (one thread). The server is stopped, then the
+cluster shut down, at the end of the module.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -63,11 +66,19 @@ def ray_cluster() -> Iterator[RayCluster]:
 
 
 @pytest.fixture(scope="module")
-def ray_server(ray_cluster: RayCluster, launch_fleet: Callable[[list[str]], FleetServer], model_path: Path
+def ray_model(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the demo model that the last test takes away from every node."""
+    copy = tmp_path_factory.mktemp("ray-model") / model_path.name
+    shutil.copyfile(model_path, copy)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def ray_server(ray_cluster: RayCluster, launch_fleet: Callable[[list[str]], FleetServer], ray_model: Path
                ) -> Iterator[FleetServer]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the server's Ray side on 127.0.0.1 too
-        server = launch_fleet(["--model", str(model_path), "--ray", ray_cluster.cluster.address, "--parallel", "4",
+        server = launch_fleet(["--model", str(ray_model), "--ray", ray_cluster.cluster.address, "--parallel", "4",
                                "--ctx", "512"])
     server.wait_ready()
     yield server
@@ -147,6 +158,23 @@ def test_ray_node_lost_under_load_fails_its_requests_and_the_replica_returns_on_
         model=ray_server.model(), messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0, n=2)
     assert sorted(raw.headers[HEADER].split(",")) == ["0", "1"]
     assert os.path.exists(f"/proc/{back['pid']}")
+
+
+def test_ray_replica_restarted_on_a_node_without_the_model_file_says_which(ray_server: FleetServer,
+                                                                          ray_model: Path) -> None:
+    reps = ray_server.wait_all_ready()["replicas"]
+    ray_model.unlink()  # from every node: they share this machine's files
+    os.kill(int(reps[0]["pid"]), signal.SIGKILL)
+
+    def says_why() -> bool:
+        rep = _replicas(ray_server)[0]
+        return rep["status"] == "down" and f"the model file {ray_model} is not on node 127.0.0.1" in (
+            rep["last_error"] or "")
+
+    _wait_for("the replica did not report the missing model file", says_why, 60)
+    r = httpx.post(f"{ray_server.url}/v1/completions", timeout=60,
+                   json={"model": ray_server.model(), "prompt": "hi", "max_tokens": 4})
+    assert r.status_code == 200 and r.headers[HEADER] == "1", r.text
 
 
 def test_ray_address_where_nothing_listens_is_refused_at_once(launch_fleet: Callable[[list[str]], FleetServer],

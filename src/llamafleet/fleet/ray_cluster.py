@@ -89,7 +89,8 @@ def ray_fleet(model: ModelInfo, cfg: FleetConfig, model_path: str) -> RayFleet:
         node, p = node_plan.node, node_plan.plan
         for i, replica in enumerate(p.replicas):
             env, engine = launch_spec(p, i, node_plan.cfg, model_path)
-            specs.append(ReplicaSpec(env, engine, f"node {node.address}, {replica.label}", replica.gpus))
+            # no GPUs named: the API process's watchdog reads *this* host's GPUs, and the replica's are elsewhere
+            specs.append(ReplicaSpec(env, engine, f"node {node.address}, {replica.label}"))
             placements.append(Placement(node.node_id, node.address, 0 if replica.gpus else float(engine.n_threads or 1),
                                         len(replica.gpus)))
     listener = WorkerListener(ray.util.get_node_ip_address(), cfg.ray_port)

@@ -62,9 +62,10 @@ class Placement:
 class ReplicaActor:
     """The Ray actor of one replica (made remote in :class:`RayLauncher`): the worker's process on its node."""
 
-    def where(self, model_path: str) -> tuple[int, str, bool]:
-        """This process's pid, its node's id, and whether the model file is there."""
-        return os.getpid(), ray.get_runtime_context().get_node_id(), os.path.isfile(model_path)
+    def where(self, model_path: str) -> tuple[int, str, bool, list[str]]:
+        """This process's pid, its node's id, whether the model file is there, and the GPUs Ray gave it."""
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        return os.getpid(), ray.get_runtime_context().get_node_id(), os.path.isfile(model_path), gpus
 
     def run(self, host: str, port: int, token: bytes, replica: int, env: dict[str, str], cfg: EngineConfig,
             log_level: str, beat_s: float) -> int:
@@ -190,7 +191,7 @@ class RayLauncher:
             scheduling_strategy=NodeAffinitySchedulingStrategy(place.node_id, soft=True),
         ).remote()
         try:
-            pid, node_id, has_model = await asyncio.wait_for(_wait(actor.where.remote(spec.engine.model_path)),
+            pid, node_id, has_model, gpus = await asyncio.wait_for(_wait(actor.where.remote(spec.engine.model_path)),
                                                              PLACE_TIMEOUT_S)
         except TimeoutError:
             ray.kill(actor, no_restart=True)
@@ -219,7 +220,7 @@ class RayLauncher:
             why = f"it ended first ({_error(ended)})" if ended in done else f"nothing came in {CONNECT_TIMEOUT_S:g}s"
             raise LoadError(f"replica {replica} on node {address} did not connect back to {self._listener.host}:"
                             f"{self._listener.port}: {why}; that port must be open to every node (ray_port)")
-        where = f"node {address}, " + (spec.label if place.num_gpus else "CPU")
+        where = f"node {address}, " + (f"GPU{'s' if len(gpus) > 1 else ''} {','.join(gpus)}" if gpus else "CPU")
         return Launched(RayWorker(actor, run, pid), connected.result(), where)
 
 
