@@ -1,8 +1,9 @@
 """``serve --ray`` on a real Ray cluster of several nodes on this machine (Ray's own ``cluster_utils``), all on
 loopback: the demo model's replicas on different nodes share the requests; a node removed under load fails only the
 requests it ran, with the 503 a dead replica gives, while the other node keeps serving; its replica waits, reported
-down, until a node with room joins, then comes back there; a replica restarted where the model file is missing says
-which node and path; an address where no cluster listens is refused at once.
+down, until a node with room joins, then comes back there; a replica whose loads fail frees its node for the retries,
+and one restarted where the model file is missing says which node and path; an address where no cluster listens is
+refused at once.
 
 Each node offers Ray one CPU, so each holds exactly one CPU replica (one thread). The server is stopped, then the
 cluster shut down, at the end of the module.
@@ -160,11 +161,24 @@ def test_ray_node_lost_under_load_fails_its_requests_and_the_replica_returns_on_
     assert os.path.exists(f"/proc/{back['pid']}")
 
 
-def test_ray_replica_restarted_on_a_node_without_the_model_file_says_which(ray_server: FleetServer,
-                                                                          ray_model: Path) -> None:
+def test_ray_replica_whose_load_fails_frees_its_node_and_a_missing_model_file_is_named(ray_server: FleetServer,
+                                                                                     ray_model: Path) -> None:
     reps = ray_server.wait_all_ready()["replicas"]
-    ray_model.unlink()  # from every node: they share this machine's files
+    # a file llama.cpp refuses, put in place of the model (replica 1 keeps the old file open, as a running one would)
+    bad = ray_model.with_suffix(".bad")
+    bad.write_bytes(b"not a GGUF file")
+    os.replace(bad, ray_model)
     os.kill(int(reps[0]["pid"]), signal.SIGKILL)
+    first = reps[0]["restarts"]
+
+    # every failed load ends its actor, so each retry finds the CPU it freed (none waits for room)
+    def retried() -> bool:
+        rep = _replicas(ray_server)[0]
+        return rep["restarts"] >= first + 3 and "no node" not in (rep["last_error"] or "no node")
+
+    _wait_for("the replica was not retried on the node its failed loads freed", retried, 25)
+
+    ray_model.unlink()  # from every node: they share this machine's files
 
     def says_why() -> bool:
         rep = _replicas(ray_server)[0]

@@ -108,7 +108,9 @@ class RayWorker:
             ray.kill(self._actor, no_restart=True)
 
     def join(self, timeout: float | None = None) -> None:
-        self._ended(timeout)
+        if self._ended(timeout):  # the worker is done: free its actor's CPUs/GPUs now, not when the handle is collected
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.kill(self._actor, no_restart=True)
 
     def is_alive(self) -> bool:
         return not self._ended(0)

@@ -256,7 +256,7 @@ class ReplicaSet:
         try:
             launched = await self._launcher.launch(i, spec, self._log_level, self._beat_s)
         except LoadError as e:
-            state.last_error = str(e)
+            state.status, state.last_error = "down", str(e)
             raise
         process, parent, state.label = launched.handle, launched.sock, launched.label
         worker = _Worker(process, AsyncPipe(lambda msg: self._handle(i, worker, msg),
