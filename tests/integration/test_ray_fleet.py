@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -189,6 +190,21 @@ def test_ray_replica_whose_load_fails_frees_its_node_and_a_missing_model_file_is
     r = httpx.post(f"{ray_server.url}/v1/completions", timeout=60,
                    json={"model": ray_server.model(), "prompt": "hi", "max_tokens": 4})
     assert r.status_code == 200 and r.headers[HEADER] == "1", r.text
+
+
+def test_ray_port_in_use_is_refused_naming_the_key(ray_cluster: RayCluster, model_path: Path, tmp_path: Path,
+                                                   launch_fleet: Callable[[list[str]], FleetServer]) -> None:
+    with socket.socket() as busy, pytest.MonkeyPatch.context() as mp:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = tmp_path / "fleet.yaml"
+        config.write_text(f"ray_port: {port}\n")
+        mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        server = launch_fleet(["--config", str(config), "--model", str(model_path), "--ray",
+                               ray_cluster.cluster.address])
+        assert server.proc.wait(120) == 2
+    assert f"error: ray_port: cannot listen on 127.0.0.1:{port} for the replicas" in server.log(), server.log()
 
 
 def test_ray_address_where_nothing_listens_is_refused_at_once(launch_fleet: Callable[[list[str]], FleetServer],

@@ -93,5 +93,10 @@ def ray_fleet(model: ModelInfo, cfg: FleetConfig, model_path: str) -> RayFleet:
             specs.append(ReplicaSpec(env, engine, f"node {node.address}, {replica.label}"))
             placements.append(Placement(node.node_id, node.address, 0 if replica.gpus else float(engine.n_threads or 1),
                                         len(replica.gpus)))
-    listener = WorkerListener(ray.util.get_node_ip_address(), cfg.ray_port)
+    host = ray.util.get_node_ip_address()
+    try:
+        listener = WorkerListener(host, cfg.ray_port)
+    except OSError as e:
+        raise ConfigError(f"ray_port: cannot listen on {host}:{cfg.ray_port} for the replicas ({e.strerror}); choose "
+                          "another ray_port, or 0 for any free port") from None
     return RayFleet(specs, RayLauncher(listener, placements), plan)
