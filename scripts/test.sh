@@ -3,7 +3,8 @@
 # Extra arguments go to pytest (e.g. `scripts/test.sh -k engine`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+# the ray extra too: the Ray tests (a local multi-node cluster) run in CI
+LLAMAFLEET_EXTRAS=${LLAMAFLEET_EXTRAS:-dev,ray} bash scripts/install.sh
 echo "==> ruff"
 .venv/bin/ruff check src tests scripts
 echo "==> mypy"

@@ -140,6 +140,12 @@ class FleetConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
 
+    # Replicas on other hosts (see docs/DEPLOYMENT.md, Ray).
+    ray: str | None = Field(None, description="run the replicas on this Ray cluster: 'auto' (the one `ray start` "
+                            "joined this host to) or its address HOST:PORT; unset = on this machine")
+    ray_port: int = Field(0, ge=0, le=65535, description="with ray: the port replicas connect back to the API "
+                          "process on; 0 = any free port")
+
     # Capacity of each replica.
     # Left unset (not merely equal to the default), these two are fitted by the planner: see docs/PLANNER.md.
     context_length: int = Field(4096, ge=64, description="tokens of context per sequence (prompt + answer)")
@@ -248,6 +254,10 @@ class FleetConfig(BaseModel):
         if self.remote and several:
             raise ValueError("remote: members serve the one model of model_path / model_name; with models:, give "
                              "each model entry its own remote: list")
+        if self.ray is not None and several:
+            raise ValueError(f"ray serves one model for now, but {' and '.join(several)} "
+                             f"{'names' if len(several) == 1 else 'name'} several: serve one model (model_path) with "
+                             "ray, or leave ray unset")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):

@@ -38,6 +38,8 @@ FLAGS: tuple[Flag, ...] = (
          "loaded on demand", "DIR", unset="none"),
     Flag("host", "--host", "address to listen on"),
     Flag("port", "--port", "port to listen on"),
+    Flag("ray", "--ray", "run each replica as a Ray actor on this cluster ('auto' or HOST:PORT; see "
+         "docs/DEPLOYMENT.md)", "ADDRESS", unset="on this machine"),
     Flag("replicas", "--replicas", "number of replicas", "N", unset="what the plan picks"),
     Flag("parallel", "--parallel", "sequence slots per replica (requests decoded together)", "N",
          fitted="unset: fewer, down to 1, if {} do not fit"),

@@ -73,9 +73,9 @@ class _Stream(threading.Thread):
     order = 0
     lock = threading.Lock()
 
-    def __init__(self, fleet: FleetServer, model: str) -> None:
+    def __init__(self, fleet: FleetServer, model: str, max_tokens: int = 64) -> None:
         super().__init__(daemon=True)
-        self.fleet, self.model = fleet, model
+        self.fleet, self.model, self.max_tokens = fleet, model, max_tokens
         self.replica = -1
         self.started = threading.Event()
         self.error: Exception | None = None
@@ -85,8 +85,8 @@ class _Stream(threading.Thread):
     def run(self) -> None:
         client = self.fleet.client()
         try:
-            raw = client.completions.with_raw_response.create(model=self.model, prompt=COUNTING, max_tokens=64,
-                                                              temperature=0, stream=True)
+            raw = client.completions.with_raw_response.create(model=self.model, prompt=COUNTING,
+                                                              max_tokens=self.max_tokens, temperature=0, stream=True)
             self.replica = int(raw.headers[HEADER])
             for chunk in raw.parse():
                 self.started.set()

@@ -22,6 +22,7 @@ from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
     from llamafleet.api.service import Service
+    from llamafleet.fleet.ray_cluster import RayFleet
     from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.placement.gpus import Inventory
     from llamafleet.placement.plan import Plan
@@ -113,6 +114,32 @@ def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> 
     return plan, specs
 
 
+def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:
+    """Join the Ray cluster and plan the model on each of its nodes; None (after printing why) if no node can run a
+    replica. Needs the ``ray`` extra (``pip install llamafleet[ray]``)."""
+    try:
+        from llamafleet.fleet.ray_cluster import connect, ray_fleet
+    except ImportError as e:
+        raise ConfigError(f"ray: Ray is not installed ({e}); install it with `pip install llamafleet[ray]`, or leave "
+                          "--ray / ray unset") from None
+    from llamafleet.model.header import read_model_info
+
+    assert cfg.ray is not None
+    connect(cfg.ray, cfg.log_level)
+    fleet = ray_fleet(read_model_info(model_path), cfg, str(model_path))
+    out = sys.stdout if fleet.plan.fits else sys.stderr
+    for node in fleet.plan.nodes:
+        print(f"  plan: node {node.node.address}: {len(node.plan.replicas)} replica(s) on "
+              f"{', '.join(r.label for r in node.plan.replicas)}", file=out)
+    for note in fleet.plan.notes:
+        print(f"  plan: {note}", file=out)
+    if not fleet.plan.fits:
+        print(f"error: no node of the Ray cluster can run {model_path.name} with this configuration; nothing was "
+              "loaded.", file=sys.stderr)
+        return None
+    return fleet
+
+
 def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
                    ) -> Service | None:
     """Place several models (printing the placement); their service, or None (after printing why) if the fleet
@@ -159,7 +186,7 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
 
-    remote = members(cfg.remote)
+    remote, launcher = members(cfg.remote), None
     if remote and cfg.model_path is None:  # remote members only: nothing loads here
         model_name = cfg.model_name or remote[0].model
         if model_name is None:
@@ -170,13 +197,20 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
         model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
         if not model_path.is_file():
             raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
-        planned = _replica_specs(cfg, model_path, inventory)
-        if planned is None:
-            return None
-        plan, local = planned
+        if cfg.ray is not None:  # planned per node: the dashboard shows what each node measures, not one plan
+            ray_fleet = _ray_fleet(cfg, model_path)
+            if ray_fleet is None:
+                return None
+            plan, local, launcher = None, ray_fleet.specs, ray_fleet.launcher
+        else:
+            planned = _replica_specs(cfg, model_path, inventory)
+            if planned is None:
+                return None
+            plan, local = planned
         model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
-    return Service(new_dispatcher(specs, cfg, None, model_name), model_name, n_ctx, cfg, *keys, plan=plan)
+    return Service(new_dispatcher(specs, cfg, None, model_name, launcher=launcher), model_name, n_ctx, cfg, *keys,
+                   plan=plan)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher
 from llamafleet.fleet.remote import RemoteMember, member_specs, remote_context
-from llamafleet.fleet.replicas import LoadError, ReplicaSet, ReplicaSpec
+from llamafleet.fleet.replicas import Launcher, LoadError, ReplicaSet, ReplicaSpec
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.telemetry import FleetMetrics, ModelState
 from llamafleet.placement.gpus import Inventory
@@ -88,10 +88,12 @@ class ManagedModel:
 
 
 def new_dispatcher(specs: list[ReplicaSpec], cfg: FleetConfig, metrics: FleetMetrics | None, model: str,
-                   load_lock: asyncio.Lock | None = None, replica_prefix: str = "") -> Dispatcher:
+                   load_lock: asyncio.Lock | None = None, replica_prefix: str = "",
+                   launcher: Launcher | None = None) -> Dispatcher:
     """The replica set of ``specs`` behind a router and a dispatcher, as ``cfg`` sets them; ``replica_prefix``
-    starts its replicas' metric labels ("" for a lone model, "chat/" for several)."""
-    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, load_lock)
+    starts its replicas' metric labels ("" for a lone model, "chat/" for several); ``launcher`` starts its workers
+    (default: child processes here)."""
+    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, load_lock, launcher)
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
     return Dispatcher(replicas, router, metrics, model=model, replica_prefix=replica_prefix)
 

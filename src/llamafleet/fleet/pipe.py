@@ -101,8 +101,12 @@ class AsyncPipe(asyncio.Protocol):
         self._closed = False
 
     async def open(self, sock: socket.socket) -> None:
-        """Start watching ``sock`` (a connected Unix stream socket, owned by the pipe from now on)."""
-        await asyncio.get_running_loop().create_unix_connection(lambda: self, sock=sock)
+        """Start watching ``sock`` (a connected stream socket, Unix or TCP, owned by the pipe from now on)."""
+        loop = asyncio.get_running_loop()
+        if sock.family == socket.AF_UNIX:
+            await loop.create_unix_connection(lambda: self, sock=sock)
+        else:  # a worker on another host (see fleet/ray_workers.py); asyncio turns Nagle's delay off on TCP
+            await loop.create_connection(lambda: self, sock=sock)
 
     def send(self, msg: object) -> None:
         """Queue ``msg`` for the worker, in order; what the socket cannot take now is sent when it drains."""

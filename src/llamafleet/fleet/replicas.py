@@ -1,8 +1,11 @@
 """Starting and supervising the worker processes, one per replica, from the API process's event loop.
 
-* Workers are started with multiprocessing's ``spawn`` (a fresh interpreter: the replica's environment is applied
-  before llama.cpp is imported, see :mod:`llamafleet.fleet.worker`) and talk over one duplex pipe each
-  (:mod:`llamafleet.fleet.pipe`: messages of any size, sends that never block the event loop).
+* Workers are started by a :class:`Launcher`: by default :class:`ProcessLauncher`, multiprocessing's ``spawn`` (a
+  fresh interpreter: the replica's environment is applied before llama.cpp is imported, see
+  :mod:`llamafleet.fleet.worker`) on this machine; with ``--ray``, Ray actors on other hosts
+  (:mod:`llamafleet.fleet.ray_workers`). Either way a worker talks over one duplex stream socket
+  (:mod:`llamafleet.fleet.pipe`: messages of any size, sends that never block the event loop), and everything below
+  (readiness, heartbeats, deaths, restarts) is the same.
 * Model loads are serialized: one replica loads at a time, at start-up and on every restart (concurrent CUDA
   context creation is a known crash); the replica sets of several models share one lock for it.
 * A worker's messages are handled as they arrive, and a worker that dies (even by SIGKILL) is noticed at once
@@ -30,7 +33,6 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from llamafleet.engine.types import EngineConfig, EngineStats
@@ -78,6 +80,57 @@ class ReplicaListener(Protocol):
     def replica_output(self, replica: int, msg: StepOutputs) -> None: ...
 
 
+class WorkerHandle(Protocol):
+    """A started worker, as supervision sees it: a ``multiprocessing`` process, or anything that acts like one."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A worker just started: its handle, the API process's end of its connected socket, and where it runs."""
+
+    handle: WorkerHandle
+    sock: socket.socket
+    label: str
+
+
+class Launcher(Protocol):
+    """Starts the worker of one replica (raises :class:`LoadError` if it cannot)."""
+
+    async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched: ...
+
+
+class ProcessLauncher:
+    """Workers as child processes of this one (multiprocessing ``spawn``), each with one end of a socketpair."""
+
+    def __init__(self) -> None:
+        self._mp = mp.get_context("spawn")
+
+    async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched:
+        parent, child = socket.socketpair()
+        target, extra = (worker_main, ()) if spec.remote is None else (_remote_main(), (spec.remote,))
+        process = self._mp.Process(
+            target=target,
+            args=(child, replica, spec.env, spec.engine, log_level, beat_s, *extra),
+            name=f"llamafleet-replica-{replica}",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        return Launched(process, parent, spec.label)
+
+
 @dataclass
 class ReplicaState:
     """What is known about one replica, for health checks, logs and metrics."""
@@ -98,7 +151,7 @@ class ReplicaState:
 
 @dataclass
 class _Worker:
-    process: BaseProcess
+    process: WorkerHandle
     pipe: AsyncPipe
     loaded: asyncio.Future[Ready] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     heard_at: float = field(default_factory=time.monotonic)  # when its last message arrived
@@ -125,7 +178,7 @@ class ReplicaSet:
     """The worker processes of all replicas: start, watch, restart, stop."""
 
     def __init__(self, specs: list[ReplicaSpec], log_level: str, heartbeat_timeout_s: float,
-                 load_lock: asyncio.Lock | None = None) -> None:
+                 load_lock: asyncio.Lock | None = None, launcher: Launcher | None = None) -> None:
         if not specs:
             raise ValueError("a replica set needs at least one replica")
         if heartbeat_timeout_s <= 0:
@@ -141,7 +194,8 @@ class ReplicaSet:
         self._restarts: dict[int, asyncio.Task[None]] = {}
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
-        self._mp = mp.get_context("spawn")
+        self._processes = ProcessLauncher()
+        self._launcher = launcher or self._processes
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -212,9 +266,9 @@ class ReplicaSet:
                 raise
         if self._workers.get(i) is not worker:
             return  # it died between Ready and here: _on_exit has already scheduled its restart
-        spec, state = self.specs[i], self.states[i]
+        state = self.states[i]
         state.status, state.up_since, state.slots = "ready", time.monotonic(), ready.n_seq
-        log.info("replica %d/%d (%s): ready in %.1fs (%d slots x %d tokens)", i + 1, len(self), spec.label,
+        log.info("replica %d/%d (%s): ready in %.1fs (%d slots x %d tokens)", i + 1, len(self), state.label,
                  ready.load_seconds, ready.n_seq, ready.n_ctx_per_seq)
         assert self._listener is not None
         self._listener.replica_up(i, ready)
@@ -228,27 +282,24 @@ class ReplicaSet:
 
     async def _spawn(self, i: int) -> _Worker:
         spec, state = self.specs[i], self.states[i]
-        parent, child = socket.socketpair()
-        target, extra = (worker_main, ()) if spec.remote is None else (_remote_main(), (spec.remote,))
-        process = self._mp.Process(
-            target=target,
-            args=(child, i, spec.env, spec.engine, self._log_level, self._beat_s, *extra),
-            name=f"llamafleet-replica-{i}",
-            daemon=True,
-        )
-        process.start()
-        child.close()
+        launcher = self._launcher if spec.remote is None else self._processes  # a member relays from here
+        try:
+            launched = await launcher.launch(i, spec, self._log_level, self._beat_s)
+        except LoadError as e:
+            state.status, state.last_error = "down", str(e)
+            raise
+        process, parent, state.label = launched.handle, launched.sock, launched.label
         worker = _Worker(process, AsyncPipe(lambda msg: self._handle(i, worker, msg),
                                             lambda why: self._on_closed(i, worker, why)))
         self._workers[i] = worker
         state.status, state.pid, state.load_fraction, state.last_error = "loading", process.pid, 0.0, None
         state.stats = None
         await worker.pipe.open(parent)
-        log.info("replica %d/%d (%s): loading %s (pid %s)", i + 1, len(self), spec.label, spec.engine.model_path,
+        log.info("replica %d/%d (%s): loading %s (pid %s)", i + 1, len(self), state.label, spec.engine.model_path,
                  process.pid)
         return worker
 
-    async def _reap(self, i: int, process: BaseProcess) -> None:
+    async def _reap(self, i: int, process: WorkerHandle) -> None:
         """Wait for a failed worker's process to end (killing it if it lingers) and forget it."""
         await asyncio.to_thread(process.join, 10.0)
         if process.is_alive():
@@ -336,7 +387,7 @@ class ReplicaSet:
         if worker is not None:
             worker.pipe.close()
 
-    async def _restart(self, i: int, dead: BaseProcess) -> None:
+    async def _restart(self, i: int, dead: WorkerHandle) -> None:
         """Reap the dead worker, then load the replica again, backing off while loads keep failing."""
         await self._reap(i, dead)
         state = self.states[i]
