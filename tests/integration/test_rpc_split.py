@@ -132,3 +132,13 @@ def test_rpc_server_down_at_load_is_a_load_error_naming_it(
     fleet = _serve(launch_fleet, model_path, tmp_path, nobody)
     assert fleet.proc.wait(timeout=120) != 0
     assert f"RPC server {nobody} (config key rpc_servers) is unreachable" in fleet.log()
+
+
+def test_rpc_server_warns_loudly_off_loopback() -> None:
+    # 192.0.2.1 is a documentation address (RFC 5737), never this host's: the warning, then a clean bind failure
+    done = subprocess.run([sys.executable, "-m", "llamafleet.cli", "rpc-server", "--host", "192.0.2.1", "--port",
+                           str(free_port())], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "WARNING: rpc-server listens on 192.0.2.1, not 127.0.0.1" in done.stderr
+    assert "no authentication and no encryption" in done.stderr
+    assert "could not start on 192.0.2.1:" in done.stderr

@@ -126,12 +126,11 @@ def _own_devices() -> list[int]:
 
 def serve_rpc(endpoint: str, n_threads: int, cache_dir: str | None) -> None:
     """Be llama.cpp's RPC server on ``endpoint`` until the process is killed (what its rpc-server tool runs) for
-    :func:`_own_devices`. Never returns; the caller restores default signal handlers."""
+    :func:`_own_devices`. Returns only if it could not start (it says why on stderr)."""
     devs = _own_devices()
     arr = (_P * len(devs))(*devs)
     start = _START_SERVER(_rpc_proc("ggml_backend_rpc_start_server"))
     start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads, len(devs), arr)
-    raise RuntimeError(f"llama.cpp's RPC server on {endpoint} stopped (see its output above)")
 
 
 class _Native:

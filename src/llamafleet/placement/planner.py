@@ -15,6 +15,8 @@ anything loads, with the numbers and what would make it fit. Policy (measured fa
   against available RAM.
 * ``parallel`` and ``context_length`` left unset are fitted: the largest shape that fits, down to floors
   (:mod:`llamafleet.placement.autofit`).
+* Other hosts' devices (``rpc_servers``) join only a model that does not fit this host, as one layer-split replica
+  (:mod:`llamafleet.placement.rpc_plan`).
 
 :func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`.
 """
