@@ -40,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
     endpoint = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
     for sig in (signal.SIGINT, signal.SIGTERM):  # llama.cpp's loop never returns to Python: die at once
         signal.signal(sig, signal.SIG_DFL)
-    llama.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, str(cache) if cache else None)
+    try:
+        llama.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, str(cache) if cache else None)
+    except RuntimeError as e:  # a llama.cpp built without the RPC backend
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"error: llama.cpp's RPC server could not start on {endpoint} (see above): is {args.host} an address of "
           f"this host, and port {args.port} free?", file=sys.stderr)
     return 1
