@@ -90,3 +90,17 @@ def test_rpc_config_needs_the_trusted_network_opt_in_and_valid_endpoints(tmp_pat
     with pytest.raises(ConfigError, match="cannot be combined with models or models_dir"):
         load_config(None, {"rpc_servers": [A], "rpc_trusted_network": True, "models_dir": str(tmp_path)})
     assert load_config(None, {"rpc_servers": ["[::1]:50052"], "rpc_trusted_network": True}).rpc_servers
+
+
+def test_rpc_plan_with_auto_fit_takes_the_remote_devices_before_shrinking_the_context(
+        models: dict[str, ModelInfo]) -> None:
+    cfg = FleetConfig(rpc_servers=[A, B], rpc_trusted_network=True)  # parallel and context_length left to fit
+    plan = make_plan(models["70b-q4_0"], one_gpu(), cfg)
+    assert plan.fits and plan.replicas[0].rpc_servers == (A, B)
+    assert "the largest auto-fit tries, fit" in plan.reasons[1]
+
+
+def test_rpc_plan_keeps_a_local_rule_refusal_without_claiming_the_model_fits(models: dict[str, ModelInfo]) -> None:
+    plan = make_plan(models["7b-q4_0"], one_gpu(), FleetConfig(**RPC, gpus=[3]))
+    assert not plan.fits and any("gpus lists [3]" in x for x in plan.reasons)
+    assert not any("rpc_servers are not used" in w for w in plan.warnings)

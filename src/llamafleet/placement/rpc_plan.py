@@ -49,10 +49,10 @@ def place(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetCon
     if cfg.split_mode == "auto":
         alone = _Notes(list(notes.reasons), list(notes.warnings))
         plan = local(model, inv, gpus, cfg, ctx, alone)
-        if plan.fits or alone.refused:
+        if plan.fits:
             why = (f"rpc_servers are not used: the model fits this host, where it decodes faster than over the "
                    f"network (set split_mode: layer to split over them anyway; {_link_cost(model, ctx, inv, cfg)})")
-            return replace(plan, warnings=(*plan.warnings, why)), alone.refused
+            return replace(plan, warnings=(*plan.warnings, why)), False
     remote = tuple(Gpu(REMOTE_INDEX + i, d.label, d.total_mib, d.free_mib) for i, d in enumerate(inv.rpc))
     if gpus and cfg.n_gpu_layers != 0:
         return _with_gpus(model, inv, remote, gpus, cfg, ctx, notes), False
