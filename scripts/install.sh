@@ -26,8 +26,9 @@ case "$BACKEND" in
   cuda)   FLAGS="$PORTABLE -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-native}" ;;
   *) echo "install.sh: LLAMAFLEET_BACKEND must be cpu, native or cuda (got '$BACKEND')" >&2; exit 2 ;;
 esac
+# The RPC backend (one model across hosts, `llamafleet rpc-server`; docs/DEPLOYMENT.md) adds one source file.
 # The multimodal (llava/mtmd) library is not used by llamafleet; skipping it saves minutes of compile time.
-FLAGS="$FLAGS -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
+FLAGS="$FLAGS -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

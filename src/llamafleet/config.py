@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llamafleet.fleet.router import RoutingPolicy
+from llamafleet.rpc import INSECURE, parse_endpoint
 
 if TYPE_CHECKING:
     from llamafleet.placement.gpus import Inventory
@@ -174,6 +175,12 @@ class FleetConfig(BaseModel):
         1024, ge=0, description="memory kept free on every GPU (also covers the CUDA context and memory pool)"
     )
     prefer: Literal["throughput", "latency"] = "throughput"
+    # Other hosts' devices through llama.cpp's RPC backend (see docs/DEPLOYMENT.md, One model across hosts).
+    rpc_servers: list[str] = Field(default_factory=list, description="host:port of `llamafleet rpc-server`s on other "
+                                   "hosts whose devices take part of the model's layers; needs rpc_trusted_network")
+    rpc_trusted_network: bool = Field(False, description="the opt-in for rpc_servers: " + INSECURE)
+    rpc_link_gbps: float = Field(10.0, gt=0, description="bandwidth of the link to the RPC hosts in Gbit/s, for the "
+                                 "plan's estimates (load time, bytes per token)")
     routing: RoutingPolicy = Field(
         "prefix", description="how requests are spread over replicas (see docs/OPERATIONS.md, Routing)"
     )
@@ -241,8 +248,23 @@ class FleetConfig(BaseModel):
             raise ValueError("split_ratio needs one non-negative share per GPU, e.g. [0.5, 0.5]")
         return v
 
+    @field_validator("rpc_servers")
+    @classmethod
+    def _endpoints(cls, v: list[str]) -> list[str]:
+        for text in v:
+            parse_endpoint(text)
+        if len(set(v)) < len(v):
+            raise ValueError("an RPC server is listed twice: list each host:port once (a server takes one client)")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> FleetConfig:
+        if self.rpc_servers and not self.rpc_trusted_network:
+            raise ValueError("rpc_servers needs the opt-in rpc_trusted_network: true. " + INSECURE + "; set it only "
+                             "if that holds for every host listed, else remove rpc_servers")
+        if self.rpc_servers and (self.models is not None or self.models_dir is not None):
+            raise ValueError("rpc_servers splits the one model of model_path over other hosts; it cannot be combined "
+                             "with models or models_dir: keep one")
         if self.ubatch_size is not None and self.ubatch_size > self.batch_size:
             raise ValueError(f"ubatch_size ({self.ubatch_size}) cannot exceed batch_size ({self.batch_size})")
         several = [k for k in ("models", "models_dir") if getattr(self, k) is not None]
@@ -340,7 +362,7 @@ def inapplicable(cfg: FleetConfig, inventory: Inventory, cores: int | None) -> l
     if not inventory.gpus:
         why = inventory.note or "no GPU found"
         gpu_keys = [k for k in ("main_gpu", "split_ratio") if getattr(cfg, k) is not None]
-        if cfg.split_mode in ("layer", "tensor"):
+        if cfg.split_mode == "tensor" or (cfg.split_mode == "layer" and not cfg.rpc_servers):
             gpu_keys.append("split_mode")
         out += [f"{k} is set but this machine has no GPU ({why}): it does nothing on the CPU; remove it, or run "
                 "`llamafleet check-env` if a GPU should be there" for k in gpu_keys]

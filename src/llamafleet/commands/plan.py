@@ -42,7 +42,8 @@ def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
     if plan.replicas:
         rows = [["replica", "gpus", "split", "tensor_split", "main_gpu"]]
         for i, r in enumerate(plan.replicas):
-            rows.append([str(i), ",".join(map(str, r.gpus)) or "cpu", r.split_mode,
+            rows.append([str(i), (",".join(map(str, r.gpus)) or "cpu") + "".join(f" + rpc {e}" for e in r.rpc_servers),
+                         r.split_mode,
                          ",".join(f"{x:.4g}" for x in r.tensor_split) or "-", str(r.main_gpu) if r.gpus else "-"])
         lines += _table(rows)
     fa = {None: "auto", True: "on", False: "off"}[plan.flash_attn]
@@ -159,10 +160,12 @@ def run(args: argparse.Namespace) -> int:
     from llamafleet.model.header import GgufError, read_model_info
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.planner import make_plan
+    from llamafleet.placement.rpc_probe import with_rpc
 
     try:
         cfg = load_config(args.config, overrides(args))
-        inventory = load_inventory(args.inventory) if args.inventory else detect_inventory()
+        inventory = with_rpc(load_inventory(args.inventory) if args.inventory else detect_inventory(),
+                             cfg.rpc_servers)
         if cfg.models is not None or cfg.models_dir is not None:
             return _run_fleet(args, cfg, inventory)
         remote = [f"{e.url} (max_concurrency {e.max_concurrency})" for e in cfg.remote]

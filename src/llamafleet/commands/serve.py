@@ -220,10 +220,12 @@ def run(args: argparse.Namespace) -> int:
     from llamafleet.model.demo import ModelFetchError
     from llamafleet.model.header import GgufError
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
+    from llamafleet.placement.rpc_probe import with_rpc
 
     try:
         cfg = load_config(args.config, overrides(args))
-        inventory = load_inventory(args.inventory) if args.inventory else detect_inventory()
+        inventory = with_rpc(load_inventory(args.inventory) if args.inventory else detect_inventory(),
+                             cfg.rpc_servers)
     except (ConfigError, InventoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

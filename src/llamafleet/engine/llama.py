@@ -49,8 +49,10 @@ def init_backend(llama_log_level: str = "warning") -> None:
 
 
 def supports_gpu_offload() -> bool:
-    """Whether the installed llama.cpp was compiled with a GPU backend."""
-    return bool(lc.llama_supports_gpu_offload())
+    """Whether the installed llama.cpp offloads to a GPU of this host. llama.cpp's own llama_supports_gpu_offload()
+    also says yes for the RPC backend alone, which offloads to other hosts' devices: a CPU build with RPC (every
+    build the project makes) would pass for a GPU one. So this host's devices are asked instead."""
+    return bool(_local_devices((_DEV_GPU, _DEV_IGPU)))
 
 
 def system_info() -> str:
@@ -60,6 +62,77 @@ def system_info() -> str:
 
 def max_parallel_sequences() -> int:
     return int(lc.llama_max_parallel_sequences())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Devices and llama.cpp's RPC backend (other hosts' devices), through ggml's registry and its proc addresses
+# ---------------------------------------------------------------------------------------------------------------
+def _ggml(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A ggml function, found through libllama's handle (ggml's libraries are its dependencies)."""
+    fn = getattr(lc.llama_cpp._lib, name)
+    fn.restype, fn.argtypes = restype, list(argtypes)
+    return fn
+
+
+_P, _SIZE = ctypes.c_void_p, ctypes.c_size_t
+_reg_by_name = _ggml("ggml_backend_reg_by_name", _P, ctypes.c_char_p)
+_reg_name = _ggml("ggml_backend_reg_name", ctypes.c_char_p, _P)
+_reg_proc = _ggml("ggml_backend_reg_get_proc_address", _P, _P, ctypes.c_char_p)
+_reg_dev_count = _ggml("ggml_backend_reg_dev_count", _SIZE, _P)
+_reg_dev_get = _ggml("ggml_backend_reg_dev_get", _P, _P, _SIZE)
+_dev_count = _ggml("ggml_backend_dev_count", _SIZE)
+_dev_get = _ggml("ggml_backend_dev_get", _P, _SIZE)
+_dev_reg = _ggml("ggml_backend_dev_backend_reg", _P, _P)
+_dev_type = _ggml("ggml_backend_dev_type", ctypes.c_int, _P)
+_dev_memory = _ggml("ggml_backend_dev_memory", None, _P, ctypes.POINTER(_SIZE), ctypes.POINTER(_SIZE))
+_DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
+_ADD_SERVER = ctypes.CFUNCTYPE(_P, ctypes.c_char_p)
+_START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, _SIZE, _SIZE, ctypes.POINTER(_P))
+
+
+def _rpc_proc(name: str) -> int:
+    reg = _reg_by_name(b"RPC")
+    if not reg:
+        raise RuntimeError("this llama.cpp build has no RPC backend: rebuild llama-cpp-python with -DGGML_RPC=ON "
+                           "(scripts/install.sh does)")
+    return int(_reg_proc(reg, name.encode()))
+
+
+def rpc_devices(endpoint: str) -> list[int]:
+    """The devices of the RPC server at ``endpoint`` (``host:port``), as ggml device handles.
+
+    llama.cpp aborts the process if nothing answers there: check the endpoint first (``llamafleet.rpc``).
+    """
+    reg = _ADD_SERVER(_rpc_proc("ggml_backend_rpc_add_server"))(endpoint.encode())
+    if not reg:
+        raise RuntimeError(f"RPC server {endpoint} reports no devices")
+    return [int(_reg_dev_get(reg, i)) for i in range(_reg_dev_count(reg))]
+
+
+def device_memory(dev: int) -> tuple[int, int]:
+    """(free, total) bytes of a device; for an RPC device, as its server reports them."""
+    free, total = _SIZE(), _SIZE()
+    _dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return int(free.value), int(total.value)
+
+
+def _local_devices(kinds: tuple[int, ...]) -> list[int]:
+    devs = [int(_dev_get(i)) for i in range(_dev_count())]
+    return [d for d in devs if _dev_type(d) in kinds and _reg_name(_dev_reg(d)) != b"RPC"]
+
+
+def _own_devices() -> list[int]:
+    """This host's GPUs (those the process sees), or its CPU when it sees none."""
+    return _local_devices((_DEV_GPU, _DEV_IGPU)) or _local_devices((_DEV_CPU,))
+
+
+def serve_rpc(endpoint: str, n_threads: int, cache_dir: str | None) -> None:
+    """Be llama.cpp's RPC server on ``endpoint`` until the process is killed (what its rpc-server tool runs) for
+    :func:`_own_devices`. Returns only if it could not start (it says why on stderr)."""
+    devs = _own_devices()
+    arr = (_P * len(devs))(*devs)
+    start = _START_SERVER(_rpc_proc("ggml_backend_rpc_start_server"))
+    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads, len(devs), arr)
 
 
 class _Native:
@@ -93,6 +166,11 @@ class Model(_Native):
             arr = (ctypes.c_float * n)(*list(cfg.tensor_split)[:n])
             self._split = arr
             params.tensor_split = ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
+        if cfg.rpc_servers:  # the RPC servers' devices first (as llama.cpp orders them), then this host's GPUs or
+            # CPU: the last layers and the output head stay here, so only activations cross the network, not logits
+            devs = [d for e in cfg.rpc_servers for d in rpc_devices(e)] + _own_devices()
+            self._devices = (_P * (len(devs) + 1))(*devs, None)
+            params.devices = ctypes.addressof(self._devices)
         self._progress_cb = None
         if progress is not None:
             def _cb(frac: float, _u: ctypes.c_void_p) -> bool:

@@ -192,7 +192,8 @@ class EngineConfig:
     n_gpu_layers: int = -1
     split_mode: SplitModeName = "none"
     main_gpu: int = 0
-    tensor_split: tuple[float, ...] = ()
+    tensor_split: tuple[float, ...] = ()  # one share per device: the RPC servers' devices first, then local GPUs
+    rpc_servers: tuple[str, ...] = ()  # host:port of llama.cpp RPC servers whose devices take part of the layers
     kv_type: KvType = "f16"
     flash_attn: bool | None = None
     kv_unified: bool = False

@@ -79,7 +79,7 @@ class LlamaBuild:
     loaded: bool = False  # a child process imported it and asked llama.cpp for its system info
     load_error: str | None = None  # why loading failed (exception text, signal, timeout)
     load_signal: int | None = None  # the signal that killed the loading process (4 = SIGILL)
-    offload: bool | None = None  # llama_supports_gpu_offload()
+    offload: bool | None = None  # engine.llama.supports_gpu_offload(): a GPU of this host, not RPC
     system_info: str = ""  # llama_print_system_info(): "CPU : SSE3 = 1 | ... | CUDA : ARCHS = 900 | ..."
     cudart_file: str | None = None  # the libcudart file the loading process mapped, e.g. libcudart.so.12.4.127
 
@@ -106,11 +106,12 @@ class LlamaBuild:
 
     @property
     def backends(self) -> tuple[str, ...]:
-        """GPU/accelerator backend libraries shipped with the build: ("cuda",), ("vulkan",), or () for CPU only."""
+        """GPU/accelerator backend libraries shipped with the build: ("cuda",), ("vulkan",), or () for CPU only (the
+        RPC backend, which every build has, reaches other hosts' devices: not counted)."""
         found = set()
         for name in self.lib_names:
             m = re.match(r"libggml-([a-z]+)\.so", name)
-            if m and m.group(1) not in ("base", "cpu"):
+            if m and m.group(1) not in ("base", "cpu", "rpc"):
                 found.add(m.group(1))
         return tuple(sorted(found))
 

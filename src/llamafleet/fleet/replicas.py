@@ -156,6 +156,11 @@ class _Worker:
     loaded: asyncio.Future[Ready] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     heard_at: float = field(default_factory=time.monotonic)  # when its last message arrived
 
+    @property
+    def up(self) -> bool:
+        """It said Ready. A load that failed (``LoadFailed``, then the process exits) is done but was never up."""
+        return self.loaded.done() and not self.loaded.cancelled() and self.loaded.exception() is None
+
 
 def _remote_main() -> Callable[..., None]:
     from llamafleet.fleet.remote_worker import remote_main  # here: it imports the config, which imports the fleet
@@ -230,7 +235,7 @@ class ReplicaSet:
         """Kill ``replica``'s worker and load it again, as after a crash (its in-flight work fails with 503);
         ``status`` shows until it loads again."""
         worker = self._workers.get(replica)
-        if worker is None or not worker.loaded.done():
+        if worker is None or not worker.up:
             return
         log.error("replica %d: %s; killing worker pid %s", replica, why, worker.process.pid)
         worker.process.kill()  # SIGKILL: also ends a stopped (SIGSTOP) process
@@ -356,7 +361,7 @@ class ReplicaSet:
                 continue
             for i, worker in list(self._workers.items()):
                 silent = now - worker.heard_at
-                if worker.loaded.done() and silent > self.heartbeat_timeout_s:
+                if worker.up and silent > self.heartbeat_timeout_s:
                     self.states[i].hangs += 1
                     self.recycle(i, f"it sent nothing for {silent:.1f}s (heartbeat_timeout_s is "
                                     f"{self.heartbeat_timeout_s:g}): hung", status="unresponsive")
@@ -368,8 +373,9 @@ class ReplicaSet:
         self._forget(i)
         state = self.states[i]
         reason = f"replica {i} worker (pid {worker.process.pid}) stopped: {why}"
-        if not worker.loaded.done():  # died while loading: whoever awaits the load handles it
-            worker.loaded.set_exception(LoadError(f"replica {i} failed to load: {state.last_error or reason}"))
+        if not worker.up:  # died while loading (or after LoadFailed): whoever awaits the load handles it
+            if not worker.loaded.done():
+                worker.loaded.set_exception(LoadError(f"replica {i} failed to load: {state.last_error or reason}"))
             state.status = "down"
             return
         state.status, state.last_error = ("stopped" if self._stopping else status), reason

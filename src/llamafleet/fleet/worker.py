@@ -51,6 +51,7 @@ from llamafleet.fleet.messages import (
     ToWorker,
 )
 from llamafleet.fleet.pipe import WorkerPipe
+from llamafleet.rpc import check_reachable
 
 if TYPE_CHECKING:
     from llamafleet.engine.engine import Engine
@@ -216,6 +217,8 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
     t0 = time.monotonic()
     try:
         try:
+            for endpoint in cfg.rpc_servers:  # llama.cpp would abort the process on one that does not answer
+                check_reachable(endpoint)
             engine = Engine(cfg, progress=_Progress(pipe))
         except Exception as e:
             log.exception("loading %s failed", cfg.model_path)

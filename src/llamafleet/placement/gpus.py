@@ -50,6 +50,22 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class RemoteDevice:
+    """A device of another host behind llama.cpp's RPC server at ``endpoint`` (its ``device``-th), with the memory the
+    server reports and the round trip measured when it was asked (:mod:`llamafleet.placement.rpc_probe`)."""
+
+    endpoint: str
+    device: int
+    total_mib: int
+    free_mib: int
+    rtt_ms: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"RPC {self.endpoint}#{self.device}"
+
+
+@dataclass(frozen=True)
 class Inventory:
     """The GPUs of one machine and how each pair is connected (``links[i][j]`` is self, nvlink or pcie)."""
 
@@ -60,6 +76,7 @@ class Inventory:
     driver_version: str | None = None
     cuda_driver_version: str | None = None
     host_mem_mib: int | None = None  # RAM available for a CPU plan (MemAvailable); None = unknown, not checked
+    rpc: tuple[RemoteDevice, ...] = ()  # other hosts' devices (rpc_servers), in the order llama.cpp will use them
 
     def __post_init__(self) -> None:
         n = len(self.gpus)
@@ -240,12 +257,14 @@ def load_inventory(path: str | Path) -> Inventory:
 
 def describe_inventory(inv: Inventory) -> str:
     """A few readable lines: one per GPU, then the links if there is more than one GPU."""
+    remote = [f"  {d.label}: {d.total_mib} MiB total, {d.free_mib} MiB free"
+              + (f", {d.rtt_ms:.2f} ms round trip" if d.rtt_ms is not None else "") for d in inv.rpc]
     if not inv.gpus:
-        return f"no GPU ({inv.note or inv.source}); planning for the CPU"
+        return "\n".join([f"no GPU ({inv.note or inv.source}); planning for the CPU", *remote])
     lines = [f"{len(inv.gpus)} GPU(s) from {inv.source}:"]
     for g in inv.gpus:
         lines.append(f"  GPU {g.index}: {g.name}, {g.total_mib} MiB total, {g.free_mib} MiB free")
     if len(inv.gpus) > 1:
         kinds = {inv.links[i][j] for i in range(len(inv.gpus)) for j in range(len(inv.gpus)) if i != j}
         lines.append(f"  links: {', '.join(sorted(kinds))}")
-    return "\n".join(lines)
+    return "\n".join([*lines, *remote])

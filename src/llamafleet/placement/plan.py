@@ -16,15 +16,16 @@ class ReplicaPlan:
 
     gpus: tuple[int, ...]
     split_mode: SplitModeName
-    tensor_split: tuple[float, ...]  # one fraction per GPU (sum 1) when split; () otherwise
+    tensor_split: tuple[float, ...]  # one fraction per device (sum 1) when split, RPC devices first; () otherwise
     main_gpu: int  # NVML index; -1 on CPU
+    rpc_servers: tuple[str, ...] = ()  # other hosts' RPC servers whose devices hold part of the layers
+    n_gpu_layers: int | None = None  # layers offloaded (to GPUs and RPC devices); None = the config's n_gpu_layers
 
     @property
     def label(self) -> str:
-        """Where it runs, for logs and reports: "CPU", "GPU 0" or "GPUs 0,1"."""
-        if not self.gpus:
-            return "CPU"
-        return f"GPU{'s' if len(self.gpus) > 1 else ''} {','.join(map(str, self.gpus))}"
+        """Where it runs, for logs and reports: "CPU", "GPU 0", "GPUs 0,1" or "CPU + RPC 10.0.0.2:50052"."""
+        local = f"GPU{'s' if len(self.gpus) > 1 else ''} {','.join(map(str, self.gpus))}" if self.gpus else "CPU"
+        return local + "".join(f" + RPC {e}" for e in self.rpc_servers)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ class Plan:
         d = asdict(self)
         d["replicas"] = [
             {"gpus": list(r.gpus), "split_mode": r.split_mode, "tensor_split": list(r.tensor_split),
-             "main_gpu": r.main_gpu}
+             "main_gpu": r.main_gpu,
+             **({"rpc_servers": list(r.rpc_servers), "n_gpu_layers": r.n_gpu_layers} if r.rpc_servers else {})}
             for r in self.replicas
         ]
         d["budgets"] = [{**asdict(b), "used_mib": b.used_mib, "overflow_mib": b.overflow_mib} for b in self.budgets]

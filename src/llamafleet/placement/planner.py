@@ -15,6 +15,8 @@ anything loads, with the numbers and what would make it fit. Policy (measured fa
   against available RAM.
 * ``parallel`` and ``context_length`` left unset are fitted: the largest shape that fits, down to floors
   (:mod:`llamafleet.placement.autofit`).
+* Other hosts' devices (``rpc_servers``) join only a model that does not fit this host, as one layer-split replica
+  (:mod:`llamafleet.placement.rpc_plan`).
 
 :func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`.
 """
@@ -110,12 +112,22 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
                          "fix the 'gpus' key or remove it to use every GPU")
             return _plan(False, "gpu", (), ctx, cfg, (), 0, notes, model), True
     gpus = tuple(g for g in inventory.gpus if cfg.gpus is None or g.index in cfg.gpus)
+    if inventory.rpc:
+        from llamafleet.placement import rpc_plan  # here, not on top: it builds on this module's helpers
+
+        return rpc_plan.place(model, inventory, gpus, cfg, ctx, notes, _local)
+    return _local(model, inventory, gpus, cfg, ctx, notes), notes.refused
+
+
+def _local(model: ModelInfo, inventory: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
+           notes: _Notes) -> Plan:
+    """The plan on this host's own devices: its selected GPUs, or the CPU."""
     if not gpus or cfg.n_gpu_layers == 0:
         why = inventory.note or ("gpus: [] selects none" if inventory.gpus else "no GPU found")
         if cfg.n_gpu_layers == 0:
             why = "n_gpu_layers: 0"
-        return _cpu_plan(model, inventory, cfg, ctx, notes, why), notes.refused
-    return _gpu_plan(model, inventory, gpus, cfg, ctx, notes), notes.refused
+        return _cpu_plan(model, inventory, cfg, ctx, notes, why)
+    return _gpu_plan(model, inventory, gpus, cfg, ctx, notes)
 
 
 def _plan(fits: bool, device: Device, replicas: tuple[ReplicaPlan, ...], ctx: ContextShape, cfg: FleetConfig,
@@ -374,10 +386,11 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
         n_ubatch=plan.n_ubatch,
         n_prefill=cfg.prefill_tokens,
         n_threads=threads,
-        n_gpu_layers=cfg.n_gpu_layers if r.gpus else 0,
+        n_gpu_layers=r.n_gpu_layers if r.n_gpu_layers is not None else cfg.n_gpu_layers if r.gpus else 0,
         split_mode=r.split_mode,
         main_gpu=r.gpus.index(r.main_gpu) if r.gpus else 0,
         tensor_split=r.tensor_split,
+        rpc_servers=r.rpc_servers,
         kv_type=cfg.kv_cache_type,
         flash_attn=cfg.flash_attn,
         backend_sampling=cfg.backend_sampling,
