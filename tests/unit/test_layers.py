@@ -52,6 +52,14 @@ def test_the_engine_imports_no_asyncio_sockets_or_http(path: Path) -> None:
     assert not banned, f"engine/{path.name} imports {sorted(banned)}"
 
 
+def test_every_native_call_is_in_engine_llama() -> None:
+    """ctypes and llama-cpp-python's bindings are imported by engine/llama.py alone: the one place to audit what
+    llamafleet asks of llama.cpp (and what can crash the process)."""
+    native = {str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
+              if {n.split(".")[0] for n in _imports(path)} & {"ctypes", "llama_cpp"}}
+    assert native == {"engine/llama.py"}
+
+
 @pytest.mark.parametrize("folder", ["fleet", "engine", "placement", "model", "consistency", "envcheck", "bench"])
 def test_only_the_api_package_imports_an_http_framework(folder: str) -> None:
     for path in _modules(folder):
