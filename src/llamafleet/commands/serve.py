@@ -147,7 +147,7 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     from llamafleet.api.service import Service
     from llamafleet.catalog import demands, served_models
     from llamafleet.commands.plan import fleet_json, format_fleet
-    from llamafleet.fleet.models import ManagedModel, ModelManager, remote_only
+    from llamafleet.fleet.models import ManagedModel, ModelManager, remote_only, replica_prefix
     from llamafleet.fleet.remote import members
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import default_model_path
@@ -170,7 +170,7 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
         remote = members(list(m.remote), f"models[{m.name}].remote")
         if m.path is None:
             models.append(remote_only(m.name, m.aliases, remote, m.cfg, metrics,
-                                      f"{m.name}/" if len(served) > 1 else ""))
+                                      replica_prefix(m.name, len(served) > 1)))
         else:
             models.append(ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s,
                                        packing.shapes[m.name].n_ctx_per_seq, demand[m.name], remote=remote))

@@ -87,6 +87,12 @@ class ManagedModel:
         return [spec.label for spec in self.dispatcher.replicas.specs] if self.dispatcher else []
 
 
+def replica_prefix(model: str, several: bool) -> str:
+    """What a model's replica labels in metrics and status start with: nothing for a lone model ("0"), its name with
+    several ("chat/0")."""
+    return f"{model}/" if several else ""
+
+
 def new_dispatcher(specs: list[ReplicaSpec], cfg: FleetConfig, metrics: FleetMetrics | None, model: str,
                    load_lock: asyncio.Lock | None = None, replica_prefix: str = "",
                    launcher: Launcher | None = None) -> Dispatcher:
@@ -329,7 +335,7 @@ class ModelManager:
             specs.append(ReplicaSpec(env, engine, f"{m.name} on {replica.label}", replica.gpus))
         specs += member_specs(m.remote, m.n_ctx_per_seq, f"{m.name} on ")
         return new_dispatcher(specs, self.cfg, self.metrics, m.name, self._load_lock,
-                              replica_prefix=f"{m.name}/" if self.several else "")
+                              replica_prefix=replica_prefix(m.name, self.several))
 
     async def _reap_idle(self) -> None:
         """Unload models idle past their ``idle_ttl_s``; a model with requests in flight counts as used now."""
