@@ -194,7 +194,7 @@ async def messages(body: MessagesRequest, request: Request, service: ServiceDep)
     refuse_unbuilt(body.not_yet())
     mid = f"msg_{uuid.uuid4().hex}"
     group = service.submit([Submit(mid, body.sampling(), chat=body.turns(), tools=body.tool_chat())])
-    calls = CallStreams({t.function.name for t in body.callable}, body.forced) if body.callable else None
+    calls = CallStreams.over(body.callable, body.forced)
     render = MessageRenderer(mid, service.model_name, tuple(body.stop_sequences), calls)
     return await respond(group, render, request, body.stream, 1)
 

@@ -190,7 +190,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
         Submit(f"{cid}-{c}", body.sampling(body.token_limit(), c, body.logprobs), chat=turns, tools=tools)
         for c in range(body.n)
     ])
-    calls = CallStreams([t.function.name for t in body.callable], body.forced) if body.callable else None
+    calls = CallStreams.over(body.callable, body.forced)
     render = ChatRenderer(cid, created, service.model_name, body.logprobs, body.include_usage, calls)
     return await respond(group, render, request, body.stream, body.n)
 

@@ -244,6 +244,6 @@ async def create_response(body: ResponsesRequest, request: Request, service: Ser
     refuse_unbuilt(body.not_yet())
     rid = f"resp_{uuid.uuid4().hex}"
     group = service.submit([Submit(rid, body.sampling(), chat=body.turns(), tools=body.tool_chat())])
-    calls = CallStreams({t.function.name for t in body.callable}, body.forced) if body.callable else None
+    calls = CallStreams.over(body.callable, body.forced)
     render = ResponseRenderer(body, rid, service.model_name, int(time.time()), calls)
     return await respond(group, render, request, body.stream, 1)

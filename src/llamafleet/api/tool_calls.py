@@ -20,12 +20,15 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamafleet.api.protocol import ChatFinish, FunctionCall, ToolCallDelta, ToolCallOut
 from llamafleet.engine.types import FinishReason
+
+if TYPE_CHECKING:
+    from llamafleet.api.tools import Tool
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -160,6 +163,11 @@ class CallStreams:
     names: Collection[str]
     forced: bool
     splitters: dict[int, CallSplitter] = field(default_factory=dict)
+
+    @classmethod
+    def over(cls, tools: Sequence[Tool], forced: bool) -> CallStreams | None:
+        """The splitters for an answer that may call ``tools`` (None when it may call none: nothing to parse)."""
+        return cls({t.function.name for t in tools}, forced) if tools else None
 
     def feed(self, index: int, text: str, finished: bool) -> tuple[str, list[ParsedCall]]:
         """Choice ``index``'s new ``text``: the content to send now and, once ``finished``, its calls."""
