@@ -5,7 +5,7 @@ These are the engine's whole public vocabulary; the worker, consistency checker 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from llamafleet.engine.grammar import check_gbnf
@@ -22,6 +22,9 @@ MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 class SamplingParams:
     """Per-request sampling, with OpenAI's meanings. ``temperature == 0`` means greedy.
 
+    The defaults here are the only ones: every API route starts from them and passes on only what its client sets
+    (OpenAI's for OpenAI's parameters, llama.cpp's for its extensions, :data:`LLAMA_CPP_KNOBS`; docs/API.md).
+
     ``max_tokens=None`` (OpenAI's "not given") means: until the end of the context per sequence. This is the one
     place that meaning lives; the engine applies it, nothing upstream resolves it.
 
@@ -37,9 +40,9 @@ class SamplingParams:
     """
 
     max_tokens: int | None = None
-    temperature: float = 0.8
+    temperature: float = 1.0
     top_k: int = 40
-    top_p: float = 0.95
+    top_p: float = 1.0
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
@@ -86,6 +89,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def changed(self, names: tuple[str, ...]) -> list[str]:
+        """Those of the fields ``names`` that differ from their defaults (what a client set, since every route
+        starts from these defaults)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return [n for n in names if getattr(self, n) != defaults[n]]
+
+
+# Sampling knobs as other servers name them (a relay to another OpenAI-compatible server sends them by these names):
+OPENAI_KNOBS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")  # OpenAI's own parameters
+LLAMA_CPP_KNOBS = ("top_k", "min_p", "repeat_penalty")  # llama.cpp's extensions: its servers take them
 
 
 class ContextOverflow(ValueError):

@@ -17,24 +17,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llamafleet.engine.types import FinishReason, RequestOutput
+from llamafleet.engine.types import LLAMA_CPP_KNOBS, OPENAI_KNOBS, FinishReason, RequestOutput
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.remote import RemoteMember
 
 PLACEHOLDER_TOKEN = -1  # the token id of a relayed chunk: the front only counts and times them
+ALWAYS_SENT = ("temperature", "top_p")  # servers' own defaults differ (llama-server's are 0.8 and 0.95), so always
 
 
 def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str, dict[str, Any]]:
     """The path and JSON body that ask ``member`` (whose name of the model is ``model``) for ``msg``'s sequence."""
     p = msg.params
+    knobs = {*ALWAYS_SENT, *p.changed(OPENAI_KNOBS), *(LLAMA_CPP_KNOBS if member.llama_cpp else ())}
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                            "temperature": p.temperature, "top_p": p.top_p}
+                            **{k: getattr(p, k) for k in (*OPENAI_KNOBS, *LLAMA_CPP_KNOBS) if k in knobs}}
     if p.max_tokens is not None:
         body["max_tokens"] = p.max_tokens
-    if p.presence_penalty:
-        body["presence_penalty"] = p.presence_penalty
-    if p.frequency_penalty:
-        body["frequency_penalty"] = p.frequency_penalty
     if p.seed is not None:
         body["seed"] = p.seed
     if p.stop:
@@ -45,12 +43,10 @@ def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str
         body |= {"logprobs": True, "top_logprobs": p.top_logprobs}
     elif p.logprobs:
         body["logprobs"] = p.top_logprobs  # the legacy form: how many alternatives (0: the chosen token's only)
-    if member.llama_cpp:
-        body |= {"top_k": p.top_k, "min_p": p.min_p, "repeat_penalty": p.repeat_penalty}
-        if p.grammar is not None:
-            body["grammar"] = p.grammar
-        if p.ignore_eos:
-            body["ignore_eos"] = True
+    if member.llama_cpp and p.grammar is not None:
+        body["grammar"] = p.grammar
+    if member.llama_cpp and p.ignore_eos:
+        body["ignore_eos"] = True
     if msg.chat is not None:
         body["messages"] = [{"role": role, "content": content} for role, content in msg.chat]
         return "/v1/chat/completions", body
