@@ -22,7 +22,8 @@ DEFAULTS = SamplingParams()
 NAMES = [f.name for f in fields(SamplingParams)]
 # one value per field, unlike its default; a new field needs one here (the first test says so)
 NON_DEFAULT: dict[str, Any] = {
-    "max_tokens": 7, "temperature": 0.5, "top_k": 5, "top_p": 0.5, "min_p": 0.2, "repeat_penalty": 1.3,
+    "max_tokens": 7, "temperature": 0.5, "top_k": 5, "top_p": 0.5, "min_p": 0.2, "typical_p": 0.7,
+    "repeat_penalty": 1.3,
     "presence_penalty": 0.5, "frequency_penalty": -0.5, "penalty_last_n": 16, "seed": 3, "stop": ("x",),
     "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "prompt_logprobs": True, "grammar": 'root ::= "a"',
     "logit_bias": ((5, 2.0),),

@@ -4,7 +4,7 @@ The kinds of parameters, as docs/API.md lists them:
 
 * honoured: validated with OpenAI's ranges and turned into the engine's
   :class:`~llamafleet.engine.types.SamplingParams` in one place, :meth:`SamplingRequest.sampling` (llama.cpp's
-  extra knobs ``top_k``, ``min_p``, ``repeat_penalty`` too);
+  extra knobs ``top_k``, ``min_p``, ``typical_p``, ``repeat_penalty`` too);
 * ignored: standard parameters that mean nothing to this server (``user``, ``store``, ``metadata``, ...), and
   any parameter sent as ``null`` or with its "off" value (``echo: false``, ``tools: []``);
 * structured output: ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's ``grammar`` (GBNF)
@@ -178,6 +178,7 @@ class SamplingRequest(Request):
     # llama.cpp's sampling extensions (LLAMA_CPP_KNOBS)
     top_k: int = Field(DEFAULTS.top_k, ge=0, lt=2**31)
     min_p: float = Field(DEFAULTS.min_p, ge=0.0, le=1.0)
+    typical_p: float = Field(DEFAULTS.typical_p, gt=0.0, le=1.0)
     repeat_penalty: float = Field(DEFAULTS.repeat_penalty, gt=0.0, le=10.0)
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
     grammar: str | None = None  # GBNF, start rule "root"
@@ -247,6 +248,7 @@ class SamplingRequest(Request):
             top_k=self.top_k,
             top_p=self.top_p,
             min_p=self.min_p,
+            typical_p=self.typical_p,
             repeat_penalty=self.repeat_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,

@@ -44,6 +44,7 @@ class SamplingParams:
     top_k: int = 40
     top_p: float = 1.0
     min_p: float = 0.05
+    typical_p: float = 1.0  # locally typical sampling: the tokens closest to the expected surprise; 1 = off
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -67,6 +68,7 @@ class SamplingParams:
             (self.top_k >= 0, "top_k must be >= 0 (0 = off)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (0.0 < self.typical_p <= 1.0, "typical_p must be in (0, 1] (1 = off)"),
             (self.repeat_penalty > 0.0, "repeat_penalty must be > 0 (1 = off)"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be between -2 and 2"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be between -2 and 2"),
@@ -99,7 +101,7 @@ class SamplingParams:
 
 # Sampling knobs as other servers name them (a relay to another OpenAI-compatible server sends them by these names):
 OPENAI_KNOBS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")  # OpenAI's own parameters
-LLAMA_CPP_KNOBS = ("top_k", "min_p", "repeat_penalty")  # llama.cpp's extensions: its servers take them
+LLAMA_CPP_KNOBS = ("top_k", "min_p", "typical_p", "repeat_penalty")  # llama.cpp's extensions: its servers take them
 
 
 class ContextOverflow(ValueError):
