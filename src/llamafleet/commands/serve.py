@@ -93,9 +93,9 @@ def _banner(cfg: FleetConfig, model_name: str, what: str) -> str:
 
 def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> tuple[Plan, list[ReplicaSpec]] | None:
     """Plan the model onto this machine: the plan and its replicas; None (after printing why) if it cannot fit."""
-    from llamafleet.fleet.replicas import ReplicaSpec
+    from llamafleet.fleet.specs import plan_specs
     from llamafleet.model.header import read_model_info
-    from llamafleet.placement.planner import launch_spec, make_plan
+    from llamafleet.placement.planner import make_plan
 
     plan = make_plan(read_model_info(model_path), inventory, cfg)
     out = sys.stdout if plan.fits else sys.stderr
@@ -107,11 +107,7 @@ def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> 
         print(f"error: {model_path.name} does not fit this machine with this configuration; nothing was loaded.",
               file=sys.stderr)
         return None
-    specs = []
-    for i, replica in enumerate(plan.replicas):
-        env, engine_cfg = launch_spec(plan, i, cfg, str(model_path))
-        specs.append(ReplicaSpec(env, engine_cfg, replica.label, replica.gpus))
-    return plan, specs
+    return plan, plan_specs(plan, cfg, str(model_path))
 
 
 def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:

@@ -36,11 +36,11 @@ from llamafleet.fleet.dispatch import Dispatcher
 from llamafleet.fleet.remote import RemoteMember, member_specs, remote_context
 from llamafleet.fleet.replicas import Launcher, LoadError, ReplicaSet, ReplicaSpec
 from llamafleet.fleet.router import Router
+from llamafleet.fleet.specs import plan_specs
 from llamafleet.fleet.telemetry import FleetMetrics, ModelState
 from llamafleet.placement.gpus import Inventory
 from llamafleet.placement.packing import Demand, Placed, evictions, usage
 from llamafleet.placement.plan import Plan
-from llamafleet.placement.planner import launch_spec
 
 log = logging.getLogger(__name__)
 
@@ -328,11 +328,7 @@ class ModelManager:
 
     def _build(self, m: ManagedModel, plan: Plan) -> Dispatcher:
         assert m.demand is not None
-        cfg, path = m.demand.cfg, m.demand.model.path
-        specs = []
-        for i, replica in enumerate(plan.replicas):
-            env, engine = launch_spec(plan, i, cfg, path)
-            specs.append(ReplicaSpec(env, engine, f"{m.name} on {replica.label}", replica.gpus))
+        specs = plan_specs(plan, m.demand.cfg, m.demand.model.path, f"{m.name} on ")
         specs += member_specs(m.remote, m.n_ctx_per_seq, f"{m.name} on ")
         return new_dispatcher(specs, self.cfg, self.metrics, m.name, self._load_lock,
                               replica_prefix=replica_prefix(m.name, self.several))

@@ -18,13 +18,15 @@ anything loads, with the numbers and what would make it fit. Policy (measured fa
 * Other hosts' devices (``rpc_servers``) join only a model that does not fit this host, as one layer-split replica
   (:mod:`llamafleet.placement.rpc_plan`).
 
-:func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`.
+:func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`, the
+configuration's part of it mapped by :func:`engine_config`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
@@ -35,7 +37,7 @@ from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
 from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
 
-__all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "launch_spec", "make_plan"]
+__all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "engine_config", "launch_spec", "make_plan"]
 
 
 @dataclass
@@ -363,6 +365,27 @@ def _layout(groups: list[_Candidate], gpus: tuple[Gpu, ...], cfg: FleetConfig) -
     return tuple(replicas), tuple(budgets)
 
 
+def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineConfig:
+    """The engine settings ``cfg`` gives a worker of ``model_path``: the one mapping of configuration keys onto
+    :class:`EngineConfig`, for ``serve`` (through :func:`launch_spec`), ``bench engine`` and ``consistency``.
+    ``decided`` holds what a plan (or the caller) decides instead of the keys: slots, context, batch, devices."""
+    return replace(EngineConfig(
+        model_path=model_path,
+        n_seq=cfg.parallel,
+        n_ctx_per_seq=cfg.context_length,
+        n_batch=cfg.batch_size,
+        n_ubatch=cfg.n_ubatch,
+        n_prefill=cfg.prefill_tokens,
+        n_threads=cfg.threads,
+        n_gpu_layers=cfg.n_gpu_layers,
+        kv_type=cfg.kv_cache_type,
+        flash_attn=cfg.flash_attn,
+        backend_sampling=cfg.backend_sampling,
+        prefix_cache=cfg.prefix_cache,
+        llama_log_level=cfg.llama_log_level,
+    ), **decided)
+
+
 def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> tuple[dict[str, str], EngineConfig]:
     """The environment and engine configuration for the worker of ``plan.replicas[replica]``.
 
@@ -378,23 +401,9 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
     threads = cfg.threads
     if plan.device == "cpu" and threads is None:
         threads = max(1, len(os.sched_getaffinity(0)) // len(plan.replicas))
-    engine = EngineConfig(
-        model_path=model_path,
-        n_seq=plan.n_seq,
-        n_ctx_per_seq=plan.n_ctx_per_seq,
-        n_batch=plan.n_batch,
-        n_ubatch=plan.n_ubatch,
-        n_prefill=cfg.prefill_tokens,
-        n_threads=threads,
+    return env, engine_config(
+        cfg, model_path, n_seq=plan.n_seq, n_ctx_per_seq=plan.n_ctx_per_seq, n_batch=plan.n_batch,
+        n_ubatch=plan.n_ubatch, n_threads=threads,
         n_gpu_layers=r.n_gpu_layers if r.n_gpu_layers is not None else cfg.n_gpu_layers if r.gpus else 0,
-        split_mode=r.split_mode,
-        main_gpu=r.gpus.index(r.main_gpu) if r.gpus else 0,
-        tensor_split=r.tensor_split,
-        rpc_servers=r.rpc_servers,
-        kv_type=cfg.kv_cache_type,
-        flash_attn=cfg.flash_attn,
-        backend_sampling=cfg.backend_sampling,
-        prefix_cache=cfg.prefix_cache,
-        llama_log_level=cfg.llama_log_level,
-    )
-    return env, engine
+        split_mode=r.split_mode, main_gpu=r.gpus.index(r.main_gpu) if r.gpus else 0, tensor_split=r.tensor_split,
+        rpc_servers=r.rpc_servers)
