@@ -22,13 +22,15 @@ from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.remote import RemoteMember
 
 PLACEHOLDER_TOKEN = -1  # the token id of a relayed chunk: the front only counts and times them
-ALWAYS_SENT = ("temperature", "top_p")  # servers' own defaults differ (llama-server's are 0.8 and 0.95), so always
+# Sampling knobs go upstream when they differ from the defaults (an upstream at its defaults samples as ours do, and
+# an older one need not know a knob added since), except these, whose defaults differ between servers
+ALWAYS_SENT = ("temperature", "top_p")  # llama-server's are 0.8 and 0.95
 
 
 def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str, dict[str, Any]]:
     """The path and JSON body that ask ``member`` (whose name of the model is ``model``) for ``msg``'s sequence."""
     p = msg.params
-    knobs = {*ALWAYS_SENT, *p.changed(OPENAI_KNOBS), *(LLAMA_CPP_KNOBS if member.llama_cpp else ())}
+    knobs = {*ALWAYS_SENT, *p.changed(OPENAI_KNOBS + (LLAMA_CPP_KNOBS if member.llama_cpp else ()))}
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
                             **{k: getattr(p, k) for k in (*OPENAI_KNOBS, *LLAMA_CPP_KNOBS) if k in knobs}}
     if p.max_tokens is not None:
