@@ -21,9 +21,10 @@ from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_confi
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
-    from llamafleet.api.service import Service
+    from llamafleet.fleet.models import ManagedModel
     from llamafleet.fleet.ray_cluster import RayFleet
     from llamafleet.fleet.replicas import ReplicaSpec
+    from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.placement.gpus import Inventory
     from llamafleet.placement.plan import Plan
 
@@ -136,16 +137,12 @@ def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:
     return fleet
 
 
-def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
-                   ) -> Service | None:
-    """Place several models (printing the placement); their service, or None (after printing why) if the fleet
-    cannot be served."""
-    from llamafleet.api.service import Service
+def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) -> list[ManagedModel] | None:
+    """Place several models (printing the placement); None (after printing why) if the fleet cannot be served."""
     from llamafleet.catalog import demands, served_models
     from llamafleet.commands.plan import fleet_json, format_fleet
-    from llamafleet.fleet.models import ManagedModel, ModelManager, remote_only, replica_prefix
+    from llamafleet.fleet.models import ManagedModel, remote_only, replica_prefix
     from llamafleet.fleet.remote import members
-    from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
     from llamafleet.placement.packing import pack
@@ -160,7 +157,7 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     if not packing.fits:
         print("error: these models cannot all be served on this machine; nothing was loaded.", file=sys.stderr)
         return None
-    metrics, demand = FleetMetrics(), {d.name: d for d in fixed}
+    demand = {d.name: d for d in fixed}
     models = []
     for m in served:
         remote = members(list(m.remote), f"models[{m.name}].remote")
@@ -170,14 +167,12 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
         else:
             models.append(ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s,
                                        packing.shapes[m.name].n_ctx_per_seq, demand[m.name], remote=remote))
-    return Service.of_models(ModelManager(models, cfg, metrics, inventory), cfg, *keys)
+    return models
 
 
-def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
-                       ) -> Service | None:
-    """Plan the one model (printing why); its service, or None if it does not fit."""
-    from llamafleet.api.service import Service
-    from llamafleet.fleet.models import new_dispatcher
+def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) -> list[ManagedModel] | None:
+    """Plan the one model (printing why): a pinned model placed now; None if it does not fit."""
+    from llamafleet.fleet.models import placed_model
     from llamafleet.fleet.remote import member_specs, members, remote_context
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
@@ -205,14 +200,16 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
             plan, local = planned
         model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
-    return Service(new_dispatcher(specs, cfg, None, model_name, launcher=launcher), model_name, n_ctx, cfg, *keys,
-                   plan=plan)
+    return [placed_model(model_name, specs, n_ctx, cfg, metrics, plan=plan, launcher=launcher)]
 
 
 def run(args: argparse.Namespace) -> int:
     # Heavy modules (FastAPI, uvicorn, the fleet, the planner) load in here, when serve runs, so that building the
     # parser for another command never loads them.
     from llamafleet.api.middleware import ADMIN_KEYS_ENV, ApiKeysError, load_api_keys
+    from llamafleet.api.service import Service
+    from llamafleet.fleet.models import ModelManager
+    from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import ModelFetchError
     from llamafleet.model.header import GgufError
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
@@ -234,17 +231,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in inapplicable(cfg, inventory, None if args.inventory else os.cpu_count()):
         print(f"  warning: {line}", file=sys.stderr)
-    several = cfg.models is not None or cfg.models_dir is not None
+    several, metrics = cfg.models is not None or cfg.models_dir is not None, FleetMetrics()
     try:
-        service = (_fleet_service if several else _one_model_service)(cfg, inventory, keys)
+        served = (_fleet_models if several else _one_model)(cfg, inventory, metrics)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (GgufError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if service is None:
+    if served is None:
         return 1
+    service = Service(ModelManager(served, cfg, metrics, inventory), *keys)
     try:
         sock = _listen(cfg.host, cfg.port)
     except OSError as e:
