@@ -16,7 +16,7 @@ from llamafleet.placement.gpus import load_inventory
 from llamafleet.placement.planner import make_plan
 from one_model import one_model_service
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GiB = 2**30
 
 
