@@ -139,13 +139,15 @@ class ModelManager:
     """The fleet's models: who is loaded, loads and unloads, and the wait of requests for a load."""
 
     def __init__(self, models: list[ManagedModel], cfg: FleetConfig, metrics: FleetMetrics,
-                 inventory: Inventory | None = None) -> None:
+                 inventory: Inventory | None = None, launcher: Launcher | None = None) -> None:
+        """``launcher`` starts the workers of the models placed at load (default: child processes here)."""
         if not models:
             raise ValueError("a fleet needs at least one model")
         self.models = models
         self.cfg = cfg
         self.metrics = metrics
         self.inventory = inventory
+        self.launcher = launcher
         self._names = {n: m for m in models for n in (m.name, *m.aliases)}
         self._changed = asyncio.Event()
         self._load_lock = asyncio.Lock()  # one load at a time on the whole machine
@@ -332,7 +334,7 @@ class ModelManager:
         specs = plan_specs(plan, m.demand.cfg, m.demand.model.path, f"{m.name} on ")
         specs += member_specs(m.remote, m.n_ctx_per_seq, f"{m.name} on ")
         return new_dispatcher(specs, self.cfg, self.metrics, m.name, self._load_lock,
-                              replica_prefix=replica_prefix(m.name, self.several))
+                              replica_prefix=replica_prefix(m.name, self.several), launcher=self.launcher)
 
     async def _reap_idle(self) -> None:
         """Unload models idle past their ``idle_ttl_s``; a model with requests in flight counts as used now."""

@@ -7,7 +7,6 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from synth_models import sparse_models
 
 from llamafleet.commands.bench import engine_settings
 from llamafleet.config import FleetConfig
@@ -15,8 +14,9 @@ from llamafleet.engine.types import EngineConfig
 from llamafleet.fleet.specs import plan_specs
 from llamafleet.placement.gpus import load_inventory
 from llamafleet.placement.planner import make_plan
+from synth_models import sparse_models
 
-TWO = load_inventory(Path(__file__).resolve().parents[2] / "examples" / "inventories" / "2x24gb-pcie.yaml")
+TWO = load_inventory(Path(__file__).resolve().parents[3] / "examples" / "inventories" / "2x24gb-pcie.yaml")
 # what a plan decides for each replica (shape, devices), and what bench engine sets from its own flags
 DECIDED = {"n_seq", "n_ctx_per_seq", "split_mode", "main_gpu", "tensor_split", "rpc_servers", "kv_unified", "overlap"}
 SETTINGS = FleetConfig(kv_cache_type="q8_0", flash_attn=True, prefix_cache=False, llama_log_level="debug",
