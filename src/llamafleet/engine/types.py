@@ -5,7 +5,7 @@ These are the engine's whole public vocabulary; the worker, consistency checker 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Literal
 
 from llamafleet.engine.grammar import check_gbnf
@@ -157,27 +157,35 @@ class PromptLogprobs:
 
 
 @dataclass
-class RequestOutput:
-    """What one step produced for one request: new text and tokens, and, on the last one, why it ended.
-
-    With logprobs asked for, ``top_logprobs`` holds the top alternatives of each token and the first output holds
-    ``prompt_logprobs``; the engine gives token ids, and the worker fills ``token_bytes`` with the bytes of every id
-    those two name (the API process has no vocabulary)."""
+class _Result:
+    """What a request's outputs and the :class:`Generation` gathered from them both hold; every field but the
+    request's id is given by name."""
 
     request_id: str
-    text: str  # new text since the previous output (never half a UTF-8 character, never part of a stop string)
-    token_ids: list[int]
-    logprobs: list[float] | None
-    finished: bool = False
+    _: KW_ONLY
+    text: str = ""  # in an output: new text since the previous one (never half a UTF-8 character or a stop string)
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    error: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, how many came from the prefix cache instead of being computed
-    top_logprobs: list[TopLogprobs] | None = None
+    error: str | None = None
     prompt_logprobs: PromptLogprobs | None = None
-    token_bytes: dict[int, bytes] | None = None
     embeddings: list[bytes] | None = None  # an embedding request's vectors, one per input (see EmbeddingRequest)
+
+
+@dataclass(kw_only=True)
+class RequestOutput(_Result):
+    """What one step produced for one request: new text and tokens, and, on the last one, why it ended.
+
+    With logprobs asked for, ``logprobs`` holds each token's, ``top_logprobs`` the top alternatives of each token and
+    the first output ``prompt_logprobs``; the engine gives token ids, and the worker fills ``token_bytes`` with the
+    bytes of every id those two name (the API process has no vocabulary)."""
+
+    finished: bool = False
+    logprobs: list[float] | None = None
+    top_logprobs: list[TopLogprobs] | None = None
+    token_bytes: dict[int, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -237,23 +245,13 @@ class EngineStats:
     prompt_tokens_cached_total: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
-@dataclass
-class Generation:
+@dataclass(kw_only=True)
+class Generation(_Result):
     """A whole request's result, gathered from its outputs (see :func:`Generation.add`)."""
 
-    request_id: str
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None
-    cached_tokens: int = 0
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
-    prompt_logprobs: PromptLogprobs | None = None
     token_bytes: dict[int, bytes] = field(default_factory=dict)
-    embeddings: list[bytes] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text

@@ -135,12 +135,14 @@ class StreamReader:
             return None
         self.chunks += 1
         if not self.logprobs:
-            return RequestOutput(self.request_id, text, [PLACEHOLDER_TOKEN], None, completion_tokens=self.chunks), []
+            return RequestOutput(self.request_id, text=text, token_ids=[PLACEHOLDER_TOKEN],
+                                 completion_tokens=self.chunks), []
         self.tokens += len(scored)
         ids = [self._id(b) for b, _, _ in scored]
         top = [[(self._id(b), lp) for b, lp in alts] for _, _, alts in scored]
         words = {i: b for b, i in self.ids.items() if i in {*ids, *(t for alts in top for t, _ in alts)}}
-        return RequestOutput(self.request_id, text, ids, [lp for _, lp, _ in scored], completion_tokens=self.tokens,
+        return RequestOutput(self.request_id, text=text, token_ids=ids, logprobs=[lp for _, lp, _ in scored],
+                             completion_tokens=self.tokens,
                              top_logprobs=top if any(top) else None, token_bytes=words), [b for b, _, _ in scored]
 
     def _id(self, word: bytes) -> int:
@@ -151,7 +153,8 @@ class StreamReader:
         assert self.finish is not None
         usage = self.usage or {}
         details = usage.get("prompt_tokens_details") or {}
-        return RequestOutput(self.request_id, "", [], [] if self.logprobs else None, True, self.finish,
+        return RequestOutput(self.request_id, logprobs=[] if self.logprobs else None, finished=True,
+                             finish_reason=self.finish,
                              prompt_tokens=int(usage.get("prompt_tokens") or 0),
                              completion_tokens=int(usage.get("completion_tokens") or self.tokens or self.chunks),
                              cached_tokens=int(details.get("cached_tokens") or 0))

@@ -105,14 +105,14 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
-        return _plan(False, "cpu" if not inventory.gpus else "gpu", (), ctx, cfg, (), 0, notes, model), True
+        return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if cfg.gpus is not None:
         missing = [i for i in cfg.gpus if i not in {g.index for g in inventory.gpus}]
         if missing:
             have = ", ".join(str(g.index) for g in inventory.gpus) or "none"
             notes.refuse(f"gpus lists {missing}, which this machine does not have (GPUs: {have}); "
                          "fix the 'gpus' key or remove it to use every GPU")
-            return _plan(False, "gpu", (), ctx, cfg, (), 0, notes, model), True
+            return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu"), True
     gpus = tuple(g for g in inventory.gpus if cfg.gpus is None or g.index in cfg.gpus)
     if inventory.rpc:
         from llamafleet.placement import rpc_plan  # here, not on top: it builds on this module's helpers
@@ -132,8 +132,9 @@ def _local(model: ModelInfo, inventory: Inventory, gpus: tuple[Gpu, ...], cfg: F
     return _gpu_plan(model, inventory, gpus, cfg, ctx, notes)
 
 
-def _plan(fits: bool, device: Device, replicas: tuple[ReplicaPlan, ...], ctx: ContextShape, cfg: FleetConfig,
-          budgets: tuple[Budget, ...], host: int, notes: _Notes, model: ModelInfo) -> Plan:
+def _plan(*, model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, notes: _Notes, device: Device, fits: bool = False,
+          replicas: tuple[ReplicaPlan, ...] = (), budgets: tuple[Budget, ...] = (), host: int = 0) -> Plan:
+    """The plan of ``model`` in shape ``ctx`` with ``notes``' reasons; left at the defaults, a refused one."""
     return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
                 n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
                 budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
@@ -156,7 +157,8 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
         notes.reasons.extend(how_to_fit(model, ctx, cfg, [((budget.capacity_mib or 0) - cfg.vram_margin_mib) * MIB],
                                          n, host=True))
     replicas = tuple(ReplicaPlan((), "none", (), -1) for _ in range(n))
-    return _plan(fits, "cpu", replicas, ctx, cfg, (budget,), 0, notes, model)
+    return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="cpu", fits=fits, replicas=replicas,
+                 budgets=(budget,))
 
 
 def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
@@ -184,7 +186,8 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
         usable = [max(usable)] if cfg.split_mode == "none" else usable
         notes.reasons.extend(how_to_fit(model, ctx, cfg, usable, max(1, len(groups)), host=False))
     replicas, budgets = _layout(groups, gpus, cfg)
-    return _plan(fits, "gpu", replicas, ctx, cfg, budgets, host.total, notes, model)
+    return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
+                 budgets=budgets, host=host.total)
 
 
 def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], one: DeviceNeed, cfg: FleetConfig,

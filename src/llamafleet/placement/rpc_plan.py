@@ -45,7 +45,7 @@ def place(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetCon
         notes.refuse("split_ratio cannot be combined with rpc_servers yet: remove it (the planner splits by the "
                      "free memory of each device)")
     if notes.refused:
-        return _plan(False, "gpu" if gpus else "cpu", (), ctx, cfg, (), 0, notes, model), True
+        return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if gpus else "cpu"), True
     if cfg.split_mode == "auto":
         alone = _Notes(list(notes.reasons), list(notes.warnings))
         plan = local(model, inv, gpus, cfg, ctx, alone)
@@ -102,7 +102,8 @@ def _finish(model: ModelInfo, inv: Inventory, needs: tuple[DeviceNeed, ...], rep
                          f"{'split_mode: layer' if cfg.split_mode == 'layer' else 'the model does not fit this host'})"
                          f", tensor_split {list(replica.tensor_split)} (remote devices first)")
     notes.reasons.append(_link_cost(model, ctx, inv, cfg, replica))
-    return _plan(fits, device, (replica,), ctx, cfg, budgets, host, notes, model)
+    return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device=device, fits=fits, replicas=(replica,),
+                 budgets=budgets, host=host)
 
 
 def _endpoints(inv: Inventory) -> tuple[str, ...]:

@@ -89,8 +89,8 @@ def test_error_results_and_text_only_results() -> None:
 
 
 def _delta(text: str, finished: bool = False) -> Delta:
-    return Delta(RequestOutput("m", text, [1], None, finished=finished, finish_reason="stop" if finished else None,
-                               prompt_tokens=7, completion_tokens=3), None)
+    return Delta(RequestOutput("m", text=text, token_ids=[1], finished=finished,
+                               finish_reason="stop" if finished else None, prompt_tokens=7, completion_tokens=3), None)
 
 
 def test_calls_become_tool_use_blocks_whole_and_streamed() -> None:

@@ -69,7 +69,8 @@ class ThreadWorker:
                 if isinstance(msg, Submit):
                     if (held := self.launcher.held.get(msg.request_id)) is not None:
                         held.wait(WAIT_S)
-                    out = RequestOutput(msg.request_id, "ok", [1], None, True, "stop", 1, 1)
+                    out = RequestOutput(msg.request_id, text="ok", token_ids=[1], finished=True, finish_reason="stop",
+                                        prompt_tokens=1, completion_tokens=1)
                     self.pipe.send(StepOutputs([out], [], {}, STATS))
         except (OSError, EOFError):
             pass
