@@ -258,7 +258,7 @@ def _engine_facts(cfg: EngineConfig) -> dict[str, object]:
     facts: dict[str, object] = {"n_seq": cfg.n_seq, "n_batch": cfg.n_batch, "n_ubatch": cfg.n_ubatch,
                                 "split_mode": cfg.split_mode, "n_gpu_layers": cfg.n_gpu_layers,
                                 "flash_attn": "auto" if cfg.flash_attn is None else cfg.flash_attn,
-                                "kv_type": cfg.kv_type, "n_threads": cfg.n_threads}
+                                "kv_type": cfg.kv_cache_type, "n_threads": cfg.n_threads}
     if cfg.tensor_split:
         facts["tensor_split"] = list(cfg.tensor_split)
     return facts

@@ -148,7 +148,7 @@ class Engine(TextSide):
         fresh = self._collect() if self._inflight is not None else []
         self._admit()
         ready = [s for s in self._running if s.wait_for is None]
-        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.n_prefill)
+        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens)
         error = None
         if plan:
             error = self._launch(plan)

@@ -337,8 +337,8 @@ class Context(_Native):
         if threads > 0:
             p.n_threads = threads
             p.n_threads_batch = threads
-        p.type_k = _KV_TYPE[cfg.kv_type]
-        p.type_v = _KV_TYPE[cfg.kv_type]
+        p.type_k = _KV_TYPE[cfg.kv_cache_type]
+        p.type_v = _KV_TYPE[cfg.kv_cache_type]
         p.flash_attn_type = _FLASH[cfg.flash_attn]
         # False: one KV stream per sequence, so every slot is guaranteed its n_ctx_per_seq and attends only to
         # its own cells; True: one shared cache (what llama-server uses by default).

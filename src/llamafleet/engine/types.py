@@ -211,14 +211,14 @@ class EngineConfig:
     n_ctx_per_seq: int = 4096
     n_batch: int = 2048  # most tokens per step: the running answers' tokens, then prompt chunks
     n_ubatch: int = 512
-    n_prefill: int | None = 512  # most prompt tokens per step; None = what the running answers leave of n_batch
+    prefill_tokens: int | None = 512  # most prompt tokens per step; None = what the running answers leave of n_batch
     n_threads: int | None = None
     n_gpu_layers: int = -1
     split_mode: SplitModeName = "none"
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()  # one share per device: the RPC servers' devices first, then local GPUs
     rpc_servers: tuple[str, ...] = ()  # host:port of llama.cpp RPC servers whose devices take part of the layers
-    kv_type: KvType = "f16"
+    kv_cache_type: KvType = "f16"
     flash_attn: bool | None = None
     kv_unified: bool = False
     backend_sampling: bool = False  # greedy requests sampled inside llama.cpp's graph (on the GPU); experimental

@@ -33,7 +33,7 @@ def test_bench_engine_and_serve_get_the_same_settings_from_one_config(tmp_path_f
     assert len(served) == 2  # one replica per GPU
     bench = engine_settings(SETTINGS, info.path, n=4, max_tokens=64)
     compared = [f.name for f in fields(EngineConfig) if f.name not in DECIDED]
-    assert {"kv_type", "flash_attn", "prefix_cache", "llama_log_level"} <= set(compared)
+    assert {"kv_cache_type", "flash_attn", "prefix_cache", "llama_log_level"} <= set(compared)
     for engine in served:
         assert {n: getattr(engine, n) for n in compared} == {n: getattr(bench, n) for n in compared}
-    assert (bench.kv_type, bench.n_prefill, bench.n_threads, bench.n_gpu_layers) == ("q8_0", 256, 3, 20)
+    assert (bench.kv_cache_type, bench.prefill_tokens, bench.n_threads, bench.n_gpu_layers) == ("q8_0", 256, 3, 20)
