@@ -165,8 +165,9 @@ def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics)
             models.append(remote_only(m.name, m.aliases, remote, m.cfg, metrics,
                                       replica_prefix(m.name, len(served) > 1)))
         else:
-            models.append(ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s,
-                                       packing.shapes[m.name].n_ctx_per_seq, demand[m.name], remote=remote))
+            models.append(ManagedModel(m.name, aliases=m.aliases, pinned=m.pinned, idle_ttl_s=m.idle_ttl_s,
+                                       n_ctx_per_seq=packing.shapes[m.name].n_ctx_per_seq, demand=demand[m.name],
+                                       remote=remote))
     return models
 
 

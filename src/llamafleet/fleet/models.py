@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher
@@ -63,6 +63,7 @@ class ManagedModel:
     """One configured model and, while loaded, the dispatcher in front of its replicas."""
 
     name: str
+    _: KW_ONLY
     aliases: tuple[str, ...]
     pinned: bool
     idle_ttl_s: float | None
@@ -112,7 +113,8 @@ def placed_model(name: str, specs: list[ReplicaSpec], n_ctx_per_seq: int, cfg: F
     (nothing to place or load here). It is pinned, its dispatcher built now (``launcher`` starts its workers, default
     child processes here); ``plan``: where it was placed on this host, if it was."""
     dispatcher = new_dispatcher(specs, cfg, metrics, name, replica_prefix=replica_prefix, launcher=launcher)
-    return ManagedModel(name, aliases, True, None, n_ctx_per_seq, dispatcher=dispatcher, state="loading",
+    return ManagedModel(name, aliases=aliases, pinned=True, idle_ttl_s=None, n_ctx_per_seq=n_ctx_per_seq,
+                        dispatcher=dispatcher, state="loading",
                         placed=None if plan is None else Placed(name, plan, usage(plan)))
 
 

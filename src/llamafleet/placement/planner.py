@@ -145,8 +145,9 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
               why: str) -> Plan:
     n = cfg.replicas or 1
     _, host = replica_needs(model, ctx, "none", ())
-    budget = Budget("CPU", "host memory", 0, mib(host.weights), mib(host.kv * n), mib(host.compute * n),
-                    cfg.vram_margin_mib, inv.host_mem_mib)
+    budget = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(host.weights),
+                    kv_mib=mib(host.kv * n), compute_mib=mib(host.compute * n), margin_mib=cfg.vram_margin_mib,
+                    capacity_mib=inv.host_mem_mib)
     notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU sharing one mapping of the weights")
     if budget.capacity_mib is None:
         notes.warnings.append("available RAM is unknown; memory was not checked")
@@ -156,7 +157,7 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
                              f"(over by {budget.overflow_mib} MiB)")
         notes.reasons.extend(how_to_fit(model, ctx, cfg, [((budget.capacity_mib or 0) - cfg.vram_margin_mib) * MIB],
                                          n, host=True))
-    replicas = tuple(ReplicaPlan((), "none", (), -1) for _ in range(n))
+    replicas = tuple(ReplicaPlan(gpus=(), split_mode="none", tensor_split=(), main_gpu=-1) for _ in range(n))
     return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="cpu", fits=fits, replicas=replicas,
                  budgets=(budget,))
 
@@ -357,14 +358,16 @@ def _layout(groups: list[_Candidate], gpus: tuple[Gpu, ...], cfg: FleetConfig) -
     for r, g in enumerate(groups):
         ids = tuple(x.index for x in g.gpus)
         main = cfg.main_gpu if cfg.main_gpu in ids else ids[0]
-        replicas.append(ReplicaPlan(ids, g.mode, g.ratios if len(ids) > 1 else (), main))
+        replicas.append(ReplicaPlan(gpus=ids, split_mode=g.mode, tensor_split=g.ratios if len(ids) > 1 else (),
+                                    main_gpu=main))
         for gpu, need in zip(g.gpus, g.needs, strict=True):
             where.setdefault(gpu.index, (r, need))
     budgets = []
     for gpu in gpus:
         owner, need = where.get(gpu.index, (None, DeviceNeed(0, 0, 0)))
-        budgets.append(Budget(f"GPU {gpu.index}", gpu.name, owner, mib(need.weights), mib(need.kv),
-                              mib(need.compute), cfg.vram_margin_mib if owner is not None else 0, gpu.free_mib))
+        budgets.append(Budget(device=f"GPU {gpu.index}", name=gpu.name, replica=owner, weights_mib=mib(need.weights),
+                              kv_mib=mib(need.kv), compute_mib=mib(need.compute),
+                              margin_mib=cfg.vram_margin_mib if owner is not None else 0, capacity_mib=gpu.free_mib))
     return tuple(replicas), tuple(budgets)
 
 

@@ -154,7 +154,8 @@ def fleet(infos: dict[str, ModelInfo], **cfg: Any) -> tuple[list[ManagedModel], 
                Demand("wide", infos["7b-q4_0"], FleetConfig(replicas=1, parallel=6))]
     packing, fixed = pack(demands, TWO)
     assert packing.fits
-    return [ManagedModel(d.name, (), d.pinned, ttl, packing.shapes[d.name].n_ctx_per_seq, d) for d in fixed], config
+    return [ManagedModel(d.name, aliases=(), pinned=d.pinned, idle_ttl_s=ttl,
+                         n_ctx_per_seq=packing.shapes[d.name].n_ctx_per_seq, demand=d) for d in fixed], config
 
 
 @asynccontextmanager
