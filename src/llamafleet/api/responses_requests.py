@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.openai_requests import ChatMessage, FormatType, chat_turns, format_grammar, tool_chat
-from llamafleet.api.protocol import Block, check_unicode
+from llamafleet.api.protocol import DEFAULTS, Block, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
     MAX_TOOLS,
@@ -208,8 +208,8 @@ class ResponsesRequest(Body):
     input: str | list[Item]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=2.0)
+    top_p: float = Field(DEFAULTS.top_p, gt=0.0, le=1.0)
     stream: bool = False
     tools: list[AnyTool] = Field([], max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | dict[str, Any] = Field(
@@ -312,5 +312,4 @@ class ResponsesRequest(Body):
                                     "combined with a JSON 'text.format'; send one", param="tool_choice")
             grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls)
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=40, min_p=0.05, grammar=grammar, logprobs=self.logprobs,
-                              top_logprobs=self.top_logprobs)
+                              grammar=grammar, logprobs=self.logprobs, top_logprobs=self.top_logprobs)

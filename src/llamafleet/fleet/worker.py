@@ -114,7 +114,7 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
         else:
             ids = engine.tokenize(msg.prompt, add_special=True)
         if msg.count_only:
-            return RequestOutput(msg.request_id, "", [], None, True, "length", prompt_tokens=len(ids))
+            return RequestOutput(msg.request_id, finished=True, finish_reason="length", prompt_tokens=len(ids))
         engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
     except ContextOverflow as e:
         return Rejected(msg.request_id, str(e), status=400, overflow=e)
