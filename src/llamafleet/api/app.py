@@ -91,7 +91,8 @@ def _replica_report(service: Service, detail: bool) -> list[dict[str, Any]]:
         router = dispatcher.router
         for st in dispatcher.replicas.states:
             replica: dict[str, Any] = {"index": f"{prefix}{st.index}" if prefix else st.index, "where": st.label,
-                                       "status": st.status, "restarts": st.restarts, "slots": st.slots,
+                                       "status": st.status, "suspect": st.suspect, "restarts": st.restarts,
+                                       "slots": st.slots,
                                        "slots_busy": st.stats.slots_busy if st.stats else 0}
             if detail:
                 replica |= {"pid": st.pid, "load_fraction": st.load_fraction,

@@ -28,11 +28,11 @@ async def generate(body: GenerateRequest, request: Request, response: Response,
                             stop=tuple(body.stop or ()))
     service = await service.for_model(service.model_name)  # no 'model' field: the first configured model
     group = service.submit([Submit(f"gen-{uuid.uuid4().hex}", params, prompt=body.prompt)])
-    response.headers[REPLICAS_HEADER] = str(group.replicas[0])
     try:
         (choice,) = await collect(group, request)
     finally:
         group.close()
+    response.headers[REPLICAS_HEADER] = str(group.replicas[0])  # where it ran (it may have moved, see Dispatcher)
     t_end = time.perf_counter()
     done = choice.generation
     first = choice.first_token_at or t_end

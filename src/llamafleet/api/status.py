@@ -96,8 +96,8 @@ def _replica(st: ReplicaState, model: ManagedModel, d: Dispatcher, svc: Service,
     sampled = next((r for r in latest["replicas"] if r["id"] == rep), None) if latest else None
     return {
         "id": rep, "index": st.index, "model": model.name, "where": st.label,
-        "gpus": list(d.replicas.specs[st.index].gpus), "status": st.status, "pid": st.pid,
-        "load_fraction": st.load_fraction, "restarts": st.restarts, "hangs": st.hangs,
+        "gpus": list(d.replicas.specs[st.index].gpus), "status": st.status, "suspect": st.suspect, "pid": st.pid,
+        "load_fraction": st.load_fraction, "restarts": st.restarts, "hangs": st.hangs, "suspicions": st.suspicions,
         "up_since": None if st.up_since is None else time.time() - (time.monotonic() - st.up_since),
         "slots": st.slots, "slots_busy": stats.slots_busy if stats else 0, "waiting": stats.waiting if stats else 0,
         "outstanding": router.outstanding(st.index), "queued": router.queued(st.index),

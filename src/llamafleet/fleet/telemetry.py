@@ -79,6 +79,10 @@ class FleetMetrics:
                                       ("replica",)))
         self.hangs = r.add(Counter("llamafleet_replica_hangs_total",
                                    "replicas killed as hung (silent past heartbeat_timeout_s)", ("replica",)))
+        self.suspicions = r.add(Counter("llamafleet_replica_suspect_total", "times a replica became suspect (silent "
+                                        "past its bound: no new work, its queued sequences moved)", ("replica",)))
+        self.moved = r.add(Counter("llamafleet_sequences_moved_total",
+                                   "sequences moved off a suspect replica before they started"))
         self.slots_total = r.add(Gauge("llamafleet_replica_slots", "sequence slots of a replica", ("replica",)))
         self.slots_busy = r.add(Gauge("llamafleet_replica_slots_busy", "slots running a sequence", ("replica",)))
         self.engine_waiting = r.add(Gauge("llamafleet_replica_waiting",
@@ -164,6 +168,7 @@ class FleetMetrics:
             self.outstanding.set(router.outstanding(st.index), rep)
             self.restarts.set_total(st.restarts, rep)
             self.hangs.set_total(st.hangs, rep)
+            self.suspicions.set_total(st.suspicions, rep)
             if st.slots is not None:
                 self.slots_total.set(st.slots, rep)
             stats = st.stats
