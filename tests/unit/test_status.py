@@ -57,7 +57,8 @@ def test_a_stopped_replica_goes_on_the_errors_list_once(model_path: Path) -> Non
     svc = _service(model_path)
     dash = Dashboard(svc)
     dash.sample()
-    ((_, dispatcher),) = svc.dispatchers()
+    dispatcher = svc.model.dispatcher
+    assert dispatcher is not None
     state = dispatcher.replicas.states[1]
     state.last_error, state.restarts = "worker exited (killed by SIGKILL)", 1
     dash.sample()

@@ -23,8 +23,7 @@ from collections.abc import Iterable
 from types import ModuleType
 
 from llamafleet.api.service import Service
-from llamafleet.fleet.replicas import ReplicaSpec, ReplicaState
-from llamafleet.fleet.router import Router
+from llamafleet.fleet.snapshot import ReplicaView
 from llamafleet.fleet.telemetry import GpuSample
 from llamafleet.placement.gpus import nvml_text
 
@@ -66,28 +65,26 @@ class GpuMonitor:
             self._nv = None
 
 
-def leaking(states: Iterable[ReplicaState], router: Router, since: dict[int, float], now: float,
-            leak_s: float) -> list[int]:
+def leaking(replicas: Iterable[ReplicaView], since: dict[str, float], now: float, leak_s: float) -> list[ReplicaView]:
     """Replicas whose slots have been busy with nothing in flight for ``leak_s``; ``since`` remembers when each
-    such condition was first seen (updated in place)."""
+    such condition was first seen, by replica label (updated in place)."""
     found = []
-    for st in states:
-        stats = st.stats
-        idle_but_busy = (st.status == "ready" and stats is not None and (stats.slots_busy or stats.waiting) > 0
-                         and router.outstanding(st.index) == 0)
+    for r in replicas:
+        idle_but_busy = (r.status == "ready" and r.stats is not None and (r.slots_busy or r.waiting) > 0
+                         and r.outstanding == 0)
         if not idle_but_busy:
-            since.pop(st.index, None)
+            since.pop(r.id, None)
             continue
-        first = since.setdefault(st.index, now)
+        first = since.setdefault(r.id, now)
         if now - first >= leak_s:
-            found.append(st.index)
-            del since[st.index]
+            found.append(r)
+            del since[r.id]
     return found
 
 
-def fleet_gpus(specs: Iterable[ReplicaSpec]) -> set[int]:
+def fleet_gpus(replicas: Iterable[ReplicaView]) -> set[int]:
     """The GPUs (NVML indices) the replicas run on, as the plan placed them."""
-    return {gpu for spec in specs for gpu in spec.gpus}
+    return {gpu for r in replicas for gpu in r.gpus}
 
 
 def refusal(gpus: Iterable[GpuSample], ours: set[int], refuse_free_mib: int) -> str | None:
@@ -103,7 +100,7 @@ class Watchdog:
     def __init__(self, service: Service, monitor: GpuMonitor | None = None) -> None:
         self.service = service
         self.monitor = monitor or GpuMonitor()
-        self._leak_since: dict[str, dict[int, float]] = {}  # per model (replica label prefix)
+        self._leak_since: dict[str, float] = {}  # by replica label
         self._warned: set[int] = set()
 
     async def run(self) -> None:
@@ -131,8 +128,7 @@ class Watchdog:
                     log.warning("GPU %d (%s): %.0f%% of its memory is in use (warning watermark %.0f%%)", g.index,
                                 g.name, 100 * g.used_fraction, 100 * cfg.vram_warn_fraction)
             (self._warned.add if high else self._warned.discard)(g.index)
-        specs = [spec for _, d in self.service.dispatchers() for spec in d.replicas.specs]
-        reason = refusal(gpus, fleet_gpus(specs), cfg.vram_refuse_free_mib)
+        reason = refusal(gpus, fleet_gpus(self.service.snapshot().replicas()), cfg.vram_refuse_free_mib)
         if reason != self.service.overloaded:
             if reason:
                 log.error("refusing new work: %s", reason)
@@ -141,13 +137,11 @@ class Watchdog:
         self.service.overloaded = reason
 
     def _check_slots(self) -> None:
-        for prefix, dispatcher in self.service.dispatchers():
-            replicas = dispatcher.replicas
-            for i in leaking(replicas.states, dispatcher.router, self._leak_since.setdefault(prefix, {}),
-                             time.monotonic(), self.service.config.slot_leak_s):
-                stats = replicas.states[i].stats
-                log.error("replica %s%d: %s slot(s) busy and %s waiting with no request in flight for %.0fs; "
-                          "restarting it", prefix, i, stats.slots_busy if stats else "?",
-                          stats.waiting if stats else "?", self.service.config.slot_leak_s)
-                self.service.metrics.recoveries.inc(f"{prefix}{i}", "slot_leak")
-                replicas.recycle(i, "the watchdog found its slots leaking")
+        leak_s = self.service.config.slot_leak_s
+        for r in leaking(self.service.snapshot().replicas(), self._leak_since, time.monotonic(), leak_s):
+            log.error("replica %s: %s slot(s) busy and %s waiting with no request in flight for %.0fs; restarting it",
+                      r.id, r.slots_busy, r.waiting, leak_s)
+            self.service.metrics.recoveries.inc(r.id, "slot_leak")
+            dispatcher = self.service.find_model(r.model).dispatcher
+            if dispatcher is not None:
+                dispatcher.replicas.recycle(r.index, "the watchdog found its slots leaking")
