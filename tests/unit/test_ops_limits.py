@@ -12,13 +12,13 @@ from fastapi.testclient import TestClient
 from llamafleet.api.app import create_app
 from llamafleet.api.middleware import ApiKeysError, load_api_keys
 from llamafleet.api.service import Service
-from llamafleet.api.watchdog import leaking
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, EngineStats
 from llamafleet.fleet.dispatch import Dispatcher
 from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
 from llamafleet.fleet.router import QueueFullError, Router
 from llamafleet.fleet.snapshot import ReplicaView
+from llamafleet.fleet.watchdog import leaking
 
 MODEL = "tiny-model"
 
@@ -132,8 +132,8 @@ def test_keys_load_from_env_and_file(tmp_path: Path) -> None:
 
 
 def test_watchdog_refuses_only_for_the_fleets_own_gpus() -> None:
-    from llamafleet.api.watchdog import fleet_gpus, refusal
     from llamafleet.fleet.telemetry import GpuSample
+    from llamafleet.fleet.watchdog import fleet_gpus, refusal
 
     gpus = [ReplicaView(id="0", index=0, model=MODEL, where="GPUs 1,2", status="ready", gpus=(1, 2)),
             ReplicaView(id="1", index=1, model=MODEL, where="GPU 3", status="down", gpus=(3,))]

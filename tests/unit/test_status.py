@@ -29,8 +29,9 @@ def _service(model_path: Path) -> Service:
         env, engine = launch_spec(plan, i, cfg, str(model_path))
         specs.append(ReplicaSpec(env, engine, replica.label, replica.gpus))
     svc = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(len(specs))), "demo", 512, cfg, plan=plan)
-    svc.gpus = [GpuSample(0, "RTX 4090", 3 * GiB, 24 * GiB, 40.0), GpuSample(1, "RTX 4090", 2 * GiB, 24 * GiB, None),
-                GpuSample(2, "someone else's", 1 * GiB, 8 * GiB, 0.0)]
+    svc.watchdog.gpus = [GpuSample(0, "RTX 4090", 3 * GiB, 24 * GiB, 40.0),
+                         GpuSample(1, "RTX 4090", 2 * GiB, 24 * GiB, None),
+                         GpuSample(2, "someone else's", 1 * GiB, 8 * GiB, 0.0)]
     return svc
 
 

@@ -4,7 +4,7 @@ Every request passes, outermost first: :class:`~llamafleet.api.middleware.HttpMe
 answer), :class:`~llamafleet.api.middleware.InternalErrors` (a crash becomes a 500 with an error id), CORS (only when
 ``cors_origins`` is set), :class:`~llamafleet.api.middleware.Gate` (API keys, body size limit), then the routes.
 Below them all, each connection is a :class:`~llamafleet.api.http_limits.GuardedHttp` (head size, read and write
-timeouts). The :class:`~llamafleet.api.watchdog.Watchdog` and the dashboard's sampler
+timeouts). The :class:`~llamafleet.fleet.watchdog.Watchdog` and the dashboard's sampler
 (:class:`~llamafleet.api.status.Dashboard`) run alongside while the server is up.
 
 :func:`run_server` serves on an already bound socket while the replicas load in the background (``/ready`` says 503
@@ -39,7 +39,6 @@ from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
 from llamafleet.api.service import Service, ServiceDep
-from llamafleet.api.watchdog import Watchdog
 from llamafleet.fleet.metrics import CONTENT_TYPE
 from llamafleet.fleet.replicas import LoadError
 from llamafleet.fleet.snapshot import FleetSnapshot, publish
@@ -115,7 +114,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(load())
-        watching = asyncio.create_task(Watchdog(service).run())
+        watching = asyncio.create_task(service.watchdog.run())
         sampling = asyncio.create_task(dashboard.run())
         yield
         loading.cancel()

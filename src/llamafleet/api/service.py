@@ -24,7 +24,8 @@ from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
 from llamafleet.fleet.router import NoReplicaError, QueueFullError
 from llamafleet.fleet.snapshot import FleetSnapshot, take
-from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
+from llamafleet.fleet.telemetry import FleetMetrics
+from llamafleet.fleet.watchdog import Watchdog
 from llamafleet.placement.plan import Plan
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
@@ -32,7 +33,7 @@ RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few 
 
 @dataclass
 class _Shared:
-    """What every view of one service shares: configuration, keys, models, and the state the watchdog sets."""
+    """What every view of one service shares: configuration, keys, models, and their watchdog."""
 
     config: FleetConfig
     api_keys: frozenset[str]
@@ -40,8 +41,10 @@ class _Shared:
     models: ModelManager
     created: int = field(default_factory=lambda: int(time.time()))
     loaded: bool = False  # set once the first load of every pinned model finished
-    overloaded: str | None = None  # set by the watchdog: why new work is refused (GPU memory)
-    gpus: list[GpuSample] = field(default_factory=list)  # the watchdog's latest GPU samples
+    watchdog: Watchdog = field(init=False)  # GPU memory and slot leaks (run by the app while it serves)
+
+    def __post_init__(self) -> None:
+        self.watchdog = Watchdog(self.models, self.config)
 
 
 class Service:
@@ -101,20 +104,13 @@ class Service:
         self._shared.loaded = value
 
     @property
-    def overloaded(self) -> str | None:
-        return self._shared.overloaded
-
-    @overloaded.setter
-    def overloaded(self, value: str | None) -> None:
-        self._shared.overloaded = value
+    def watchdog(self) -> Watchdog:
+        return self._shared.watchdog
 
     @property
-    def gpus(self) -> list[GpuSample]:
-        return self._shared.gpus
-
-    @gpus.setter
-    def gpus(self, value: list[GpuSample]) -> None:
-        self._shared.gpus = value
+    def overloaded(self) -> str | None:
+        """Why the watchdog refuses new work (GPU memory), or None."""
+        return self._shared.watchdog.overloaded
 
     # -- the bound model -----------------------------------------------------------------------------------------
     @property
@@ -173,7 +169,7 @@ class Service:
     # -- the whole fleet, for probes, metrics and status ---------------------------------------------------------
     def snapshot(self) -> FleetSnapshot:
         """Every model and replica now, the GPUs as the watchdog last saw them (:mod:`llamafleet.fleet.snapshot`)."""
-        return take(self.models, self.gpus, self.overloaded)
+        return take(self.models, self.watchdog.gpus, self.overloaded)
 
 
 def get_service(request: Request) -> Service:
