@@ -99,7 +99,7 @@ def test_a_frozen_replica_gets_no_new_work_what_waited_moves_and_it_rejoins(two_
                       r"([\d.]+)s", server.log())
     assert found, server.log()[-3000:]
     bound = float(found.group(2))
-    assert FLOOR_S <= bound < 10  # the demo model's steps are milliseconds: the floor, or close to it
+    assert bound >= FLOOR_S
     print(f"\nbaseline 8 chats max {base_s:.2f}s; bound {bound:.2f}s, suspected {suspected - frozen_at:.2f}s after "
           f"the freeze; early wave max {max(t for _, t in early):.2f}s; late wave max {max(t for _, t in late):.2f}s")
 
