@@ -209,8 +209,12 @@ class Dispatcher:
     def replica_suspect(self, replica: int, suspect: bool) -> None:
         """``replica`` fell silent past its bound (or spoke again): route around it, and move what has not started."""
         self.router.set_suspect(replica, suspect)
-        if not suspect:
-            return
+        if suspect:
+            self._move_off(replica)
+
+    def _move_off(self, replica: int) -> None:
+        """Move ``replica``'s sequences that have not started to other replicas with room (see the module
+        docstring); those that find none stay, and are tried again when a sequence ends elsewhere."""
         moved = 0
         for rid, route in list(self._routes.items()):  # oldest first
             if route.msg is None or self.router.replica_of(rid) != replica:
@@ -247,12 +251,14 @@ class Dispatcher:
             self.router.release(rej.request_id)
             self.metrics.sequences.inc("rejected")
             self._deliver(rej.request_id, Failure(rej.status, rej.message, rej.overflow), final=True)
+        ended = bool(msg.rejected)
         for out in msg.outputs:
             rid = out.request_id
             if mine(rid) != replica:
                 continue
             self._observe(replica, out)
             if out.finished:
+                ended = True
                 self.router.release(rid)
             item: Delta | Failure
             if out.finish_reason == "error":
@@ -262,6 +268,8 @@ class Dispatcher:
             else:
                 item = Delta(out, msg.pieces.get(rid))
             self._deliver(rid, item, final=out.finished)
+        for suspect in self.router.suspects() if ended else ():  # room may have come free for what waits there
+            self._move_off(suspect)
 
     def _observe(self, replica: int, out: RequestOutput) -> None:
         """Time the sequence's new tokens (by the replica that made them); count its tokens and outcome when it ends."""

@@ -121,6 +121,9 @@ class Router:
         """``replica`` is suspect (no new work while another can take it) or no longer."""
         (self._suspect.add if suspect else self._suspect.discard)(replica)
 
+    def suspects(self) -> list[int]:
+        return sorted(self._suspect)
+
     def assign(self, request_id: str, prompt: Prompt = "", able: Collection[int] | None = None) -> int:
         """Choose a replica for ``request_id`` (whose ``prompt`` is text or chat messages) and record it there;
         ``able``: the only replicas that can serve it (None: any)."""

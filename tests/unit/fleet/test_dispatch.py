@@ -286,3 +286,17 @@ def test_with_nowhere_to_go_a_suspect_replicas_sequences_wait_there() -> None:
         assert len(await drain(group)) == 2
 
     run(test, n_replicas=1)
+
+
+def test_what_could_not_move_off_a_suspect_replica_moves_when_room_comes_free() -> None:
+    async def test(d: Dispatcher, reps: Replicas) -> None:
+        group = d.submit(submits("f", 8))  # 4 slots each, no queue: both full
+        d.replica_suspect(1, True)
+        assert reps.aborted() == []  # nowhere to go yet
+        d.replica_output(0, step(output("f-0", "a", True, "stop")))  # a slot of replica 0 comes free
+        assert reps.aborted() == ["f-1"] and reps.submitted(0)[-1] == "f-1"  # the oldest waiting on 1 takes it
+        assert group.replicas[1] == 0 and d.metrics.moved.get() == 1
+        d.replica_output(0, step(output("f-2", "b")))  # a token, nothing ended: nothing more moves
+        assert reps.aborted() == ["f-1"]
+
+    run(test, router=Router(2, "least_outstanding", max_queue_per_replica=0))
