@@ -217,13 +217,6 @@ class ReplicaSet:
     def __len__(self) -> int:
         return len(self.specs)
 
-    @property
-    def all_ready(self) -> bool:
-        return all(s.status == "ready" and not s.suspect for s in self.states)
-
-    def ready_count(self) -> int:
-        return sum(s.status == "ready" for s in self.states)
-
     async def start(self, listener: ReplicaListener) -> None:
         """Load every replica, one after another; :class:`LoadError` if one fails (then call :meth:`stop`)."""
         self._listener = listener
