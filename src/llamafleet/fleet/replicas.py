@@ -366,12 +366,13 @@ class ReplicaSet:
     async def _watch_heartbeats(self) -> None:
         """Suspect loaded workers silent past their bound; kill those silent past the heartbeat timeout (see
         :meth:`recycle`)."""
-        checked = time.monotonic()
+        checked, tick = time.monotonic(), min(self._beat_s, SUSPECT_CHECK_S)
         while not self._stopping:
-            await asyncio.sleep(min(self._beat_s, SUSPECT_CHECK_S))
+            await asyncio.sleep(tick)
+            await asyncio.sleep(0)  # what arrived meanwhile is read first (uvloop runs timers before reading)
             now = time.monotonic()
-            late, checked = now - checked > 2 * self._beat_s, now
-            if late:  # this event loop was held up: let it read what the workers sent meanwhile, check next time
+            lag, checked = now - checked - tick, now
+            if lag > 2 * self._beat_s - tick:  # this event loop was held up: let it read what came, check next time
                 continue
             for i, worker in list(self._workers.items()):
                 silent = now - worker.heard_at
@@ -379,7 +380,7 @@ class ReplicaSet:
                     self.states[i].hangs += 1
                     self.recycle(i, f"it sent nothing for {silent:.1f}s (heartbeat_timeout_s is "
                                     f"{self.heartbeat_timeout_s:g}): hung", status="unresponsive")
-                elif worker.up and (found := worker.silence.check(now)) is not None:
+                elif worker.up and lag < tick and (found := worker.silence.check(now)) is not None:
                     self._suspect(i, True, f"suspect: it sent nothing for {found[0]:.1f}s, past its bound of "
                                            f"{found[1]:.1f}s ({worker.silence.describe()})")
 
