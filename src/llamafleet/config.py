@@ -232,6 +232,11 @@ class FleetConfig(BaseModel):
     heartbeat_timeout_s: float = Field(
         60.0, gt=0, description="a loaded worker that sends nothing for this long is killed as hung"
     )
+    suspect_after_s: float = Field(
+        2.0, gt=0, description="a loaded worker silent this long (or 5x its recent p99 step time, if longer) is "
+        "suspect: it gets no new work while another replica can take it, and its sequences not yet started move "
+        "elsewhere, until it speaks again"
+    )
 
     # Logging.
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -8,7 +8,8 @@ Messages are frozen dataclasses sent whole, pickled in length-prefixed frames, o
   handshake), then one :class:`StepOutputs` per engine step that produced anything: every sequence's new tokens of
   that step travel together, with the engine's stats riding along (never one message per token per request), and a
   :class:`Heartbeat` whenever the engine loop has sent nothing for its beat interval: silence past the server's
-  ``heartbeat_timeout_s`` means the worker is hung.
+  ``heartbeat_timeout_s`` means the worker is hung; and a :class:`Pulse` from another thread while the engine is in a
+  step longer than that interval: a worker silent even of pulses is suspect (``suspect_after_s``).
 """
 
 from __future__ import annotations
@@ -119,4 +120,11 @@ class Heartbeat:
     """The engine loop is alive and has had nothing else to send for one beat interval."""
 
 
-FromWorker = LoadProgress | Ready | LoadFailed | StepOutputs | Heartbeat
+@dataclass(frozen=True)
+class Pulse:
+    """The worker process is alive, though nothing was sent for one beat interval (its engine is in a long step):
+    sent by a thread beside the engine's, it keeps a replica from being suspected (:mod:`llamafleet.fleet.suspicion`),
+    never from being found hung."""
+
+
+FromWorker = LoadProgress | Ready | LoadFailed | StepOutputs | Heartbeat | Pulse
