@@ -140,7 +140,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
                        admin_keys=service.admin_keys)
     if cfg.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
     app.add_middleware(InternalErrors)
     app.add_middleware(HttpMetrics, metrics=service.metrics, recent=dashboard.recent)

@@ -18,6 +18,7 @@ from typing import Annotated, cast
 from fastapi import Depends, Request
 
 from llamafleet.api.errors import ApiError
+from llamafleet.api.response_store import ResponseStore
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher, Group, Unservable
 from llamafleet.fleet.messages import Submit
@@ -41,6 +42,11 @@ class _Shared:
     loaded: bool = False  # set once the first load of every pinned model finished
     overloaded: str | None = None  # set by the watchdog: why new work is refused (GPU memory)
     gpus: list[GpuSample] = field(default_factory=list)  # the watchdog's latest GPU samples
+    responses: ResponseStore = field(init=False)  # stored responses, for previous_response_id
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.responses = ResponseStore(c.responses_store_max, c.responses_store_mib << 20, c.responses_ttl_s)
 
 
 class Service:
@@ -82,6 +88,10 @@ class Service:
     @property
     def models(self) -> ModelManager:
         return self._shared.models
+
+    @property
+    def responses(self) -> ResponseStore:
+        return self._shared.responses
 
     @property
     def metrics(self) -> FleetMetrics:
