@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import admin, anthropic, embeddings, generate, openai, responses, status, ui
+from llamafleet.api import admin, anthropic, embeddings, generate, openai, props, responses, status, tokens, ui
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
@@ -134,6 +134,8 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(generate.routes)
     app.include_router(admin.routes)
     app.include_router(embeddings.routes)
+    app.include_router(tokens.routes)
+    app.include_router(props.routes)
     app.include_router(status.routes)
     app.include_router(ui.routes)
     cfg = service.config

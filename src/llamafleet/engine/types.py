@@ -162,6 +162,7 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     token_bytes: dict[int, bytes] | None = None
     embeddings: list[bytes] | None = None  # an embedding request's vectors, one per input (see EmbeddingRequest)
+    prompt_ids: list[int] | None = None  # a request only tokenized: its prompt's tokens (nothing is generated)
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,7 @@ class Generation:
     prompt_logprobs: PromptLogprobs | None = None
     token_bytes: dict[int, bytes] = field(default_factory=dict)
     embeddings: list[bytes] | None = None
+    prompt_ids: list[int] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -248,6 +250,7 @@ class Generation:
         self.prompt_logprobs = out.prompt_logprobs or self.prompt_logprobs
         self.token_bytes.update(out.token_bytes or {})
         self.embeddings = out.embeddings or self.embeddings
+        self.prompt_ids = self.prompt_ids if out.prompt_ids is None else out.prompt_ids
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens

@@ -228,6 +228,8 @@ class Dispatcher:
 
     def _observe(self, replica: int, out: RequestOutput) -> None:
         """Time the sequence's new tokens (by the replica that made them); count its tokens and outcome when it ends."""
+        if out.prompt_ids is not None:  # a request only tokenized: nothing was computed or generated
+            return
         route = self._routes.get(out.request_id)
         if route is not None and out.token_ids:
             now = time.perf_counter()

@@ -24,13 +24,17 @@ ChatTurn = tuple[str, str]  # (role, content)
 # -- API process -> worker -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Submit:
-    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``;
+    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``
+    (with the model's BOS and such when ``add_special``, special-token spellings parsed when ``parse_special``);
     ``prompt_ids`` (a client's token-id prompt) is taken as it is, no tokenizing, nothing added. A chat with tools
     carries them in ``tools`` too, for a model whose own template shows tools (``chat`` is their generic rendering,
     the tools in the system prompt, used otherwise: see :meth:`~llamafleet.engine.engine.Engine.tokenize_chat`).
 
-    With ``count_only`` nothing is generated: the answer is one finished output of no tokens whose ``prompt_tokens``
-    is the prompt's length (finish reason ``length``, as a limit of zero tokens would end it), context or not.
+    With ``tokenize_only`` nothing is generated: the answer is one finished output (finish reason ``length``, as a
+    limit of zero tokens would end it), context or not, that carries the prompt's tokens: ``prompt_ids``, their count
+    in ``prompt_tokens``, each distinct id's bytes in ``token_bytes`` and the whole as ``text``, control tokens written
+    out (``<|im_start|>``); a chat's text leaves out the BOS the tokenizer adds (see
+    :meth:`~llamafleet.engine.textside.TextSide.tokens_output`).
 
     With ``embed`` nothing is generated either: each input (a text, tokenized with the model's special tokens, or
     token ids taken as they are) is embedded, and the one finished output carries the vectors in order
@@ -43,7 +47,9 @@ class Submit:
     chat: tuple[ChatTurn, ...] | None = None
     tools: ToolChat | None = None
     prompt_ids: tuple[int, ...] | None = None
-    count_only: bool = False
+    add_special: bool = True
+    parse_special: bool = False
+    tokenize_only: bool = False
     embed: tuple[str | tuple[int, ...], ...] | None = None
 
 

@@ -105,8 +105,8 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
     p = msg.params
     if msg.embed is not None:
         return "embeddings are not relayed to remote members"
-    if msg.count_only:
-        return "counting tokens needs the model's tokenizer, which a remote member does not expose"
+    if msg.tokenize_only:
+        return "tokenizing needs the model's tokenizer, which a remote member does not expose"
     if p.prompt_logprobs:
         return "prompt logprobs (echo with logprobs) are not relayed to remote members"
     if member.llama_cpp:
