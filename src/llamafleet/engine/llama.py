@@ -246,6 +246,12 @@ class Model(_Native):
         """The BOS token's id (-1 when the model has none)."""
         return int(lc.llama_vocab_bos(self.vocab))
 
+    def fim_tokens(self) -> tuple[int, int, int, int, int]:
+        """The fill-in-the-middle token ids (prefix, suffix, middle, repository, file separator); -1 for none."""
+        v = self.vocab
+        return (int(lc.llama_vocab_fim_pre(v)), int(lc.llama_vocab_fim_suf(v)), int(lc.llama_vocab_fim_mid(v)),
+                int(lc.llama_vocab_fim_rep(v)), int(lc.llama_vocab_fim_sep(v)))
+
     def special_piece(self, token: int) -> bytes:
         """The bytes of ``token`` with control tokens written out as their text (``<|im_start|>``), as a prompt's
         text shows them."""

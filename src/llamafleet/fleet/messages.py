@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llamafleet.engine.infill import Infill
 from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import ContextOverflow, EngineStats, RequestOutput, SamplingParams
 
@@ -26,9 +27,11 @@ ChatTurn = tuple[str, str]  # (role, content)
 class Submit:
     """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``
     (with the model's BOS and such when ``add_special``, special-token spellings parsed when ``parse_special``);
-    ``prompt_ids`` (a client's token-id prompt) is taken as it is, no tokenizing, nothing added. A chat with tools
-    carries them in ``tools`` too, for a model whose own template shows tools (``chat`` is their generic rendering,
-    the tools in the system prompt, used otherwise: see :meth:`~llamafleet.engine.engine.Engine.tokenize_chat`).
+    ``prompt_ids`` (a client's token-id prompt) is taken as it is, no tokenizing, nothing added; ``infill`` (code
+    around a cursor) becomes the model's fill-in-the-middle prompt (a 400 for a model without FIM tokens). A chat
+    with tools carries them in ``tools`` too, for a model whose own template shows tools (``chat`` is their generic
+    rendering, the tools in the system prompt, used otherwise: see
+    :meth:`~llamafleet.engine.engine.Engine.tokenize_chat`).
 
     With ``tokenize_only`` nothing is generated: the answer is one finished output (finish reason ``length``, as a
     limit of zero tokens would end it), context or not, that carries the prompt's tokens: ``prompt_ids``, their count
@@ -47,6 +50,7 @@ class Submit:
     chat: tuple[ChatTurn, ...] | None = None
     tools: ToolChat | None = None
     prompt_ids: tuple[int, ...] | None = None
+    infill: Infill | None = None
     add_special: bool = True
     parse_special: bool = False
     tokenize_only: bool = False

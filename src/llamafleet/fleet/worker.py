@@ -109,6 +109,8 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
             return None
         if msg.prompt_ids is not None:
             ids = list(msg.prompt_ids)
+        elif msg.infill is not None:
+            ids = engine.tokenize_infill(msg.infill, msg.params.max_tokens)
         elif msg.chat is not None:
             ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat], msg.tools)
         else:
