@@ -1,13 +1,14 @@
-"""The stored responses' bounds: count, bytes and age, oldest first; ownership by API key; OpenAI's 404s."""
+"""The stored responses' bounds: count, bytes and age, oldest first; ownership by API key; OpenAI's 404s; a byte
+count that never understates the memory held."""
 
 from __future__ import annotations
 
-import json
+import tracemalloc
 
 import pytest
 
 from llamafleet.api.errors import ApiError
-from llamafleet.api.response_store import ResponseStore, owner_of
+from llamafleet.api.response_store import ResponseStore, footprint, owner_of
 
 
 class Clock:
@@ -28,7 +29,7 @@ def item(text: str) -> dict[str, object]:
 
 
 def size(rid: str, text: str, inputs: tuple[dict[str, object], ...]) -> int:
-    return len(json.dumps(response(rid, text))) + sum(len(json.dumps(i)) for i in inputs)
+    return footprint(response(rid, text)) + footprint(inputs)
 
 
 def test_a_stored_response_continues_with_its_inputs_then_its_output() -> None:
@@ -70,6 +71,12 @@ def test_a_response_larger_than_the_bound_is_not_kept() -> None:
     assert store.get("small", "")  # nothing else was dropped for it
 
 
+def test_a_store_of_no_responses_keeps_none() -> None:
+    store = ResponseStore(0, 1 << 20, 60)
+    assert not store.put("r1", "", response("r1"), ())
+    assert len(store) == 0 and store.bytes == 0
+
+
 def test_a_client_cannot_grow_the_store_by_continuing_forever() -> None:
     """A conversation continued turn after turn carries its whole history in every response: the count bound and
     the byte bound both hold, whatever the client sends."""
@@ -94,7 +101,7 @@ def test_responses_expire_after_the_ttl() -> None:
     assert e.value.status == 404 and e.value.code == "previous_response_not_found"
     assert e.value.param == "previous_response_id"
     assert store.get("new", "")
-    assert len(store) == 1 and store.bytes == len(json.dumps(response("new")))
+    assert len(store) == 1 and store.bytes == size("new", "hi", ())
 
 
 def test_another_key_sees_a_404_like_an_unknown_id() -> None:
@@ -109,6 +116,21 @@ def test_another_key_sees_a_404_like_an_unknown_id() -> None:
     with pytest.raises(ApiError):
         store.delete("r1", "bob")
     assert store.get("r1", "alice")  # bob's delete did nothing
+
+
+def test_the_byte_count_never_understates_the_memory_held() -> None:
+    store = ResponseStore(10_000, 1 << 40, 3600)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        history: tuple[dict[str, object], ...] = ()
+        for i in range(500):  # small answers (the most overhead per byte of text), some continuing others
+            history = history[-6:] + (item(f"q{i}"),)
+            store.put(f"r{i}", "", response(f"r{i}", f"answer {i}"), history)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert store.bytes >= held, (store.bytes, held)
 
 
 @pytest.mark.parametrize(("headers", "same_as"), [

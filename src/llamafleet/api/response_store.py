@@ -8,17 +8,18 @@ part it has already computed.
 
 Everything lives in the API process's memory, bounded three ways (``responses_store_max`` responses,
 ``responses_store_mib`` bytes, each kept ``responses_ttl_s`` after it was stored): the oldest go first. A response's
-bytes are counted as the JSON of its whole conversation plus its object, even where a continued conversation shares
-its earlier items with the response it continues: the count can only overstate what is held, so the bound holds.
-A response larger than the whole bound is not kept. Each belongs to the API key that created it (by the key's
-SHA-256; without a key, to "no key"): any other key finds nothing, as if the id were unknown.
+bytes are the Python objects of its object and its whole conversation (:func:`footprint`), counted again wherever
+they are shared (a continued conversation holds the items of the one it continues, dictionary keys repeat): the count
+can only overstate what is held, so the bound holds. A response larger than the whole bound is not kept. Each
+belongs to the API key that created it (by the key's SHA-256; without a key, to "no key"): any other key finds
+nothing, as if the id were unknown.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,6 +34,17 @@ from llamafleet.api.middleware import presented_key
 log = logging.getLogger(__name__)
 
 JsonItem = dict[str, Any]
+
+
+def footprint(value: object) -> int:
+    """The bytes of the Python objects of ``value`` (JSON-like: dicts, lists, strings, numbers), each object counted
+    wherever it appears."""
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        return size + sum(footprint(k) + footprint(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return size + sum(footprint(v) for v in value)
+    return size
 
 
 def owner_of(scope: Scope) -> str:
@@ -82,9 +94,11 @@ class ResponseStore:
         return len(self._entries)
 
     def put(self, rid: str, owner: str, response: JsonItem, inputs: tuple[JsonItem, ...]) -> bool:
-        """Keep a finished response; False when it alone is larger than the bound (then it is not kept)."""
-        size = len(json.dumps(response)) + sum(len(json.dumps(item)) for item in inputs)
-        if size > self.max_bytes or self.max_count == 0:
+        """Keep a finished response; False when it is not kept (none are, or it alone is larger than the bound)."""
+        if self.max_count == 0:
+            return False
+        size = footprint(response) + footprint(inputs)
+        if size > self.max_bytes:
             log.warning("response %s is not stored: its conversation (%d bytes) is larger than responses_store_mib",
                         rid, size)
             return False
