@@ -1,7 +1,8 @@
 """llama-server's ``/infill`` through a real ``llamafleet serve``: a tiny synthetic model whose vocabulary names FIM
 tokens answers in llama-server's ``/completion`` shape, whole and streamed (equal at temperature 0), its prompt laid
-out token for token as the FIM layout says (counted against ``/tokenize``), cut to fit the context;
-``response_fields`` picks fields; the demo model, which has no FIM tokens, and llama.cpp's own bad ``input_extra``
+out token for token as the FIM layout says (counted against ``/tokenize``), cut to fit the context; the next
+keystroke's request goes to the replica that holds the code before the cursor and reuses it; ``response_fields`` picks
+fields; the demo model, which has no FIM tokens, and llama.cpp's own bad ``input_extra``
 cases are 400s."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ SUFFIX = "}\n"
 def coder(launch_fleet: Callable[[list[str]], FleetServer], tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
     path = write_model(tmp_path_factory.mktemp("fim") / "tiny-fim.gguf", SHAPES["tiny"], "q8_0", find_vocab(),
                        progress=False, fim=FIM)
-    server = launch_fleet(["--model", str(path), "--parallel", "2", "--ctx", "256", "--threads", "1"])
+    server = launch_fleet(["--model", str(path), "--replicas", "2", "--parallel", "2", "--ctx", "256",
+                           "--threads", "1"])
     server.wait_ready()
     return server
 
@@ -67,6 +69,14 @@ def test_a_stream_is_the_whole_answer_in_pieces(coder: FleetServer) -> None:
     assert [c["stop"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert "".join(c["content"] for c in chunks) == whole["content"]
     assert chunks[-1]["tokens_predicted"] == whole["tokens_predicted"]
+
+
+def test_the_next_keystroke_reuses_the_code_before_the_cursor(coder: FleetServer) -> None:
+    prefix = "".join(f"    total += values[{i}] * weights[{i}];\n" for i in range(12))  # ~450 characters
+    first = infill(coder, input_prefix=prefix, prompt="    return tot", n_predict=2)
+    second = infill(coder, input_prefix=prefix, prompt="    return total", n_predict=2)
+    assert first.headers["x-llamafleet-replicas"] == second.headers["x-llamafleet-replicas"]
+    assert second.json()["tokens_cached"] >= n_tokens(coder, prefix), second.json()
 
 
 def test_response_fields_pick_nested_fields(coder: FleetServer) -> None:

@@ -56,6 +56,18 @@ class Submit:
     tokenize_only: bool = False
     embed: tuple[str | tuple[int, ...], ...] | None = None
 
+    @property
+    def routing_prompt(self) -> str | tuple[ChatTurn, ...]:
+        """What prefix routing compares (:mod:`~llamafleet.fleet.affinity`): a chat's messages, an infill's text in
+        the order its prompt lays it out (other files, then the code up to the cursor, then after it), or the
+        prompt."""
+        if self.chat is not None:
+            return self.chat
+        if self.infill is not None:
+            i = self.infill
+            return "".join(f"{name}\n{text}\x1e" for name, text in i.extra) + f"\x1d{i.prefix}{i.prompt}\x1d{i.suffix}"
+        return self.prompt
+
 
 @dataclass(frozen=True)
 class Abort:
