@@ -41,6 +41,8 @@ def test_tokenize_detokenize_round_trip(fleet: FleetServer) -> None:
     tokens = ok(fleet, "/tokenize", {"content": content})["tokens"]
     assert len(tokens) > 5 and all(isinstance(t, int) for t in tokens)
     assert ok(fleet, "/detokenize", {"tokens": tokens})["content"].strip() == content
+    assert ok(fleet, "/tokenize", {"content": ""})["tokens"] == [] and ok(fleet, "/detokenize", {"tokens": []}) == {
+        "content": ""}
 
 
 def test_pieces_cover_the_text_byte_for_byte(fleet: FleetServer) -> None:
