@@ -59,8 +59,8 @@ class TextSide:
         pieces = {t: self.model.special_piece(t) for t in set(ids)}
         skip = int(chat and self.model.add_bos and ids[:1] == [self.model.bos])
         text = b"".join(pieces[t] for t in ids[skip:]).decode("utf-8", errors="replace")
-        return RequestOutput(request_id, text, [], None, True, "length", prompt_tokens=len(ids), token_bytes=pieces,
-                             prompt_ids=ids)
+        return RequestOutput(request_id=request_id, text=text, token_ids=[], logprobs=None, finished=True,
+                             finish_reason="length", prompt_tokens=len(ids), token_bytes=pieces, prompt_ids=ids)
 
     def apply_chat_template(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.model.apply_chat_template(messages, add_generation_prompt)
