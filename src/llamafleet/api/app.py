@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import admin, anthropic, embeddings, generate, openai, responses, status, ui
+from llamafleet.api import admin, anthropic, embeddings, generate, infill, openai, props, responses, status, tokens, ui
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
@@ -131,13 +131,16 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(generate.routes)
     app.include_router(admin.routes)
     app.include_router(embeddings.routes)
+    app.include_router(tokens.routes)
+    app.include_router(props.routes)
+    app.include_router(infill.routes)
     app.include_router(status.routes)
     app.include_router(ui.routes)
     cfg = service.config
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
                        admin_keys=service.admin_keys)
     if cfg.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
     app.add_middleware(InternalErrors)
     app.add_middleware(HttpMetrics, metrics=service.metrics, recent=dashboard.recent)

@@ -18,6 +18,7 @@ from typing import Annotated, cast
 from fastapi import Depends, Request
 
 from llamafleet.api.errors import ApiError
+from llamafleet.api.response_store import ResponseStore
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Group, Unservable
 from llamafleet.fleet.messages import Submit
@@ -41,9 +42,12 @@ class _Shared:
     created: int = field(default_factory=lambda: int(time.time()))
     loaded: bool = False  # set once the first load of every pinned model finished
     watchdog: Watchdog = field(init=False)  # GPU memory and slot leaks (run by the app while it serves)
+    responses: ResponseStore = field(init=False)  # stored responses, for previous_response_id
 
     def __post_init__(self) -> None:
-        self.watchdog = Watchdog(self.models, self.config)
+        c = self.config
+        self.watchdog = Watchdog(self.models, c)
+        self.responses = ResponseStore(c.responses_store_max, c.responses_store_mib << 20, c.responses_ttl_s)
 
 
 class Service:
@@ -72,6 +76,10 @@ class Service:
     @property
     def models(self) -> ModelManager:
         return self._shared.models
+
+    @property
+    def responses(self) -> ResponseStore:
+        return self._shared.responses
 
     @property
     def metrics(self) -> FleetMetrics:

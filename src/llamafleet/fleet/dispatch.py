@@ -152,7 +152,7 @@ class Dispatcher:
         if the queues are full (then nothing was sent)."""
         able = [self._able(m) for m in msgs]  # before anything is assigned: a refusal leaves nothing behind
         try:
-            placed = [self.router.assign(m.request_id, m.prompt if m.chat is None else m.chat, a)
+            placed = [self.router.assign(m.request_id, m.routing_prompt, a)
                       for m, a in zip(msgs, able, strict=True)]
         except BaseException:
             for m in msgs:
@@ -273,6 +273,8 @@ class Dispatcher:
 
     def _observe(self, replica: int, out: RequestOutput) -> None:
         """Time the sequence's new tokens (by the replica that made them); count its tokens and outcome when it ends."""
+        if out.prompt_ids is not None:  # a request only tokenized: nothing was computed or generated
+            return
         route = self._routes.get(out.request_id)
         if route is not None:
             route.msg = None  # started: it stays where it is

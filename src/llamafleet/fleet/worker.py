@@ -129,7 +129,7 @@ class _Outbox:
 
 def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
     """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`, one that
-    only counts its tokens as its one (finished) output."""
+    is only tokenized as its one (finished) output."""
     try:
         if msg.embed is not None:
             inputs = tuple(i if isinstance(i, tuple) else tuple(engine.tokenize(i)) for i in msg.embed)
@@ -137,12 +137,14 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
             return None
         if msg.prompt_ids is not None:
             ids = list(msg.prompt_ids)
+        elif msg.infill is not None:
+            ids = engine.tokenize_infill(msg.infill, msg.params.max_tokens)
         elif msg.chat is not None:
             ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat], msg.tools)
         else:
-            ids = engine.tokenize(msg.prompt, add_special=True)
-        if msg.count_only:
-            return RequestOutput(msg.request_id, finished=True, finish_reason="length", prompt_tokens=len(ids))
+            ids = engine.tokenize(msg.prompt, msg.add_special, msg.parse_special)
+        if msg.tokenize_only:
+            return engine.tokens_output(msg.request_id, ids, chat=msg.chat is not None)
         engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
     except ContextOverflow as e:
         return Rejected(msg.request_id, str(e), status=400, overflow=e)

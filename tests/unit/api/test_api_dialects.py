@@ -207,7 +207,8 @@ def test_responses_request_becomes_chat_turns() -> None:
 
 
 @pytest.mark.parametrize(("change", "param", "words"), [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
+    ({"conversation": "conv_1"}, "conversation", "continue a stored response with 'previous_response_id'"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "item references are not supported"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]", "web_search tools are not supported"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"patternProperties": {}}}}},
      "text.format.schema", "'patternProperties' (at patternProperties) cannot be enforced"),
