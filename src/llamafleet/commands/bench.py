@@ -208,6 +208,7 @@ def run_engine(args: argparse.Namespace) -> int:
     from llamafleet.bench import engine as enginebench  # loads llama.cpp: only this form needs it
     from llamafleet.engine.types import EngineConfig
     from llamafleet.model.demo import ModelFetchError, default_model_path
+    from llamafleet.placement.memory import pad_ctx
 
     try:
         cfg = load_config(None, overrides(args))
@@ -217,8 +218,10 @@ def run_engine(args: argparse.Namespace) -> int:
     if not model.is_file():
         return _fail(f"--model: no GGUF file at {model}")
     n, max_tokens = args.requests, args.max_tokens
-    # the built-in prompts are a few dozen tokens; 128 tokens of headroom per sequence holds any of them
-    engine_cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + 128, n_threads=cfg.threads,
+    # the built-in prompts are a few dozen tokens; 128 tokens of headroom per sequence holds any of them; in llama.cpp's
+    # steps of 256, as the planner sizes a server's (else llama.cpp warns that the context does not divide evenly)
+    engine_cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=pad_ctx(max_tokens + 128),
+                              n_threads=cfg.threads,
                               n_batch=cfg.batch_size, n_ubatch=cfg.n_ubatch, n_prefill=cfg.prefill_tokens,
                               backend_sampling=cfg.backend_sampling, kv_unified=bool(args.kv_unified),
                               overlap=not args.no_overlap)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
+from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
@@ -207,7 +208,7 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
             if planned is None:
                 return None
             plan, local = planned
-        model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
+        model_name, n_ctx, specs = cfg.served_name(model_path), local[0].engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
     return Service(new_dispatcher(specs, cfg, None, model_name, launcher=launcher), model_name, n_ctx, cfg, *keys,
                    plan=plan)
@@ -228,14 +229,14 @@ def run(args: argparse.Namespace) -> int:
                              cfg.rpc_servers)
     except (ConfigError, InventoryError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     logging.getLogger().setLevel(cfg.log_level.upper())
     try:
         keys = (load_api_keys(cfg.api_keys_file),
                 load_api_keys(cfg.admin_api_keys_file, variable=ADMIN_KEYS_ENV, key="admin_api_keys_file"))
     except ApiKeysError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     for line in inapplicable(cfg, inventory, None if args.inventory else os.cpu_count()):
         print(f"  warning: {line}", file=sys.stderr)
     several = cfg.models is not None or cfg.models_dir is not None
@@ -243,17 +244,17 @@ def run(args: argparse.Namespace) -> int:
         service = (_fleet_service if several else _one_model_service)(cfg, inventory, keys)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except (GgufError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    if service is None:
-        return 1
+        return Exit.MODEL
+    if service is None:  # the plan does not fit (said above)
+        return Exit.NO
     try:
         sock = _listen(cfg.host, cfg.port)
     except OSError as e:
         print(f"error: cannot listen on {cfg.host}:{cfg.port} ({e.strerror}); pass another --port", file=sys.stderr)
-        return 1
+        return Exit.MACHINE
     from llamafleet.api.app import run_server
 
     if not keys[0] and not _loopback(cfg.host):
@@ -271,5 +272,6 @@ def run(args: argparse.Namespace) -> int:
         what = f"'{service.model_name}' with {n} replica(s)"
         print(f"llamafleet: loading '{service.model_name}' as {n} replica(s), one at a time; "
               f"{_url(cfg)}/ready answers 200 once all are up", flush=True)
-    return run_server(service, sock, cfg.log_level,
-                      lambda: print(_banner(cfg, service.model_name, what), flush=True))
+    failed = run_server(service, sock, cfg.log_level,
+                        lambda: print(_banner(cfg, service.model_name, what), flush=True))
+    return Exit.LOAD if failed else Exit.OK
