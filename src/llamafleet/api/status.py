@@ -31,6 +31,7 @@ from llamafleet.fleet.dispatch import Dispatcher
 from llamafleet.fleet.history import INTERVAL_S, History, mean_of, utilization
 from llamafleet.fleet.metrics import Counter
 from llamafleet.fleet.models import ManagedModel
+from llamafleet.fleet.pace import Pace
 from llamafleet.fleet.replicas import ReplicaState
 from llamafleet.fleet.telemetry import GpuSample
 
@@ -45,6 +46,7 @@ class Dashboard:
         self.service = service
         self.history = History(service.metrics)
         self.recent = RecentRequests(service.config.recent_request_contents)
+        self.pace = Pace()  # slow steps and an overloaded host, said in the log and in the warnings below
         self._stops: dict[str, tuple[int, str | None]] = {}  # replica label -> (restarts + hangs, last error) seen
 
     async def run(self) -> None:
@@ -60,6 +62,8 @@ class Dashboard:
         svc = self.service
         fleets = svc.dispatchers()
         self.history.sample([(prefix, d.replicas.states, d.router) for prefix, d in fleets], svc.gpus, time.time())
+        self.pace.observe([(f"{prefix}{st.index}", st.pid, st.stats) for prefix, d in fleets
+                           for st in d.replicas.states], time.monotonic())
         for prefix, d in fleets:
             for st in d.replicas.states:
                 rep, seen = f"{prefix}{st.index}", (st.restarts + st.hangs, st.last_error)
@@ -182,7 +186,7 @@ def status(dash: Dashboard, since: float) -> dict[str, Any]:
                 if model.dispatcher is not None for st in model.dispatcher.replicas.states]
     return {
         "version": __version__, "time": time.time(), "started": svc.created, "pid": os.getpid(),
-        "status": svc.readiness, "overloaded": svc.overloaded,
+        "status": svc.readiness, "overloaded": svc.overloaded, "warnings": dash.pace.warnings(),
         "models": [{"name": m.name, "state": m.state, "pinned": m.pinned, "n_ctx_per_seq": m.n_ctx_per_seq,
                     "replicas": [r["id"] for r in replicas if r["model"] == m.name]} for m in svc.models.models],
         "totals": _totals(svc, replicas, latest),
