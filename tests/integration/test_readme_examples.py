@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -56,6 +57,11 @@ def test_the_readme_fleet_plans_and_serves_both_models(folder: Path,
         reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hello!"}],
                                                max_tokens=4, temperature=0)
         assert reply.model == name and reply.usage is not None and reply.usage.completion_tokens > 0
+    # stopped, each model's replica 0 says its own goodbye, by name, once
+    assert server.stop(signal.SIGINT) == 0
+    log = server.log()
+    for name in ("tiny", "SmolLM2-135M-Instruct.Q4_1"):
+        assert log.count(f"replica 0 of {name} llamafleet.fleet.worker: context and model freed; exiting") == 1, log
 
 
 @pytest.mark.parametrize("name", ["fleet.yaml", "models.yaml"])
