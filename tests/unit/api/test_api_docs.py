@@ -14,7 +14,7 @@ from llamafleet.api.errors import unsupported
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from llamafleet.api.responses_requests import ResponsesRequest
 
-API_MD = Path(__file__).resolve().parents[2] / "docs" / "API.md"
+API_MD = Path(__file__).resolve().parents[3] / "docs" / "API.md"
 
 # each request type, and the heading of the docs/API.md section that describes its route
 ROUTES: list[tuple[type[BaseModel], str]] = [
