@@ -1,5 +1,6 @@
-"""The docs show only what the code takes: every `llamafleet COMMAND --flag` written in README.md and docs/*.md is
-a flag of that command, and every fleet YAML the docs show is a valid configuration."""
+"""The docs show only what the code has: every `llamafleet COMMAND --flag` written in README.md and docs/*.md is
+a flag of that command, every fleet YAML the docs show is a valid configuration, and the metrics the docs name are
+the ones the server exports (all of them in docs/OPERATIONS.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 
 from llamafleet.cli import build_parser
 from llamafleet.config import FleetConfig
+from llamafleet.fleet.telemetry import FleetMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -79,3 +81,12 @@ def fleet_yamls() -> list[tuple[str, int, str]]:
 @pytest.mark.parametrize(("doc", "line", "body"), fleet_yamls(), ids=lambda v: str(v)[:24])
 def test_every_fleet_yaml_the_docs_show_is_valid(doc: str, line: int, body: str) -> None:
     FleetConfig.model_validate(yaml.safe_load(body))
+
+
+def test_the_docs_name_every_metric_and_only_metrics_that_exist() -> None:
+    exported = set(re.findall(r"^# TYPE (\S+)", FleetMetrics().registry.render(), flags=re.MULTILINE))
+    named = {m for doc in DOCS for m in re.findall(r"\bllamafleet_[a-z_]*[a-z]", doc.read_text(encoding="utf-8"))}
+    unknown = [m for m in named if not any(m == e or m.startswith(f"{e}_") or e.startswith(m) for e in exported)]
+    assert not unknown, f"the docs name metrics that do not exist: {sorted(unknown)}"
+    operations = (ROOT / "docs" / "OPERATIONS.md").read_text(encoding="utf-8")
+    assert not [e for e in exported if f"`{e}`" not in operations], "docs/OPERATIONS.md's metrics table lacks some"
