@@ -218,8 +218,8 @@ class _Uvicorn(uvicorn.Server):
             return
         if not self.should_exit:  # the first signal: say once what happens now, and what another one does
             busy = sum(c.busy for c in self._connections())
-            loop.call_soon_threadsafe(lambda: log.warning(
-                "%s: stopping; %s", signal.Signals(sig).name,
+            loop.call_soon_threadsafe(lambda: log.log(
+                logging.WARNING if busy else logging.INFO, "%s: stopping; %s", signal.Signals(sig).name,
                 f"{busy} running request(s) get up to {self._drain_s:g}s (drain_timeout_s) to finish; a second Ctrl-C "
                 "or SIGTERM ends them now with a 503" if busy else "no request is running"))
         super().handle_exit(sig, frame)
