@@ -100,14 +100,14 @@ class ModelEntry(BaseModel):
         if self.path is None and not self.remote:
             raise ValueError(f"model '{self.name}' needs a path (its GGUF file) or remote (servers that serve it)")
         unknown = sorted(set(self.model_extra or {}) - set(PER_MODEL_KEYS))
-        if unknown:
-            raise ValueError("; ".join(unknown_key(k, [*PER_MODEL_KEYS, *ModelEntry.model_fields]) for k in unknown))
+        problems = [unknown_key(k, [*PER_MODEL_KEYS, *ModelEntry.model_fields]) for k in unknown]
         try:  # the knobs' values, by the fleet's own rules
-            FleetConfig.model_validate(self.knobs)
+            FleetConfig.model_validate({k: v for k, v in self.knobs.items() if k in PER_MODEL_KEYS})
         except ValidationError as e:
-            raise ValueError("; ".join(
-                (f"'{'.'.join(map(str, x['loc']))}': " if x["loc"] else "") + x["msg"].removeprefix("Value error, ")
-                for x in e.errors())) from None
+            problems += [(f"'{'.'.join(map(str, x['loc']))}': " if x["loc"] else "")
+                         + x["msg"].removeprefix("Value error, ") for x in e.errors()]
+        if problems:  # every one of them, one per line (see describe_errors)
+            raise ValueError("\n".join(problems))
         return self
 
     @property

@@ -37,6 +37,16 @@ def test_keys_that_cannot_go_together_are_all_named() -> None:
     assert all(line.startswith("  - ") for line in lines)
 
 
+def test_every_bad_knob_of_a_models_entry_is_named() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, {"models": [{"name": "a", "path": "a.gguf", "paralel": 2, "batch_size": 0,
+                                       "parallel": "two"}]})
+    text = str(e.value)
+    for named in ("'models.0': unknown key 'paralel': did you mean 'parallel'?", "'models.0': 'batch_size': ",
+                  "'models.0': 'parallel': "):
+        assert named in text, (named, text)
+
+
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
     config = tmp_path / "fleet.yaml"
     config.write_text("parallel: 2\ngpus: [0, 1\nport: 8081\n", encoding="utf-8")
