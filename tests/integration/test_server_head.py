@@ -3,8 +3,6 @@ an error on the dashboard), and a misspelt request parameter, which the SDKs' us
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anthropic
 import httpx
 import openai
@@ -14,24 +12,17 @@ from openai import OpenAI
 
 from conftest import FleetServer
 from llamafleet.api.app import create_app
-from llamafleet.api.service import Service
-from llamafleet.config import FleetConfig
-from llamafleet.engine.types import EngineConfig
-from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.fleet.router import Router
+from one_model import one_model_service
 
 # GET routes of the server, with a path that exists on the shared server ({model} filled in)
 GET_PATHS = ("/health", "/ready", "/metrics", "/v1/models", "/v1/models/{model}", "/v1/status", "/ui",
              "/ui/dashboard.js", "/openapi.json", "/docs")
 
 
-def test_every_get_route_of_the_app_takes_head(model_path: Path) -> None:
+def test_every_get_route_of_the_app_takes_head() -> None:
     """Every GET route the app documents (so a route added later is covered without a line here) answers HEAD with
     the GET's status and no body; the app is not started: the routes answer from the service as it is."""
-    spec = ReplicaSpec({}, EngineConfig(str(model_path)), "CPU")
-    service = Service(Dispatcher(ReplicaSet([spec], "info", 60.0), Router(1)), "demo", 512, FleetConfig())
-    app = create_app(service, lambda: None, lambda _: None)
+    app = create_app(one_model_service("demo"), lambda: None, lambda _: None)
     paths = [p for p, ops in app.openapi()["paths"].items() if "get" in ops] + ["/ui", "/ui/dashboard.js", "/docs"]
     assert {"/health", "/ready", "/metrics", "/v1/models", "/v1/status"} <= set(paths)
     client = TestClient(app)
