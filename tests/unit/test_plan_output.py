@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from synth_models import sparse_models
 
 from llamafleet.cli import main
+from synth_models import sparse_models
 
 
 @pytest.fixture(scope="module")
