@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     from llamafleet.api.middleware import ADMIN_KEYS_ENV, ApiKeysError, load_api_keys
     from llamafleet.model.demo import ModelFetchError
     from llamafleet.model.header import GgufError
+    from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.rpc_probe import with_rpc
 
