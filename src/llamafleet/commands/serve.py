@@ -207,7 +207,9 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
             if planned is None:
                 return None
             plan, local = planned
-        model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
+        engine = local[0].engine
+        assert engine is not None  # the model's own replicas load it
+        model_name, n_ctx, specs = cfg.model_name or model_path.stem, engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
     return Service(new_dispatcher(specs, cfg, None, model_name, launcher=launcher), model_name, n_ctx, cfg, *keys,
                    plan=plan)

@@ -257,7 +257,8 @@ async def _run_setup(setup: Setup, prompts: list[Prompt], opts: CheckOptions
     return [(res, answers[i] if i < len(answers) else None) for i, res in enumerate(results)]
 
 
-def _engine_facts(cfg: EngineConfig) -> dict[str, object]:
+def _engine_facts(cfg: EngineConfig | None) -> dict[str, object]:
+    assert cfg is not None  # every replica checked here loads the model
     facts: dict[str, object] = {"n_seq": cfg.n_seq, "n_batch": cfg.n_batch, "n_ubatch": cfg.n_ubatch,
                                 "split_mode": cfg.split_mode, "n_gpu_layers": cfg.n_gpu_layers,
                                 "flash_attn": "auto" if cfg.flash_attn is None else cfg.flash_attn,

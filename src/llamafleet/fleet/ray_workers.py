@@ -186,6 +186,7 @@ class RayLauncher:
         self._actor_class = ray.remote(ReplicaActor)
 
     async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched:
+        assert spec.engine is not None, "a replica that loads no model comes with its own launcher"
         place = self._placements[replica]
         need = f"{place.num_gpus} GPU(s)" if place.num_gpus else f"{place.num_cpus:g} CPU(s)"
         actor = self._actor_class.options(

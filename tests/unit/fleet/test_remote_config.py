@@ -14,8 +14,8 @@ import pytest
 from llamafleet.config import ConfigError, load_config
 from llamafleet.engine.types import SamplingParams
 from llamafleet.fleet.messages import Submit
-from llamafleet.fleet.relay import StreamReader, UpstreamError, upstream_failure, upstream_request
-from llamafleet.fleet.remote import RemoteMember, members, unrelayable
+from llamafleet.fleet.relay import RemoteMember, StreamReader, UpstreamError, upstream_failure, upstream_request
+from llamafleet.fleet.remote import NO_CONTEXT_LIMIT, MemberLauncher, member_specs, members, unrelayable
 
 
 def config(tmp_path: Path, text: str) -> Path:
@@ -127,6 +127,29 @@ def test_an_upstream_stream_becomes_the_engines_outputs() -> None:
         True, "stop", 9, 2, 4)
     with pytest.raises(UpstreamError, match="replica died"):
         StreamReader("r").line('data: {"error": {"message": "replica died", "code": 503}}')
+    with pytest.raises(UpstreamError, match="not JSON"):
+        StreamReader("r").line("data: <html>")
+
+
+def test_a_relayed_streams_tokens_are_its_own_pieces_of_text() -> None:
+    """No made-up placeholder: each content chunk is one token, whose id stands for its text in this stream."""
+    reader = StreamReader("r")
+    chunks = ["Hel", "lo", "Hel"]
+    outs = [reader.line(f'data: {{"choices":[{{"index":0,"delta":{{"content":"{c}"}}}}]}}') for c in chunks]
+    ids = [o[0].token_ids for o in outs if o is not None]
+    assert ids == [[0], [1], [0]] and reader.ids == {b"Hel": 0, b"lo": 1}
+    assert [o[0].completion_tokens for o in outs if o is not None] == [1, 2, 3]
+    reader.line('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}')
+    assert reader.last().completion_tokens == 3  # the upstream sent no usage: one token per chunk
+
+
+def test_a_members_spec_loads_no_model_and_brings_its_own_launcher() -> None:
+    provider = RemoteMember("https://api.example.com", "m", max_concurrency=3, llama_cpp=False)
+    (spec,) = member_specs([provider], NO_CONTEXT_LIMIT, "chat on ")
+    assert spec.engine is None and not spec.loads_model and spec.label == "chat on remote https://api.example.com"
+    assert isinstance(spec.launcher, MemberLauncher) and spec.launcher.member is provider
+    assert spec.refuses is not None and spec.refuses(Submit("r", SamplingParams(), prompt="x")) is None
+    assert "llama.cpp upstream" in (spec.refuses(Submit("r", SamplingParams(ignore_eos=True), prompt="x")) or "")
 
 
 @pytest.mark.parametrize(("status", "want"), [(400, 400), (404, 404), (429, 429), (401, 502), (403, 502),
