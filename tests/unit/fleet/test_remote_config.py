@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_dispatch import Replicas, run
 
 from llamafleet.config import ConfigError, load_config
 from llamafleet.engine.types import SamplingParams
+from llamafleet.fleet.dispatch import Dispatcher, Unservable
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.relay import RemoteMember, StreamReader, UpstreamError, upstream_failure, upstream_request
 from llamafleet.fleet.remote import NO_CONTEXT_LIMIT, MemberLauncher, member_specs, members, unrelayable
@@ -157,3 +159,23 @@ def test_a_members_spec_loads_no_model_and_brings_its_own_launcher() -> None:
 def test_upstream_errors_reach_the_client_with_a_status_that_says_whose_fault(status: int, want: int) -> None:
     got, text = upstream_failure(status, b'{"error": {"message": "nope"}}', "remote http://h")
     assert got == want and "remote http://h" in text and "nope" in text
+
+
+def test_the_dispatcher_asks_each_spec_what_it_refuses() -> None:
+    """A member's spec carries what it cannot relay: such a request goes to the local replicas only, and with no
+    local replica it is refused before anything is routed."""
+    provider = RemoteMember("https://api.example.com", "m", llama_cpp=False)
+    grammar = Submit("g", SamplingParams(grammar='root ::= "x"'), prompt="x")
+
+    async def mixed(d: Dispatcher, reps: Replicas) -> None:
+        reps.specs = [reps.specs[0], *member_specs([provider], NO_CONTEXT_LIMIT)]
+        assert d.submit([grammar, Submit("g2", grammar.params, prompt="x")]).replicas == [0, 0]
+
+    async def members_only(d: Dispatcher, reps: Replicas) -> None:
+        reps.specs = member_specs([provider], NO_CONTEXT_LIMIT)
+        with pytest.raises(Unservable, match="served by remote members only, and a grammar"):
+            d.submit([grammar])
+        assert reps.sent == []
+
+    run(mixed, n_replicas=2)
+    run(members_only, n_replicas=1)
