@@ -20,7 +20,7 @@ from llamafleet.engine.llama_backend import Native
 from llamafleet.engine.types import SamplingParams
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sampler chains (CPU): [grammar] -> penalties -> top_k -> top_p -> min_p -> temperature -> seeded draw
+# Sampler chains (CPU): [grammar] -> penalties -> top_k -> typical_p -> top_p -> min_p -> temperature -> seeded draw
 # ---------------------------------------------------------------------------------------------------------------
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
@@ -97,6 +97,8 @@ class SamplerChain(Native):
             return
         if params.top_k > 0:
             add(self.ptr, lc.llama_sampler_init_top_k(params.top_k))
+        if params.typical_p < 1.0:
+            add(self.ptr, lc.llama_sampler_init_typical(params.typical_p, 1))
         if params.top_p < 1.0:
             add(self.ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0.0:

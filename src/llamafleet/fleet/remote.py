@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from llamafleet.config import ConfigError, FleetConfig, RemoteEntry
-from llamafleet.engine.types import SamplingParams
+from llamafleet.engine.types import LLAMA_CPP_KNOBS
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.relay import RemoteMember
 from llamafleet.fleet.remote_worker import remote_main
@@ -34,8 +34,6 @@ from llamafleet.fleet.replicas import Launched, ReplicaSpec, spawn
 from llamafleet.openai_wire import root_url
 
 NO_CONTEXT_LIMIT = 2**31 - 1  # a member's context is the upstream's business; it refuses what does not fit (400)
-_DEFAULTS = SamplingParams()
-LLAMA_CPP_FIELDS = ("top_k", "min_p", "repeat_penalty")  # sampling fields only llama.cpp servers take
 
 
 def _read_key(entry: RemoteEntry, where: str) -> str | None:
@@ -92,15 +90,17 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
     """Why ``member`` cannot serve ``msg`` as asked, worded for the client; None if it can.
 
     What this relay does not carry: embeddings (they go to local replicas). What an OpenAI-compatible upstream cannot
-    express: counting tokens (it needs the model's tokenizer), scoring the
+    express: tokenizing and fill-in-the-middle (they need the model's tokenizer), scoring the
     prompt (echo with logprobs) and, for an upstream that is not a llama.cpp server, a grammar, ``ignore_eos`` and
     llama.cpp's sampling fields set to other than their defaults (at their defaults they are left out: the
     upstream's own sampler applies)."""
     p = msg.params
     if msg.embed is not None:
         return "embeddings are not relayed to remote members"
-    if msg.count_only:
-        return "counting tokens needs the model's tokenizer, which a remote member does not expose"
+    if msg.infill is not None:
+        return "fill-in-the-middle needs the model's own FIM tokens, which a remote member does not expose"
+    if msg.tokenize_only:
+        return "tokenizing needs the model's tokenizer, which a remote member does not expose"
     if p.prompt_logprobs:
         return "prompt logprobs (echo with logprobs) are not relayed to remote members"
     if member.llama_cpp:
@@ -110,7 +110,6 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
                 "llama.cpp upstream (set llama_cpp: true only for llamafleet or llama-server members)")
     if p.ignore_eos:
         return "ignore_eos needs a llama.cpp upstream"
-    changed = [f for f in LLAMA_CPP_FIELDS if getattr(p, f) != getattr(_DEFAULTS, f)]
-    if changed:
+    if changed := p.changed(LLAMA_CPP_KNOBS):
         return f"{', '.join(changed)} need a llama.cpp upstream; leave them at their defaults"
     return None

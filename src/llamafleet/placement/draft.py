@@ -45,9 +45,10 @@ class Candidate:
                 if n.total + margin > g.free_mib * MIB]
 
 
-def to_plan(fits: bool, device: Device, replicas: tuple[ReplicaPlan, ...], ctx: ContextShape, cfg: FleetConfig,
-            budgets: tuple[Budget, ...], host: int, notes: Notes, model: ModelInfo) -> Plan:
-    """The finished plan: ``replicas`` and ``budgets`` under the context ``ctx``, ``host`` bytes of host memory."""
+def to_plan(*, model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, notes: Notes, device: Device, fits: bool = False,
+            replicas: tuple[ReplicaPlan, ...] = (), budgets: tuple[Budget, ...] = (), host: int = 0) -> Plan:
+    """The plan of ``model`` in shape ``ctx`` with ``notes``' reasons (``host`` bytes of host memory); left at the
+    defaults, a refused one."""
     return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
                 n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
                 budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
