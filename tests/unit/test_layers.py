@@ -22,7 +22,7 @@ HTTP_FRAMEWORKS = ("fastapi", "starlette", "uvicorn")
 # Bottom first. A module imports only from its own package (or, for a root module, itself) and from lower layers:
 # never sideways, never up. ("llamafleet" is the package's own __init__.)
 LAYERS = (
-    ("llamafleet", "paths", "rpc", "openai_wire"),
+    ("llamafleet", "paths", "rpc", "exits", "openai_wire"),
     ("engine", "model"),
     ("config",),
     ("placement",),

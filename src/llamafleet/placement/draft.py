@@ -52,7 +52,7 @@ def to_plan(*, model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, notes: Not
     return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
                 n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
                 budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
-                model=model.name)
+                model=cfg.served_name(model.path))
 
 
 def normalize(shares: list[float] | tuple[float, ...]) -> tuple[float, ...]:

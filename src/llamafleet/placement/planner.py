@@ -24,11 +24,11 @@ configuration's part of it mapped by :func:`engine_config`.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
 from llamafleet.config import FleetConfig
+from llamafleet.engine.cores import default_threads
 from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement import rpc_plan
@@ -76,7 +76,8 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         notes.warnings.append(f"context_length {ctx.n_ctx_per_seq} exceeds the {model.n_ctx_train} tokens the model "
                               "was trained on; answers past that length degrade")
     notes.reasons.append(
-        f"{model.name} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, {model.n_layer} layers); "
+        f"{cfg.served_name(model.path)} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, "
+        f"{model.n_layer} layers); "
         f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
     )
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
@@ -341,7 +342,7 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in r.gpus)}
     threads = cfg.threads
     if plan.device == "cpu" and threads is None:
-        threads = max(1, len(os.sched_getaffinity(0)) // len(plan.replicas))
+        threads = default_threads(len(plan.replicas))
     return env, engine_config(
         cfg, model_path, n_seq=plan.n_seq, n_ctx_per_seq=plan.n_ctx_per_seq, n_batch=plan.n_batch,
         n_ubatch=plan.n_ubatch, n_threads=threads,
