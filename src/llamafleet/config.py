@@ -4,8 +4,8 @@ One file describes what to serve and how: ``model_path``, ``main_gpu``, ``split_
 ``batch_size`` and ``threads`` (the keys of the original single-model service, which load unchanged and keep their
 meaning) and everything else, each with a sensible default. Unknown keys (with the nearest valid one suggested) and
 wrong types are refused before anything loads, with the key named and the fix. Keys that are valid but cannot apply
-on this machine (:func:`inapplicable`) are said, not silently taken. Command-line flags override the file (see
-:func:`load_config` and :mod:`llamafleet.flags`).
+on this machine (:func:`llamafleet.placement.advice.inapplicable`) are said, not silently taken. Command-line flags
+override the file (see :func:`load_config` and :mod:`llamafleet.flags`).
 """
 
 from __future__ import annotations
@@ -13,19 +13,16 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamafleet.fleet.router import RoutingPolicy
 from llamafleet.rpc import INSECURE, parse_endpoint
-
-if TYPE_CHECKING:
-    from llamafleet.placement.gpus import Inventory
 
 SplitMode = Literal["auto", "none", "layer", "tensor"]
 KvCacheType = Literal["f16", "q8_0", "q4_0"]
+RoutingPolicy = Literal["prefix", "least_outstanding", "round_robin"]  # fleet/router.py implements them
 
 
 class ConfigError(ValueError):
@@ -394,20 +391,3 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         header = f"invalid configuration in {' and '.join(sources) or 'the defaults'}:"
         raise ConfigError(describe_errors(e, header, FleetConfig.model_fields, flags)) from None
 
-
-def inapplicable(cfg: FleetConfig, inventory: Inventory, cores: int | None) -> list[str]:
-    """Keys that are valid but cannot apply here, each with what to do: GPU placement keys on a machine with no GPU
-    in ``inventory``, ``threads`` above ``cores`` (``None``: not known, not checked). The planner takes such keys
-    without effect; the commands print these lines so that nobody believes a setting is in force when it is not."""
-    out = []
-    if not inventory.gpus:
-        why = inventory.note or "no GPU found"
-        gpu_keys = [k for k in ("main_gpu", "split_ratio") if getattr(cfg, k) is not None]
-        if cfg.split_mode == "tensor" or (cfg.split_mode == "layer" and not cfg.rpc_servers):
-            gpu_keys.append("split_mode")
-        out += [f"{k} is set but this machine has no GPU ({why}): it does nothing on the CPU; remove it, or run "
-                "`llamafleet check-env` if a GPU should be there" for k in gpu_keys]
-    if cfg.threads is not None and cores is not None and cfg.threads > cores:
-        out.append(f"threads {cfg.threads} is more than this machine's {cores} CPU cores: the extra threads only "
-                   f"contend for the same cores; set threads to {cores} or fewer, or leave it unset")
-    return out

@@ -16,8 +16,8 @@ from llamafleet.api.protocol import GenerateRequest
 from llamafleet.api.responses_requests import ResponsesRequest
 from llamafleet.engine.types import LLAMA_CPP_KNOBS, OPENAI_KNOBS, SamplingParams
 from llamafleet.fleet.messages import Submit
-from llamafleet.fleet.relay import upstream_request
-from llamafleet.fleet.remote import RemoteMember, unrelayable
+from llamafleet.fleet.relay import RemoteMember, upstream_request
+from llamafleet.fleet.remote import unrelayable
 
 DEFAULTS = SamplingParams()
 NAMES = [f.name for f in fields(SamplingParams)]

@@ -24,7 +24,8 @@ DEFAULT_CONFIGS = "reference,batched,nbatch-16,replica-0,replica-1,layer,tensor"
 
 
 def _gpu_build() -> bool:
-    from llamafleet.engine.llama import supports_gpu_offload  # loads llama.cpp: only asked when GPUs are present
+    # loads llama.cpp: only asked when GPUs are present
+    from llamafleet.engine.llama_backend import supports_gpu_offload
 
     return supports_gpu_offload()
 

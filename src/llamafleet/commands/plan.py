@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
@@ -166,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     # the GGUF reader and the planner (numpy) load here, not when the parser is built for another command
     from llamafleet.model.demo import ModelFetchError, default_model_path
     from llamafleet.model.header import GgufError, read_model_info
+    from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.planner import make_plan
     from llamafleet.placement.rpc_probe import with_rpc

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
@@ -200,7 +200,7 @@ def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) ->
             if planned is None:
                 return None
             plan, local = planned
-        model_name, n_ctx, specs = cfg.served_name(model_path), local[0].engine.n_ctx_per_seq, local
+        model_name, n_ctx, specs = cfg.served_name(model_path), local[0].model_engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
     return [placed_model(model_name, specs, n_ctx, cfg, metrics, plan=plan, launcher=launcher)]
 
@@ -214,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import ModelFetchError
     from llamafleet.model.header import GgufError
+    from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.rpc_probe import with_rpc
 

@@ -241,7 +241,7 @@ async def _run_setup(setup: Setup, prompts: list[Prompt], opts: CheckOptions
     params = SamplingParams(max_tokens=opts.max_tokens, temperature=0.0, logprobs=True)
     col = _Collector()
     rs = ReplicaSet(list(setup.specs), opts.fleet.log_level, opts.fleet.heartbeat_timeout_s)
-    results = [ConfigResult(name, "error", spec.label, engine=_engine_facts(spec.engine))
+    results = [ConfigResult(name, "error", spec.label, engine=_engine_facts(spec.model_engine))
                for name, spec in zip(setup.names, setup.specs, strict=True)]
     answers: list[list[Answer]] = []
     try:

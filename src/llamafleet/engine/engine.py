@@ -30,7 +30,8 @@ import numpy as np
 
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
-from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
+from llamafleet.engine.llama import Batch, Context, Model
+from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
 from llamafleet.engine.scheduler import schedule
