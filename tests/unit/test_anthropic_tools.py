@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from llamafleet.api.answer import AnswerStreams
 from llamafleet.api.anthropic import MessageRenderer
 from llamafleet.api.anthropic_requests import MessagesRequest
 from llamafleet.api.app import create_app
 from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.service import Service
-from llamafleet.api.tool_calls import CallStreams
 from llamafleet.engine.types import EngineConfig, RequestOutput
 from llamafleet.fleet.dispatch import Delta, Dispatcher
 from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
@@ -97,7 +97,7 @@ def _delta(text: str, finished: bool = False) -> Delta:
 
 def test_calls_become_tool_use_blocks_whole_and_streamed() -> None:
     answer = ['Sure.<tool', '_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>']
-    stream = MessageRenderer("msg_1", MODEL, (), CallStreams({"get_weather"}, forced=False))
+    stream = MessageRenderer("msg_1", MODEL, (), AnswerStreams(None, {"get_weather": {}}, forced=False))
     events = [e.model_dump() for i, t in enumerate(answer) for e in stream.chunk(0, _delta(t, i == 1))]
     kinds = [e["type"] for e in events]
     assert kinds == ["message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
@@ -112,7 +112,7 @@ def test_calls_become_tool_use_blocks_whole_and_streamed() -> None:
 
 
 def test_a_forced_answer_of_calls_alone_has_no_text_block() -> None:
-    stream = MessageRenderer("msg_1", MODEL, (), CallStreams({"get_time"}, forced=True))
+    stream = MessageRenderer("msg_1", MODEL, (), AnswerStreams(None, {"get_time": {}}, forced=True))
     events = [e.model_dump() for e in stream.chunk(0, _delta('<tool_call>\n{"name": "get_time", "arguments": {}}\n'
                                                               "</tool_call>", True))]
     blocks = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]

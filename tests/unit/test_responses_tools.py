@@ -12,12 +12,12 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from llamafleet.api.aggregate import Choice
+from llamafleet.api.answer import AnswerStreams
 from llamafleet.api.errors import ApiError
 from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.protocol import PromptTokensDetails, Usage
 from llamafleet.api.responses import ResponseRenderer
 from llamafleet.api.responses_requests import ResponsesRequest
-from llamafleet.api.tool_calls import CallStreams
 from llamafleet.engine.types import Generation, RequestOutput
 from llamafleet.fleet.dispatch import Delta
 
@@ -94,8 +94,7 @@ def test_refusals_name_the_parameter(fields: dict[str, Any], param: str, words: 
 
 
 def _renderer(req: ResponsesRequest) -> ResponseRenderer:
-    calls = CallStreams({t.function.name for t in req.callable}, req.forced) if req.callable else None
-    return ResponseRenderer(req, "resp_1", MODEL, 0, calls)
+    return ResponseRenderer(req, "resp_1", MODEL, 0, AnswerStreams.over(None, req.callable, req.forced))
 
 
 def _delta(text: str, finished: bool) -> Delta:

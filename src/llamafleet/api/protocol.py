@@ -157,10 +157,26 @@ class ToolCallDelta(ToolCallOut):
 ChatFinish = FinishReason | Literal["tool_calls"]
 
 
+def _without(out: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    for key in keys:
+        if out.get(key) is None:
+            out.pop(key, None)
+    return out
+
+
+REASONING_KEYS = ("reasoning_content", "reasoning")  # clients read one or the other: both carry the same text
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None when the answer is tool calls alone
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None  # the model's thinking, when it wrote some (both names, same text)
+    reasoning: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_reasoning(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without(handler(self), REASONING_KEYS)
 
 
 class ChatChoice(BaseModel):
@@ -183,15 +199,14 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_serializer(mode="wrap")
     def _without_empty_tool_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A delta carries ``tool_calls`` only when it has some, as OpenAI streams them: clients that test for the
-        key (rather than its value) would otherwise read every text delta as a tool call."""
-        out: dict[str, Any] = handler(self)
-        if out.get("tool_calls") is None:
-            out.pop("tool_calls", None)
-        return out
+        """A delta carries ``tool_calls`` (and the reasoning) only when it has some, as OpenAI streams them: clients
+        that test for the key (rather than its value) would otherwise read every text delta as a tool call."""
+        return _without(handler(self), ("tool_calls", *REASONING_KEYS))
 
 
 class ChatChunkChoice(BaseModel):

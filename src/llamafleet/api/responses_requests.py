@@ -18,7 +18,13 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.openai_requests import ChatMessage, FormatType, chat_turns, format_grammar, tool_chat
+from llamafleet.api.openai_requests import (
+    ChatMessage,
+    FormatType,
+    chat_turns,
+    format_grammar,
+    tool_chat,
+)
 from llamafleet.api.protocol import Block, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
@@ -31,6 +37,7 @@ from llamafleet.api.tools import (
     Tool,
     ToolCall,
     ToolChoice,
+    ToolRequest,
     calls_grammar,
     offered,
 )
@@ -203,7 +210,7 @@ class TextOptions(Body):
     verbosity: str | None = None  # ignored
 
 
-class ResponsesRequest(Body):
+class ResponsesRequest(ToolRequest):
     model: str
     input: str | list[Item]
     instructions: str | None = None
@@ -222,8 +229,10 @@ class ResponsesRequest(Body):
     conversation: str | dict[str, Any] | None = None
     background: bool = False
     prompt: dict[str, Any] | None = None
-    # accepted, ignored: nothing is stored or billed here, the model does not reason apart from its answer, and
-    # max_tool_calls bounds calls of hosted tools, none of which run here
+    reasoning: dict[str, Any] | None = None  # its "effort" goes to the chat template (see template_kwargs)
+    chat_template_kwargs: dict[str, Any] | None = None
+    # accepted, ignored: nothing is stored or billed here, and max_tool_calls bounds calls of hosted tools, none of
+    # which run here
     store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -231,7 +240,6 @@ class ResponsesRequest(Body):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     max_tool_calls: int | None = None
-    reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     stream_options: dict[str, Any] | None = None
 
@@ -300,17 +308,22 @@ class ResponsesRequest(Body):
         return chat_turns(self.messages, self.callable)
 
     def tool_chat(self) -> ToolChat | None:
-        """The same conversation for a model whose own template shows tools, as chat's."""
-        return tool_chat(self.messages, self.callable)
+        """The same conversation for a model whose own template shows tools or is of a known family, as chat's."""
+        effort = (self.reasoning or {}).get("effort")
+        kwargs = self.template_kwargs(self.chat_template_kwargs, effort if isinstance(effort, str) else None,
+                                      "chat_template_kwargs")
+        return tool_chat(self.messages, self.callable, self.family, kwargs)
 
     def sampling(self) -> SamplingParams:
         fmt = None if self.text is None else self.text.format
-        grammar = None if fmt is None else format_grammar(fmt.type, fmt.schema_, "text.format.schema")
+        grammar = None if fmt is None else format_grammar(fmt.type, fmt.schema_, "text.format.schema", self.family)
         if self.forced:
             if grammar is not None:
                 raise ApiError(400, "a forced tool call ('tool_choice' \"required\" or a function) cannot be "
                                     "combined with a JSON 'text.format'; send one", param="tool_choice")
-            grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls)
+            grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls,
+                                    self.family)
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=40, min_p=0.05, grammar=grammar, logprobs=self.logprobs,
+                              think_budget=self.budget(None, self.max_output_tokens, "reasoning"),
                               top_logprobs=self.top_logprobs)

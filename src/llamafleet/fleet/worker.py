@@ -20,6 +20,7 @@ Ctrl-C in a terminal reaches the whole process group; workers ignore SIGINT and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -29,6 +30,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, cast
 
+from llamafleet.engine.grammar import inside_think
 from llamafleet.engine.types import (
     ContextOverflow,
     EmbeddingRequest,
@@ -99,23 +101,31 @@ def _send(pipe: WorkerPipe, msg: FromWorker) -> None:
         raise _ParentGone from e
 
 
-def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
+def _admit(engine: Engine, msg: Submit, opened: dict[str, str]) -> Rejected | RequestOutput | None:
     """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`, one that
-    only counts its tokens as its one (finished) output."""
+    only counts its tokens as its one (finished) output. A chat whose prompt opened the model's think block gets that
+    marker in ``opened``: its answer's text starts with it, so the API reads the answer as it was written."""
     try:
         if msg.embed is not None:
             inputs = tuple(i if isinstance(i, tuple) else tuple(engine.tokenize(i)) for i in msg.embed)
             engine.add_embedding(EmbeddingRequest(msg.request_id, inputs))
             return None
+        marker = ""
         if msg.prompt_ids is not None:
             ids = list(msg.prompt_ids)
         elif msg.chat is not None:
             ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat], msg.tools)
+            marker = engine.opened_think(ids)
         else:
             ids = engine.tokenize(msg.prompt, add_special=True)
         if msg.count_only:
             return RequestOutput(msg.request_id, "", [], None, True, "length", prompt_tokens=len(ids))
-        engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
+        params = msg.params
+        if marker and params.grammar is not None:  # the answer starts inside the think block
+            params = dataclasses.replace(params, grammar=inside_think(params.grammar))
+        engine.add_request(Request(msg.request_id, tuple(ids), params))
+        if marker:
+            opened[msg.request_id] = marker
     except ContextOverflow as e:
         return Rejected(msg.request_id, str(e), status=400, overflow=e)
     except EmbeddingUnavailable as e:
@@ -141,6 +151,7 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
     """The worker's loop: commands in, one engine step, one message out per step that produced anything, and a
     heartbeat after ``beat_s`` without one."""
     active: dict[str, bool] = {}  # request id -> wants token pieces (logprobs)
+    opened: dict[str, str] = {}  # request id -> the think marker its prompt opened, put before its first text
     stopping = False
     sent_at = time.monotonic()
     while True:
@@ -151,7 +162,7 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
                 answer = (
                     Rejected(msg.request_id, "the replica is shutting down; retry the request", status=503)
                     if stopping
-                    else _admit(engine, msg)
+                    else _admit(engine, msg, opened)
                 )
                 if answer is None:
                     active[msg.request_id] = msg.params.logprobs
@@ -171,6 +182,8 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
             if o.top_logprobs or o.prompt_logprobs:
                 o.token_bytes = {t: engine.token_bytes(t) for t in _named_ids(o)}
         for o in outputs:
+            if o.request_id in opened:
+                o.text = opened.pop(o.request_id) + o.text
             if o.finished:
                 del active[o.request_id]
         outputs += counted
@@ -225,7 +238,9 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
             _send(pipe, LoadFailed(f"{type(e).__name__}: {e}"))
             raise SystemExit(1) from None
         with engine:
-            _send(pipe, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0))
+            family = engine.family
+            _send(pipe, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0,
+                              None if family is None else family.name))
             _serve(engine, pipe, inbox, beat_s)
         log.info("context and model freed; replica %d exits", replica)  # the server's shutdown waits for this exit
     except _ParentGone:
