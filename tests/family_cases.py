@@ -49,7 +49,8 @@ class Family:
     name: str  # as llamafleet.engine.families names it (None: not recognised)
     label: str  # the models, as people know them
     template: str  # models/templates/<template>.jinja in llama.cpp's source
-    vocab: str  # models/ggml-vocab-<vocab>.gguf
+    vocab: str  # models/ggml-vocab-<vocab>.gguf: the family's own where llama.cpp's source has it (qwen2, qwen35,
+    # llama-bpe), else LLaMA-2's small one (the family's markers are then text, as the parser reads them anyway)
     opens_think: bool = False  # its template opens the think block at the end of the prompt
     cases: tuple[Case, ...] = ()
     not_supported: dict[str, str] = field(default_factory=dict)  # feature -> why not
@@ -104,7 +105,7 @@ FAMILIES: tuple[Family, ...] = (
         Case("malformed call", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>',
              '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>'),
     )),
-    Family("hermes", "Qwen 2.5, Hermes 2/3, Granite 4", "Qwen-Qwen2.5-7B-Instruct", "qwen2", cases=(
+    Family("hermes", "Qwen 2.5, Hermes 2/3, Granite 4", "Qwen-Qwen2.5-7B-Instruct", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
         Case("tools", "<tool_call>\n" '{"name": "special_function", "arguments": {"arg1": 1}}' "</tool_call>",
              calls=(CALL,), source="test-chat.cpp"),
@@ -120,7 +121,7 @@ FAMILIES: tuple[Family, ...] = (
         Case("parallel", "</think>\n\n" + _xml("special_function", arg1=1) + "\n"
              + _xml("special_function_with_opt", arg1=1, arg2=2), calls=(CALL, CALL2), source="test-chat.cpp"),
     ), not_supported={"chat": "the template opens the think block: a plain answer is a reasoning case"}),
-    Family("qwen3-coder", "Qwen3-Coder", "Qwen3-Coder", "qwen2", cases=(
+    Family("qwen3-coder", "Qwen3-Coder", "Qwen3-Coder", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
         Case("tools", _xml("special_function", arg1=1), calls=(CALL,)),
         Case("parallel", _xml("special_function", arg1=1) + "\n" + _xml("special_function_with_opt", arg1=1, arg2=2),
@@ -162,7 +163,7 @@ FAMILIES: tuple[Family, ...] = (
              '[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1, "arg2": 2}', calls=(CALL, CALL2),
              source="test-chat.cpp"),
     )),
-    Family("deepseek-r1", "DeepSeek R1 (and its distills)", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "llama-bpe",
+    Family("deepseek-r1", "DeepSeek R1 (and its distills)", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "llama-spm",
            opens_think=True, cases=(
         Case("reasoning", f"{THINKING}</think>{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
         Case("tools", "</think>" + _DS.format("<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
@@ -174,7 +175,7 @@ FAMILIES: tuple[Family, ...] = (
             "<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function_with_opt\n```json\n"
             "{\"arg1\": 1, \"arg2\": 2}\n```<｜tool▁call▁end｜>"), calls=(CALL, CALL2)),
     ), not_supported={"chat": "the template opens the think block: a plain answer is a reasoning case"}),
-    Family("deepseek-v3", "DeepSeek V3.1", "deepseek-ai-DeepSeek-V3.1", "deepseek-llm", cases=(
+    Family("deepseek-v3", "DeepSeek V3.1", "deepseek-ai-DeepSeek-V3.1", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
         Case("tools", _DS.format("<｜tool▁call▁begin｜>special_function<｜tool▁sep｜>{\"arg1\": 1}<｜tool▁call▁end｜>"),
              calls=(CALL,), source="test-chat.cpp"),
@@ -185,7 +186,7 @@ FAMILIES: tuple[Family, ...] = (
             "<｜tool▁call▁end｜>"),
             calls=(CALL, CALL2)),
     )),
-    Family("glm", "GLM 4.5, 4.6, 4.7", "GLM-4.6", "qwen2", cases=(
+    Family("glm", "GLM 4.5, 4.6, 4.7", "GLM-4.6", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
         Case("tools", "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
              calls=(CALL,), source="test-chat.cpp"),
@@ -193,7 +194,7 @@ FAMILIES: tuple[Family, ...] = (
         Case("parallel", _glm("special_function", arg1=1) + "\n" + _glm("special_function_with_opt", arg1=1, arg2=2),
              calls=(CALL, CALL2)),
     )),
-    Family("kimi-thinking", "Kimi K2 (Thinking)", "Kimi-K2-Thinking", "llama-bpe", cases=(
+    Family("kimi-thinking", "Kimi K2 (Thinking)", "Kimi-K2-Thinking", "llama-spm", cases=(
         Case("chat", HELLO, HELLO, source="test-chat.cpp"),
         Case("tools", "<think>I'm thinking about this</think>" + _KIMI.format(_kimi("special_function", 0,
                                                                                    '{"arg1": 1}')),
@@ -204,7 +205,7 @@ FAMILIES: tuple[Family, ...] = (
              calls=(CALL, CALL2), ids=("functions.special_function:0", "functions.special_function_with_opt:1")),
         Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
     )),
-    Family("granite", "Granite 3.3", "ibm-granite-granite-3.3-2B-Instruct", "llama-bpe", cases=(
+    Family("granite", "Granite 3.3", "ibm-granite-granite-3.3-2B-Instruct", "llama-spm", cases=(
         Case("chat", HELLO, HELLO, source="test-chat.cpp"),
         Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
         Case("tools", '<|tool_call|>[{"name": "special_function", "arguments": {"arg1": 1}}]', calls=(CALL,)),

@@ -163,7 +163,7 @@ class AnswerSplitter:
         out, held = Split(), self.held
         self.held = ""
         if self.state == "calls":
-            found = read_calls(self.fmt, held, self.tools)
+            found = read_calls(self.fmt, held.lstrip(), self.tools)
             if found is not None:
                 out.calls, rest = found
                 out.content = rest

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.openai_requests import ChatMessage, chat_turns, tool_chat
+from llamafleet.api.openai_requests import ChatMessage, chat_turns, constrained, tool_chat
 from llamafleet.api.protocol import Block, check_stops, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
@@ -233,7 +233,8 @@ class MessagesRequest(CountTokensRequest):
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, min_p=0.05, stop=tuple(self.stop_sequences),
                               logprobs=bool(self.stop_sequences),
-                              grammar=calls_grammar(self.callable, many, self.family) if self.forced else None,
+                              grammar=constrained(calls_grammar(self.callable, many, self.family) if self.forced
+                                                  else None, self.grammar, False, "tool_choice"),
                               think_budget=self.think_budget())
 
     def think_budget(self) -> int | None:

@@ -52,11 +52,19 @@ def _json_calls(tools: list[tuple[str, dict[str, Any]]], key: str) -> str:
 
 def _text_args(index: int, args: dict[str, Any], one: str) -> str:
     """Rules ``a<index>``: the named parameters of a function, each written by ``one`` (a GBNF expression with
-    ``{key}`` in it), the required ones present, in the schema's order."""
+    ``{key}`` and ``{value}`` in it), the required ones present, in the schema's order; a value is text where the
+    schema wants a string (or says nothing), JSON valid under its schema otherwise."""
     props = args.get("properties") or {}
     required = set(args.get("required") or [])
-    parts = [f"({one.format(key=literal(k))}){'' if k in required else '?'}" for k in props]
-    return f"a{index} ::= " + (" ".join(parts) or '""')
+    parts, rules = [], []
+    for j, (key, schema) in enumerate(props.items()):
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        value = "text-value"
+        if kind not in (None, "string") and not (isinstance(kind, list) and "string" in kind):
+            value = f"a{index}-{j}-root"
+            rules.append(_schema(schema, f"a{index}-{j}-"))
+        parts.append(f"({one.format(key=literal(key), value=value)}){'' if key in required else '?'}")
+    return "\n".join([f"a{index} ::= " + (" ".join(parts) or '""'), *rules])
 
 
 def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tuple[str, str, str, str]:
@@ -77,8 +85,8 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
     for i, (name, args) in enumerate(tools):
         n = literal(name)
         if fmt in ("xml", "glm"):
-            one = ('"<parameter=" {key} ">\\n" text-value "\\n</parameter>\\n"' if fmt == "xml" else
-                   '"<arg_key>" {key} "</arg_key>\\n<arg_value>" text-value "</arg_value>\\n"')
+            one = ('"<parameter=" {key} ">\\n" {value} "\\n</parameter>\\n"' if fmt == "xml" else
+                   '"<arg_key>" {key} "</arg_key>\\n<arg_value>" {value} "</arg_value>\\n"')
             parts.append(_text_args(i, args, one))
             alternatives.append(f'"<tool_call>\\n<function=" {n} ">\\n" a{i} "</function>\\n</tool_call>"'
                                 if fmt == "xml" else f'"<tool_call>" {n} "\\n" a{i} "</tool_call>"')

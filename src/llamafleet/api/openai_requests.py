@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.protocol import SEED_LIMIT, Request, TextPart, check_stops, check_unicode
+from llamafleet.api.protocol import SEED_LIMIT, Request, TextPart, check_stops, check_unicode, checked_grammar
 from llamafleet.api.tools import (
     MAX_TOOLS,
     Tool,
@@ -39,7 +39,7 @@ from llamafleet.api.tools import (
     with_tools,
 )
 from llamafleet.engine.families import Family
-from llamafleet.engine.grammar import after_thinking, check_gbnf, json_object_grammar, json_schema_grammar
+from llamafleet.engine.grammar import after_thinking, json_object_grammar, json_schema_grammar
 from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
@@ -222,12 +222,7 @@ class SamplingRequest(Request):
     @field_validator("grammar")
     @classmethod
     def _grammar(cls, v: str | None) -> str | None:
-        if v is not None:
-            if not v.strip():
-                raise ValueError("an empty grammar constrains nothing; send GBNF text or null")
-            check_unicode([v])
-            check_gbnf(v)
-        return v
+        return checked_grammar(v)
 
     @cached_property
     def constraint(self) -> str | None:

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from llamafleet.api.errors import SURROGATE, ApiError
+from llamafleet.engine.grammar import check_gbnf
 from llamafleet.engine.types import FinishReason
 
 MAX_STOPS = 16
@@ -29,6 +30,16 @@ SEED_LIMIT = 2**32
 
 
 # -- requests --------------------------------------------------------------------------------------------------
+def checked_grammar(v: str | None) -> str | None:
+    """A request's ``grammar`` (GBNF), checked for what can be checked without a model; ``ValueError`` otherwise."""
+    if v is not None:
+        if not v.strip():
+            raise ValueError("an empty grammar constrains nothing; send GBNF text or null")
+        check_unicode([v])
+        check_gbnf(v)
+    return v
+
+
 def check_unicode(texts: list[str]) -> None:
     """Text for the model must encode to UTF-8; JSON can spell a lone surrogate (``"\\ud800"``), UTF-8 cannot."""
     if any(not t.isascii() and SURROGATE.search(t) for t in texts):

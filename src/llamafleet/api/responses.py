@@ -175,9 +175,12 @@ class ResponseRenderer(NamedEvents):
                                       "cache_write_tokens": 0},
                 total_tokens=usage.total_tokens))
 
+    @property
+    def reasoning_id(self) -> str:
+        return f"rs_{self.rid.removeprefix('resp_')}"
+
     def _reasoning(self, text: str, status: Status) -> ReasoningItem:
-        return ReasoningItem(id=f"rs_{self.rid.removeprefix('resp_')}", status=status,
-                             content=[ReasoningText(text=text)] if text else [])
+        return ReasoningItem(id=self.reasoning_id, status=status, content=[ReasoningText(text=text)] if text else [])
 
     def _output(self, text: str | None, calls: list[FunctionCallOut], finish: FinishReason | None,
                 logprobs: list[TokenLogprob], thought: str = "") -> list[OutputItem]:
@@ -195,8 +198,8 @@ class ResponseRenderer(NamedEvents):
             events.append(self._event("response.output_item.added", output_index=0,
                                       item=self._reasoning("", "in_progress")))
         self.thought += text
-        return events + [self._event("response.reasoning_text.delta", item_id=self._reasoning("", "completed").id,
-                                     output_index=0, content_index=0, delta=text)]
+        return events + [self._event("response.reasoning_text.delta", item_id=self.reasoning_id, output_index=0,
+                                     content_index=0, delta=text)]
 
     def _thought(self) -> list[Event]:
         """The reasoning item, done (once the message or a call follows, or the answer ends)."""

@@ -22,6 +22,7 @@ from llamafleet.api.openai_requests import (
     ChatMessage,
     FormatType,
     chat_turns,
+    constrained,
     format_grammar,
     tool_chat,
 )
@@ -324,6 +325,7 @@ class ResponsesRequest(ToolRequest):
             grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls,
                                     self.family)
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=40, min_p=0.05, grammar=grammar, logprobs=self.logprobs,
+                              top_k=40, min_p=0.05, logprobs=self.logprobs,
+                              grammar=constrained(grammar, self.grammar, False, "text.format"),
                               think_budget=self.budget(None, self.max_output_tokens, "reasoning"),
                               top_logprobs=self.top_logprobs)

@@ -24,11 +24,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
 
 from llamafleet.api.call_grammar import format_calls
 from llamafleet.api.errors import ApiError
-from llamafleet.api.protocol import Request
+from llamafleet.api.protocol import Request, checked_grammar
 from llamafleet.engine.families import FAMILIES, Family
 from llamafleet.engine.grammar import after_thinking
 
@@ -182,6 +182,12 @@ class ToolRequest(Request):
     (:meth:`served_by`) once the model is known, before its grammar, budget and template variables are built."""
 
     _serving: Serving = PrivateAttr(Serving())
+    grammar: str | None = None  # GBNF, start rule "root" (llama.cpp's extension): the answer is a sentence of it
+
+    @field_validator("grammar")
+    @classmethod
+    def _grammar(cls, v: str | None) -> str | None:
+        return checked_grammar(v)
 
     def served_by(self, serving: Serving) -> None:
         self._serving = serving

@@ -3,10 +3,11 @@ its tokens.
 
 A request's ``think_budget`` (:class:`~llamafleet.engine.types.SamplingParams`) counts the tokens generated inside
 the think block: from the first token when the prompt opened the block, else from the model's own open marker. When
-the count reaches the budget and the block is still open, the next tokens are the close marker's, forced by masking
-every other logit of the sequence's row (so a grammar sees and accepts them as if sampled); then the model goes on
-with its answer. The model may close the block itself before: nothing is forced then. The markers are read from the
-tokens' text, a few characters of it kept.
+the count reaches the budget and the block is still open, the next tokens are the close marker's, forced by raising
+their logits far above the rest of the sequence's row (so a grammar sees and accepts them as if sampled; one it
+refuses is not forced further); then the model goes on with its answer. The model may close the block itself
+before: nothing is forced then, nor while it is writing the close marker. The markers are read from the tokens'
+text, a few characters of it kept.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from llamafleet.engine.families import Family
+
+FORCE = 1000.0  # logits above the best: a sure pick at any temperature this server allows
 
 
 @dataclass
@@ -44,11 +47,11 @@ class ThinkBudget:
         return self.forcing[0] if self.forcing else None
 
     def force(self, logits: npt.NDArray[np.float32]) -> None:
-        """Make the forced token the only one ``logits`` (a sequence's row) allows, when there is one."""
+        """Make the forced token, when there is one, the sure pick of ``logits`` (a sequence's row): far above every
+        other, which stay, so a grammar that refuses it still finds its own pick among them."""
         tok = self.next_forced()
         if tok is not None:
-            logits[:] = -np.inf
-            logits[tok] = 0.0
+            logits[tok] = float(np.max(logits)) + FORCE
 
     def saw(self, token: int, text: bytes) -> None:
         """One more generated token (its id and text)."""
@@ -68,5 +71,6 @@ class ThinkBudget:
             self.over = True
             return
         self.spent += 1
-        if self.spent >= self.limit:
+        closing = any(self.tail.endswith(self.think[1][:k]) for k in range(1, len(self.think[1])))
+        if self.spent >= self.limit and not closing:  # (the model may be closing the block itself: let it)
             self.forcing = list(self.close_ids)

@@ -150,7 +150,7 @@ def after_thinking(grammar: str, think: tuple[str, str] | None) -> str:
     return (THINK_ROOT
             + f"think-open ::= {json.dumps(open_, ensure_ascii=False)}\n"
             + f"think-body ::= ([^{a}] | {json.dumps(close[0])} [^{b}])*\n"
-            + f"think-close ::= {json.dumps(close, ensure_ascii=False)} [ \\n]*\n"
+            + f"think-close ::= {json.dumps(close, ensure_ascii=False)} \"\\n\"{{0,2}}\n"
             + _ROOT.sub("answer ::= ", grammar, count=1))
 
 

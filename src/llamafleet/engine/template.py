@@ -18,14 +18,16 @@ What HF templates expect is provided: ``messages`` (assistant ``tool_calls`` as 
 ``tool_call_id`` and ``name``), ``tools`` (``[{"type": "function", "function": {...}}]``, or none),
 ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception``, ``strftime_now``, ``tojson`` with HF's
 arguments (``ensure_ascii`` off, ``indent``, ``separators``, ``sort_keys``), ``trim_blocks`` / ``lstrip_blocks`` and
-the loop-control extension. The environment is Jinja's immutable sandbox: a template comes with a model file and
-client text flows through it, so neither may reach Python internals or change the objects passed in. A template that
+the loop-control extension and HF's ``{% generation %}`` tag. The environment is Jinja's sandbox: a template comes
+with a model file and client text flows through it, so neither may reach Python internals; it gets copies of the
+conversation, which it may change (templates build lists with ``append``) without changing the caller's. A template that
 fails on a conversation (``raise_exception``, a sandbox refusal, an undefined value) is a ``ValueError`` naming the
 template, which the worker answers with a 400.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Sequence
@@ -37,7 +39,7 @@ import jinja2
 from jinja2 import meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 from llamafleet.engine.families import Family, detect
 
@@ -87,8 +89,8 @@ class _Generation(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
+def _environment() -> SandboxedEnvironment:
+    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
@@ -123,7 +125,8 @@ class ChatTemplate:
                kwargs: Sequence[tuple[str, Any]] = ()) -> str:
         """The prompt text of ``messages`` with ``tools`` and the variables ``kwargs``, the assistant's turn opened."""
         try:
-            text = self.template.render(dict(kwargs), messages=list(messages), tools=list(tools) or None,
+            text = self.template.render(copy.deepcopy(dict(kwargs)), messages=copy.deepcopy(list(messages)),
+                                        tools=copy.deepcopy(list(tools)) or None,
                                         add_generation_prompt=True, bos_token=self.bos_token,
                                         eos_token=self.eos_token)
         except Exception as e:  # the template's own code failed on this conversation (a sandbox refusal, a type)

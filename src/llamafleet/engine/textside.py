@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
-from functools import cached_property
+from functools import cached_property, partial
 
 from llamafleet.engine.chat import chat_tokens, tool_chat_tokens
 from llamafleet.engine.families import Family, markers
@@ -75,11 +75,16 @@ class TextSide:
         """Chat messages -> prompt tokens: the template's markup parsed as special tokens, message contents never
         (see :mod:`llamafleet.engine.chat`). A conversation with ``tools`` is rendered by the model's own template
         when it shows tools and nothing outside the contents spells a special token; otherwise ``messages`` (their
-        generic rendering) by llama.cpp's."""
-        if tools is not None and self.tool_template is not None and self.tool_template.renders(bool(tools.tools)):
-            ids = tool_chat_tokens(tools, self.tool_template, self.tokenize)
+        generic rendering) by the template of the model's family (so its own markup, an opened think block
+        included, stays), or else by llama.cpp's."""
+        template = self.tool_template
+        if tools is not None and template is not None and template.renders(bool(tools.tools)):
+            ids = tool_chat_tokens(tools, template, self.tokenize)
             if ids is not None:
                 return ids
+        if template is not None and template.family is not None and template.plain:
+            return chat_tokens(messages, partial(template.render, kwargs=tools.kwargs if tools else ()),
+                               self.tokenize)
         return chat_tokens(messages, self.apply_chat_template, self.tokenize)
 
     def check_request(self, req: Request) -> None:
