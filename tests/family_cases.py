@@ -213,8 +213,24 @@ FAMILIES: tuple[Family, ...] = (
              '{"name": "special_function_with_opt", "arguments": {"arg1": 1, "arg2": 2}}]', calls=(CALL, CALL2)),
     )),
 )
+_OSS_CALL = "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>"
+FAMILIES += (
+    Family("gpt-oss", "gpt-oss", "openai-gpt-oss-120b", "llama-spm", cases=(
+        Case("chat", f"<|channel|>final<|message|>{HELLO}", HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<|channel|>analysis<|message|>{THINKING}<|end|><|start|>assistant<|channel|>final"
+             f"<|message|>{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", f"<|channel|>analysis<|message|>{THINKING}<|end|><|start|>assistant to=functions."
+             'special_function<|channel|>analysis<|message|>{"arg1": 1}', reasoning=THINKING, calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", _OSS_CALL.format("special_function", '{"arg1": 1}') + "<|start|>assistant"
+             + _OSS_CALL.format("special_function_with_opt", '{"arg1": 1, "arg2": 2}'), calls=(CALL, CALL2)),
+        Case("recipient in the role header", ' to=functions.special_function<|channel|>analysis <|constrain|>json'
+             '<|message|>{"arg1": 1}', calls=(CALL,), source="test-chat.cpp"),
+        Case("content in the commentary channel", f"<|channel|>commentary<|message|>{HELLO}", HELLO,
+             source="test-chat.cpp"),
+    )),
+)
 UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why
-    "openai-gpt-oss-120b": "gpt-oss writes channels (<|channel|>analysis ...), not parsed yet",
     "google-gemma-4-31B-it": "Gemma 4's <|channel>thought and call markup, not parsed yet",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B's <|START_THINKING|> / <|START_ACTION|>, not "
                                                      "parsed yet",

@@ -116,7 +116,8 @@ def check_responses(client: OpenAI, family: Family, case: Case) -> None:
 def check_messages(claude: anthropic.Anthropic, family: Family, case: Case) -> None:
     """The same output through Anthropic's Messages, streamed (as the SDK assembles it): a thinking block, text,
     tool_use blocks (the whole answer is built by the same code, tested with chat)."""
-    tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
     args: dict[str, Any] = {"model": family.name, "max_tokens": 300, "messages": MESSAGES, "tools": tools,
                             "extra_body": forced(case.output)}
     with claude.messages.stream(**args) as stream:
@@ -154,16 +155,22 @@ def check_forced(client: OpenAI, family: Family) -> None:
 
 def check_budget(client: OpenAI, family: Family) -> None:
     """A think block that would run on (the grammar allows 300 characters in it) is closed by the budget with the
-    family's own marker, within the budget and the marker's few tokens."""
+    family's own marker: the answer is as long as one whose block holds a single letter, plus the budget and a few."""
     known = families.FAMILIES[family.name]
     assert known.think is not None
     opened = "" if family.opens_think else json.dumps(known.think[0])
-    grammar = f'root ::= {opened} [a-z ]{{1,300}} {json.dumps(known.think[1])} "ok"'
-    r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=200,  # type: ignore
-                                       extra_body={"grammar": grammar, "reasoning_budget": 4})
-    msg = r.choices[0].message
-    assert msg.content == "ok" and (msg.model_extra or {}).get("reasoning_content")
-    assert r.usage is not None and r.usage.completion_tokens <= 4 + 16
+
+    def answer(body: str, budget: int | None) -> tuple[str, str, int]:
+        grammar = f'root ::= {opened} {body} {json.dumps(known.think[1])} "ok"'
+        r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=200,  # type: ignore
+                                           temperature=0, extra_body={"grammar": grammar, "reasoning_budget": budget})
+        msg = r.choices[0].message
+        assert r.usage is not None
+        return msg.content or "", (msg.model_extra or {}).get("reasoning_content") or "", r.usage.completion_tokens
+
+    content, thought, used = answer("[a-z ]{1,300}", 4)
+    _, _, least = answer('"a"', None)
+    assert content == "ok" and thought and used <= least - 1 + 4 + 2
 
 
 def check_schema(client: OpenAI, family: Family) -> None:

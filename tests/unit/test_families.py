@@ -83,6 +83,8 @@ def test_a_call_cut_by_the_token_limit_never_reaches_the_content() -> None:
     cut = 'Sure.<tool_call>\n{"name": "special_function", "argu'
     assert split(cut, known, SCHEMAS, cut=True) == Split(content="Sure.")
     assert split(cut, known, SCHEMAS).content == cut  # ended by the model: it is text
+    whole = '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>\n'
+    assert split(whole + cut, known, SCHEMAS, cut=True) == Split(calls=split(whole, known, SCHEMAS).calls)
 
 
 def test_a_forced_answer_holds_everything_after_the_reasoning() -> None:

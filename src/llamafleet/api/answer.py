@@ -166,7 +166,7 @@ class AnswerSplitter:
             found = read_calls(self.fmt, held.lstrip(), self.tools)
             if found is not None:
                 out.calls, rest = found
-                out.content = rest
+                out.content = "" if cut else rest  # cut: what follows the last whole call is a call cut short
                 return out
             if cut:
                 return out

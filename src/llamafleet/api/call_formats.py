@@ -15,7 +15,9 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   ``function<｜tool▁sep｜>name`` and a fenced JSON block (R1) or ``name<｜tool▁sep｜>{...}`` (V3.1);
 * ``kimi``: ``<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`` in a
   section; the ``functions.name:0`` is the call's id;
-* ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x).
+* ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x);
+* ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}<|call|>``, the
+  recipient in the channel or in the role header (``<|start|>assistant to=functions.name<|channel|>...``).
 
 Every call must name an offered function and carry a JSON object of arguments; a section that holds anything else
 is not calls (None), and the caller keeps it as text. Pure logic.
@@ -167,13 +169,22 @@ def _kimi(section: str, tools: Schemas) -> Found | None:
     return None if found is None else (found[0], rest.strip())
 
 
+_HARMONY_CALL = re.compile(
+    r"(?:<\|start\|>assistant)?\s*(?:<\|channel\|>\w+\s*)?to=functions\.([^\s<]+)\s*(?:<\|channel\|>\w+\s*)?"
+    r"(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>(.*?)(?:<\|call\|>|(?=<\|start\|>)|\Z)", re.DOTALL)
+
+
+def _harmony(section: str, tools: Schemas) -> Found | None:
+    return _blocks(_HARMONY_CALL, section, lambda m: _call(m.group(1), m.group(2).strip(), tools))
+
+
 def _granite(section: str, tools: Schemas) -> Found | None:
     return _mistral(section.replace("<|tool_call|>", " "), tools)
 
 
 FORMATS: dict[str, Callable[[str, Schemas], Found | None]] = {
     "json": _json, "mistral": _mistral, "mistral-args": _mistral_args, "xml": _xml, "glm": _glm,
-    "deepseek": _deepseek, "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _granite,
+    "deepseek": _deepseek, "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _granite, "harmony": _harmony,
 }
 
 

@@ -99,6 +99,8 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
                            '"\\n```<｜tool▁call▁end｜>"',
             "kimi": f'"<|tool_call_begin|>functions." {n} ":" [0-9] "<|tool_call_argument_begin|>" a{i}-root '
                     '"<|tool_call_end|>"',
+            "harmony": f'"<|start|>assistant"? "<|channel|>commentary to=functions." {n} '
+                       f'" <|constrain|>json<|message|>" a{i}-root "<|call|>"',
         }[fmt])
     if fmt in ("xml", "glm"):
         parts.append(TEXT_VALUE)

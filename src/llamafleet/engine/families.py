@@ -17,7 +17,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Family:
     name: str
-    calls: str  # the call format: json, mistral, mistral-args, xml, glm, deepseek(-r1), kimi, granite
+    calls: str  # the call format: json, mistral, mistral-args, xml, glm, deepseek(-r1), kimi, granite, harmony
     think: tuple[str, str] | None = None  # the markers around the thinking (open, close)
     openers: tuple[str, ...] = ()  # text that starts the calls (held from there on while streaming)
     drop: tuple[str, ...] = ()  # markup around the answer that is not part of it
@@ -47,6 +47,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("kimi-thinking", "kimi", THINK, openers=(_KIMI_OPEN,)),
     Family("granite", "granite", THINK, openers=("<|tool_call|>",), drop=("<response>", "</response>")),
     Family("think", "json", THINK, openers=("<tool_call>",)),
+    # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
+    Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
+           openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
+           drop=("<|start|>assistant", "<|channel|>final<|message|>", "<|channel|>commentary<|message|>",
+                 "<|channel|>final <|constrain|>json<|message|>", "<|return|>")),
 )}
 
 
@@ -61,6 +66,7 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "kimi": ("<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
              "<|tool_call_end|>"),
     "granite": (),
+    "harmony": ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|call|>", "<|return|>"),
 }
 
 
@@ -75,6 +81,8 @@ def detect(source: str | None) -> Family | None:
         return None
     has = source.__contains__
     think = has("<think>")
+    if has("<|channel|>"):
+        return FAMILIES["gpt-oss"]
     if has(_DEEPSEEK_OPEN):
         return FAMILIES["deepseek-r1" if has("```json") else "deepseek-v3"]
     if has(_KIMI_OPEN):
