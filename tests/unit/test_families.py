@@ -12,10 +12,12 @@ import pytest
 
 from family_cases import FAMILIES, TOOLS, UNRECOGNISED, Case, Family, matrix
 from llamafleet.api.answer import AnswerSplitter, Split, split
-from llamafleet.api.tools import Tool, calls_grammar
+from llamafleet.api.openai_requests import ChatCompletionRequest
+from llamafleet.api.tools import Serving, Tool, calls_grammar
 from llamafleet.engine import families
 from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.grammar import after_thinking, check_gbnf, inside_think, json_schema_grammar
+from llamafleet.engine.template import ChatTemplate
 from llamafleet.model.synth import vendored
 
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -152,3 +154,21 @@ def test_no_budget_is_spent_outside_the_think_block_or_after_the_model_closed_it
 def test_models_md_is_the_matrix_of_the_tests() -> None:
     doc = Path(__file__).resolve().parents[2] / "docs" / "MODELS.md"
     assert doc.read_text(encoding="utf-8") == matrix(), "run: python tests/family_cases.py"
+
+
+def test_earlier_reasoning_is_replayed_or_dropped_as_the_template_says() -> None:
+    """Qwen3's template shows the reasoning of the turns since the last user message (a call in progress), and
+    drops that of earlier turns: the conversation gives it the reasoning sent back under either name."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "special_function", "arguments": '{"arg1": 1}'}}
+    messages = [{"role": "user", "content": "First?"},
+                {"role": "assistant", "content": "One.", "reasoning_content": "OLD THOUGHT"},
+                {"role": "user", "content": "Second?"},
+                {"role": "assistant", "content": None, "reasoning": "NEW THOUGHT", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "tools": TOOLS})
+    req.served_by(Serving(families.FAMILIES["qwen3"]))
+    chat = req.tool_chat()
+    assert chat is not None
+    source = vendored("models/templates/Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    prompt = ChatTemplate(source, "", "<|im_end|>", False).render(chat.messages, chat.tools, chat.kwargs)
+    assert "NEW THOUGHT" in prompt and "OLD THOUGHT" not in prompt and "<tool_response>\n42" in prompt
