@@ -52,7 +52,7 @@ class RemoteEntry(BaseModel):
     max_concurrency: int = Field(8, ge=1, le=1024, description="sequences sent to it at once (its slots)")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for its next byte (then 504)")
     llama_cpp: bool = Field(True, description="it is llamafleet or llama-server: it takes llama.cpp's fields "
-                            "(top_k, min_p, repeat_penalty, grammar, ignore_eos); false for other providers")
+                            "(its sampling extensions, grammar, ignore_eos); false for other providers")
 
     @model_validator(mode="after")
     def _checked(self) -> RemoteEntry:

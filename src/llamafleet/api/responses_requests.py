@@ -26,7 +26,7 @@ from llamafleet.api.openai_requests import (
     format_grammar,
     tool_chat,
 )
-from llamafleet.api.protocol import Block, check_unicode
+from llamafleet.api.protocol import DEFAULTS, Block, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
     MAX_TOOLS,
@@ -216,8 +216,8 @@ class ResponsesRequest(ToolRequest):
     input: str | list[Item]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=2.0)
+    top_p: float = Field(DEFAULTS.top_p, gt=0.0, le=1.0)
     stream: bool = False
     tools: list[AnyTool] = Field([], max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | dict[str, Any] = Field(
@@ -325,7 +325,6 @@ class ResponsesRequest(ToolRequest):
             grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls,
                                     self.family)
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=40, min_p=0.05, logprobs=self.logprobs,
+                              logprobs=self.logprobs, top_logprobs=self.top_logprobs,
                               grammar=constrained(grammar, self.grammar, False, "text.format"),
-                              think_budget=self.budget(None, self.max_output_tokens, "reasoning"),
-                              top_logprobs=self.top_logprobs)
+                              think_budget=self.budget(None, self.max_output_tokens, "reasoning"))

@@ -26,7 +26,6 @@ from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
 from llamafleet.fleet.router import NoReplicaError, QueueFullError
 from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
-from llamafleet.placement.plan import Plan
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
 
@@ -49,24 +48,11 @@ class Service:
     """The served models, the way to them, and the limits on the way in; bound to one model (the first configured
     one, unless :meth:`for_model` gave this view)."""
 
-    def __init__(self, dispatcher: Dispatcher, model_name: str, n_ctx_per_seq: int,
-                 config: FleetConfig | None = None, api_keys: frozenset[str] = frozenset(),
-                 admin_keys: frozenset[str] = frozenset(), plan: Plan | None = None) -> None:
-        """A service of one model whose replicas ``dispatcher`` reaches, placed by ``plan`` (None: not planned
-        here)."""
-        cfg = config or FleetConfig.model_validate({})
-        models = ModelManager.single(model_name, dispatcher, n_ctx_per_seq, cfg, plan)
-        self._shared = _Shared(cfg, api_keys, admin_keys, models)
+    def __init__(self, models: ModelManager, api_keys: frozenset[str] = frozenset(),
+                 admin_keys: frozenset[str] = frozenset()) -> None:
+        """A service of ``models`` (one pinned model, or several), configured as the manager is."""
+        self._shared = _Shared(models.cfg, api_keys, admin_keys, models)
         self.model = models.models[0]
-
-    @classmethod
-    def of_models(cls, models: ModelManager, config: FleetConfig, api_keys: frozenset[str] = frozenset(),
-                  admin_keys: frozenset[str] = frozenset()) -> Service:
-        """A service of several models, loaded on demand."""
-        service = cls.__new__(cls)
-        service._shared = _Shared(config, api_keys, admin_keys, models)
-        service.model = models.models[0]
-        return service
 
     # -- what every view shares ----------------------------------------------------------------------------------
     @property

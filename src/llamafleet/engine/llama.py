@@ -337,8 +337,8 @@ class Context(_Native):
         if threads > 0:
             p.n_threads = threads
             p.n_threads_batch = threads
-        p.type_k = _KV_TYPE[cfg.kv_type]
-        p.type_v = _KV_TYPE[cfg.kv_type]
+        p.type_k = _KV_TYPE[cfg.kv_cache_type]
+        p.type_v = _KV_TYPE[cfg.kv_cache_type]
         p.flash_attn_type = _FLASH[cfg.flash_attn]
         # False: one KV stream per sequence, so every slot is guaranteed its n_ctx_per_seq and attends only to
         # its own cells; True: one shared cache (what llama-server uses by default).
@@ -458,7 +458,7 @@ def _greedy_chain() -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sampler chains (CPU): [grammar] -> penalties -> top_k -> top_p -> min_p -> temperature -> seeded draw
+# Sampler chains (CPU): [grammar] -> penalties -> top_k -> typical_p -> top_p -> min_p -> temperature -> seeded draw
 # ---------------------------------------------------------------------------------------------------------------
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
@@ -510,6 +510,8 @@ class SamplerChain(_Native):
             return
         if params.top_k > 0:
             add(self.ptr, lc.llama_sampler_init_top_k(params.top_k))
+        if params.typical_p < 1.0:
+            add(self.ptr, lc.llama_sampler_init_typical(params.typical_p, 1))
         if params.top_p < 1.0:
             add(self.ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0.0:

@@ -119,7 +119,7 @@ def _admit(engine: Engine, msg: Submit, opened: dict[str, str]) -> Rejected | Re
         else:
             ids = engine.tokenize(msg.prompt, add_special=True)
         if msg.count_only:
-            return RequestOutput(msg.request_id, "", [], None, True, "length", prompt_tokens=len(ids))
+            return RequestOutput(msg.request_id, finished=True, finish_reason="length", prompt_tokens=len(ids))
         params = msg.params
         if marker and params.grammar is not None:  # the answer starts inside the think block
             params = dataclasses.replace(params, grammar=inside_think(params.grammar))

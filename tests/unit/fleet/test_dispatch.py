@@ -81,7 +81,8 @@ def submits(prefix: str, n: int) -> list[Submit]:
 
 
 def output(rid: str, text: str, finished: bool = False, reason: str | None = None) -> RequestOutput:
-    return RequestOutput(rid, text, [7] * len(text), None, finished, reason,  # type: ignore[arg-type]
+    return RequestOutput(rid, text=text, token_ids=[7] * len(text), finished=finished,
+                         finish_reason=reason,  # type: ignore[arg-type]
                          prompt_tokens=3, completion_tokens=len(text), cached_tokens=2)
 
 

@@ -23,7 +23,7 @@ from llamafleet.model.demo import default_model_path
 from llamafleet.model.header import ModelInfo, read_model_info
 from llamafleet.placement.gpus import Inventory, empty_inventory, load_inventory
 
-INVENTORIES = Path(__file__).resolve().parents[2] / "examples" / "inventories"
+INVENTORIES = Path(__file__).resolve().parents[3] / "examples" / "inventories"
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,8 @@ def test_cpu_runs_everything_but_the_splits(model: ModelInfo) -> None:
     assert replica_set.concurrency == 1 and len(replica_set.specs) == 2
     # Only the variable under test differs: same threads, context and model everywhere.
     engines = [spec.engine for s in planned for spec in s.specs]
-    assert {(e.n_threads, e.n_ctx_per_seq, e.model_path, e.kv_type) for e in engines} == {(2, 512, "model.gguf", "f16")}
+    assert {(e.n_threads, e.n_ctx_per_seq, e.model_path, e.kv_cache_type) for e in engines} == {
+        (2, 512, "model.gguf", "f16")}
     assert {spec.label for s in planned for spec in s.specs} == {"CPU"}
 
 

@@ -11,13 +11,12 @@ from fastapi.testclient import TestClient
 
 from llamafleet.api.app import create_app
 from llamafleet.api.middleware import ApiKeysError, load_api_keys
-from llamafleet.api.service import Service
 from llamafleet.api.watchdog import leaking
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, EngineStats
-from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec, ReplicaState
+from llamafleet.fleet.replicas import ReplicaSpec, ReplicaState
 from llamafleet.fleet.router import QueueFullError, Router
+from one_model import one_model_service
 
 MODEL = "tiny-model"
 
@@ -65,9 +64,8 @@ def test_leak_is_reported_after_it_lasts_and_only_with_nothing_in_flight() -> No
 
 def _client(api_keys: frozenset[str] = frozenset(), admin_keys: frozenset[str] = frozenset(),
             **config: Any) -> TestClient:
-    specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
     cfg = FleetConfig.model_validate(config)
-    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512, cfg, api_keys, admin_keys)
+    service = one_model_service(MODEL, cfg=cfg, api_keys=api_keys, admin_keys=admin_keys)
     return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
 
 
@@ -135,8 +133,6 @@ def test_keys_load_from_env_and_file(tmp_path: Path) -> None:
 
 def test_watchdog_refuses_only_for_the_fleets_own_gpus() -> None:
     from llamafleet.api.watchdog import fleet_gpus, refusal
-    from llamafleet.engine.types import EngineConfig
-    from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.fleet.telemetry import GpuSample
 
     cfg = EngineConfig(model_path="m.gguf")
