@@ -152,7 +152,7 @@ def test_no_budget_is_spent_outside_the_think_block_or_after_the_model_closed_it
 
 
 def test_models_md_is_the_matrix_of_the_tests() -> None:
-    doc = Path(__file__).resolve().parents[2] / "docs" / "MODELS.md"
+    doc = Path(__file__).resolve().parents[3] / "docs" / "MODELS.md"
     assert doc.read_text(encoding="utf-8") == matrix(), "run: python tests/family_cases.py"
 
 
