@@ -7,7 +7,8 @@ then a ``tool_use`` block per tool call (split out by :mod:`~llamafleet.api.answ
 streaming), with Anthropic's
 ``stop_reason``; a stream sends Anthropic's named events (``message_start`` ... ``message_stop``). Errors on these
 routes use Anthropic's body (:mod:`llamafleet.api.errors` picks it by path). ``count_tokens`` asks a replica to
-tokenize the conversation through the real template without generating anything.
+tokenize the conversation through the real template without generating anything, as ``/tokenize`` does
+(:func:`~llamafleet.api.tokens.tokenized`).
 
 Which stop sequence ended an answer is found from the tokens' bytes (the engine cuts the stop string from the text):
 a request with ``stop_sequences`` therefore asks for its tokens' pieces, at the cost of a logprob per token.
@@ -25,14 +26,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from llamafleet.api.aggregate import Choice, collect, respond
+from llamafleet.api.aggregate import Choice, respond
 from llamafleet.api.answer import AnswerStreams, Split
 from llamafleet.api.anthropic_requests import CountTokensRequest, MessagesRequest
 from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.protocol import Event, NamedEvents, Usage, sse_event
 from llamafleet.api.service import ServiceDep
+from llamafleet.api.tokens import tokenized
 from llamafleet.api.tool_calls import ParsedCall
-from llamafleet.engine.types import ContextOverflow, FinishReason, SamplingParams
+from llamafleet.engine.types import ContextOverflow, FinishReason
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
 
@@ -255,10 +257,5 @@ async def count_tokens(body: CountTokensRequest, request: Request, service: Serv
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     body.served_by(service.model_serving)
-    group = service.submit([Submit(f"count-{uuid.uuid4().hex}", SamplingParams(), chat=body.turns(),
-                                   tools=body.tool_chat(), count_only=True)])
-    try:
-        (choice,) = await collect(group, request)
-    finally:
-        group.close()
-    return TokenCount(input_tokens=choice.generation.prompt_tokens)
+    counted = await tokenized(service, request, chat=body.turns(), tools=body.tool_chat())
+    return TokenCount(input_tokens=counted.prompt_tokens)

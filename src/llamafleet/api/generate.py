@@ -25,11 +25,11 @@ async def generate(body: GenerateRequest, request: Request, response: Response,
     t0 = time.perf_counter()
     service = await service.for_model(service.model_name)  # no 'model' field: the first configured model
     group = service.submit([Submit(f"gen-{uuid.uuid4().hex}", body.sampling(), prompt=body.prompt)])
-    response.headers[REPLICAS_HEADER] = str(group.replicas[0])
     try:
         (choice,) = await collect(group, request)
     finally:
         group.close()
+    response.headers[REPLICAS_HEADER] = str(group.replicas[0])  # where it ran (it may have moved, see Dispatcher)
     t_end = time.perf_counter()
     done = choice.generation
     first = choice.first_token_at or t_end

@@ -8,21 +8,23 @@ The model's thinking (:mod:`~llamafleet.api.answer`) comes first, as a ``reasoni
 one ``reasoning_text`` (streamed as ``response.reasoning_text.delta`` events). With tools or reasoning the message
 item is opened only once there is text to send (a call may come first, and a forced answer has none), and each call
 follows as its own item when the answer ends (``response.output_item.added``, one
-``response.function_call_arguments.delta`` with the whole arguments, ``.done``, ``response.output_item.done``). The
-server is stateless: nothing is stored, so ``previous_response_id`` (and ``conversation``) are refused with a 400 that
-says so, and ``store`` is accepted and ignored. Logprobs (``include: ["message.output_text.logprobs"]``,
-``top_logprobs``) go on the ``output_text`` part, and on each text delta for the tokens its text came from.
+``response.function_call_arguments.delta`` with the whole arguments, ``.done``, ``response.output_item.done``).
+A finished response is kept (unless ``store`` is false) for ``previous_response_id`` and the ``GET``/``DELETE``
+routes, by its API key (:mod:`~llamafleet.api.response_store`); ``conversation`` objects are refused. Logprobs
+(``include: ["message.output_text.logprobs"]``, ``top_logprobs``) go on the ``output_text`` part, and on each text
+delta for the tokens its text came from.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
@@ -30,6 +32,7 @@ from llamafleet.api.answer import AnswerStreams, Split
 from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.logprobs import chat_logprobs
 from llamafleet.api.protocol import Event, NamedEvents, TokenLogprob, Usage, sse_event
+from llamafleet.api.response_store import owner_of
 from llamafleet.api.responses_requests import ResponsesRequest, Status
 from llamafleet.api.service import ServiceDep
 from llamafleet.api.tool_calls import ParsedCall, call_id
@@ -112,8 +115,8 @@ class ResponseObject(BaseModel):
     model: str
     output: list[OutputItem]
     parallel_tool_calls: bool
-    previous_response_id: None = None
-    store: bool = False
+    previous_response_id: str | None = None
+    store: bool = True
     temperature: float
     top_p: float
     text: dict[str, Any] = {"format": {"type": "text"}}
@@ -139,6 +142,7 @@ class ResponseRenderer(NamedEvents):
     model: str
     created: int
     answers: AnswerStreams | None = None  # splits reasoning and calls out of the answer (None: all is text)
+    keep: Callable[[ResponseObject], None] | None = None  # stores the finished response (None: store is false)
     text: str = ""  # streamed so far (the ``done`` events repeat it whole)
     thought: str = ""  # the reasoning streamed so far
     reasoned: bool = False  # the reasoning item was added (it is output 0)
@@ -166,6 +170,7 @@ class ResponseRenderer(NamedEvents):
             id=self.rid, created_at=self.created, status=_status(finish), instructions=b.instructions,
             incomplete_details={"reason": "max_output_tokens"} if finish == "length" else None,
             max_output_tokens=b.max_output_tokens, model=self.model, output=items, temperature=b.temperature,
+            previous_response_id=b.previous_response_id, store=self.keep is not None,
             top_p=b.top_p, parallel_tool_calls=b.parallel_tool_calls, top_logprobs=b.top_logprobs,
             tool_choice=b.model_dump(include={"tool_choice"})["tool_choice"],
             tools=[t.model_dump(exclude_none=True) for t in b.tools],
@@ -279,10 +284,15 @@ class ResponseRenderer(NamedEvents):
                 events += self._call_events(FunctionCallOut.of(call))
         return events
 
+    def _kept(self, response: ResponseObject) -> ResponseObject:
+        if self.keep is not None:
+            self.keep(response)
+        return response
+
     def closing(self, usage: Usage) -> list[Event]:
         kind = "response.incomplete" if self.finish == "length" else "response.completed"
         output = self._output(self.text if self.opened else None, self.items, self.finish, self.logprobs, self.thought)
-        return [self._event(kind, response=self._response(output, self.finish, usage))]
+        return [self._event(kind, response=self._kept(self._response(output, self.finish, usage)))]
 
     def whole(self, choices: list[Choice], usage: Usage) -> ResponseObject:
         (choice,) = choices
@@ -292,7 +302,7 @@ class ResponseRenderer(NamedEvents):
         lps = chat_logprobs(choice.pieces, gen)
         output = self._output(part.content, [FunctionCallOut.of(c) for c in part.calls], gen.finish_reason,
                               [] if lps is None else lps.content, part.reasoning)
-        return self._response(output, gen.finish_reason, usage)
+        return self._kept(self._response(output, gen.finish_reason, usage))
 
     def failed(self, error: ApiError) -> str:
         return sse_event(self._event("error", code=error.code, message=error.message, param=error.param))
@@ -302,9 +312,54 @@ class ResponseRenderer(NamedEvents):
 async def create_response(body: ResponsesRequest, request: Request, service: ServiceDep) -> Response:
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
+    store, owner = service.responses, owner_of(request.scope)
+    previous = body.previous_response_id
+    history = () if previous is None else store.get(previous, owner, "previous_response_id").conversation
+    inputs = (*history, *body.input_items())
+    body = body.continuing(inputs) if history else body
     rid = f"resp_{uuid.uuid4().hex}"
     body.served_by(service.model_serving)
+
+    def keep(response: ResponseObject) -> None:
+        store.put(rid, owner, response.model_dump(), inputs)
+
     group = service.submit([Submit(rid, body.sampling(), chat=body.turns(), tools=body.tool_chat())])
     answers = AnswerStreams.over(service.family, body.callable, body.forced)
-    render = ResponseRenderer(body, rid, service.model_name, int(time.time()), answers)
+    render = ResponseRenderer(body, rid, service.model_name, int(time.time()), answers,
+                              keep if body.stored else None)
     return await respond(group, render, request, body.stream, 1)
+
+
+@routes.get("/v1/responses/{rid}", response_model=ResponseObject)
+async def get_response(rid: str, request: Request, service: ServiceDep, stream: bool = False) -> JSONResponse:
+    """A stored response as it finished (``stream=true`` would replay its events: not kept, so refused)."""
+    if stream:
+        raise ApiError(400, "'stream': stored responses are kept whole, not as their events; retrieve without "
+                            "stream", param="stream", code="unsupported_parameter")
+    return JSONResponse(service.responses.get(rid, owner_of(request.scope)).response)
+
+
+@routes.delete("/v1/responses/{rid}")
+async def delete_response(rid: str, request: Request, service: ServiceDep) -> dict[str, Any]:
+    service.responses.delete(rid, owner_of(request.scope))
+    return {"id": rid, "object": "response.deleted", "deleted": True}
+
+
+@routes.get("/v1/responses/{rid}/input_items")
+async def input_items(rid: str, request: Request, service: ServiceDep, limit: int = Query(20, ge=1, le=100),
+                      order: Literal["asc", "desc"] = "desc", after: str | None = None,
+                      before: str | None = None) -> dict[str, Any]:
+    """The items a stored response was generated from (the conversation it continued first), a page at a time:
+    ``limit`` items after the item ``after`` (or before ``before``) in ``order``."""
+    items = list(service.responses.get(rid, owner_of(request.scope)).inputs)
+    if order == "desc":
+        items.reverse()
+    ids = [item["id"] for item in items]
+    for cursor, param in ((after, "after"), (before, "before")):
+        if cursor is not None and cursor not in ids:
+            raise ApiError(400, f"'{param}': no input item '{cursor}' in response '{rid}'", param=param)
+    start = 0 if after is None else ids.index(after) + 1
+    end = len(items) if before is None else ids.index(before)
+    page = items[start:end][:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": start + len(page) < end}

@@ -8,14 +8,21 @@ a ``function_call_output`` item becomes a ``role: "tool"`` message. Function too
 ``parameters`` beside ``type``) become chat's :class:`~llamafleet.api.tools.Tool`, ``tool_choice`` chat's, so the
 tools are shown, forced and parsed exactly as on ``/v1/chat/completions``. Hosted tools (web search, file search,
 computer use, ...) need services this server does not run, and are refused by their type.
+
+A request that continues a stored response (``previous_response_id``, see :mod:`~llamafleet.api.response_store`)
+becomes one whose input is that response's conversation followed by its own items
+(:meth:`ResponsesRequest.continuing`); each item is kept in the canonical shape ``GET /v1/responses/{id}/input_items``
+lists (:meth:`ResponsesRequest.input_items`).
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator
 
 from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.openai_requests import (
@@ -48,9 +55,14 @@ from llamafleet.fleet.messages import ChatTurn
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 LOGPROBS = "message.output_text.logprobs"  # the ``include`` value that asks for logprobs
-STATELESS = ("this server is stateless: it stores no responses or conversations, so send the whole conversation in "
-             "'input' (and null here)")
+NOT_KEPT = ("conversation objects and stored items are not kept here: continue a stored response with "
+            "'previous_response_id', or send the whole conversation in 'input'")
 Status = Literal["in_progress", "completed", "incomplete"]
+JsonItem = dict[str, Any]
+
+
+def _item_id(prefix: str, given: str | None) -> str:
+    return given or f"{prefix}_{uuid.uuid4().hex}"
 
 
 def _text(content: str | list[Block], where: str) -> str:
@@ -75,6 +87,15 @@ class MessageItem(Body):
     def message(self, where: str) -> ChatMessage:
         return ChatMessage(role=self.role, content=_text(self.content, f"{where}.content"))
 
+    def stored(self, where: str) -> JsonItem:
+        """The item as ``input_items`` lists it: its text as one part (the assistant's as ``output_text``)."""
+        text = _text(self.content, f"{where}.content")
+        part = {"type": "output_text", "text": text, "annotations": []} if self.role == "assistant" \
+            else {"type": "input_text", "text": text}
+        given = (self.model_extra or {}).get("id")
+        return {"id": _item_id("msg", given if isinstance(given, str) else None), "type": "message",
+                "role": self.role, "content": [part], "status": "completed"}
+
 
 class FunctionCallItem(Body):
     """A call the model made earlier (an output item sent back as input)."""
@@ -93,6 +114,10 @@ class FunctionCallItem(Body):
         return ToolCall(id=self.call_id, type="function", function=CalledFunction(name=self.name,
                                                                                   arguments=self.arguments))
 
+    def stored(self, where: str) -> JsonItem:
+        return {"id": _item_id("fc", self.id), "type": "function_call", "call_id": self.call_id, "name": self.name,
+                "arguments": self.arguments, "status": self.status or "completed"}
+
 
 class FunctionCallOutputItem(Body):
     """The result of an earlier call: a ``role: "tool"`` message answering ``call_id``."""
@@ -110,6 +135,28 @@ class FunctionCallOutputItem(Body):
     def message(self, where: str) -> ChatMessage:
         return ChatMessage(role="tool", tool_call_id=self.call_id, content=_text(self.output, f"{where}.output"))
 
+    def stored(self, where: str) -> JsonItem:
+        return {"id": _item_id("fco", self.id), "type": "function_call_output", "call_id": self.call_id,
+                "output": _text(self.output, f"{where}.output"), "status": self.status or "completed"}
+
+
+class ReasoningItem(Body):
+    """An earlier answer's reasoning (a ``reasoning`` output item sent back): given to the template with the
+    assistant turn that follows it, which replays or drops it as the model expects."""
+
+    model_config = ConfigDict(strict=True, extra="allow")  # summary, encrypted_content, ...: not read
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    content: list[Block] = []
+
+    def text(self) -> str:
+        return "".join(part.text or "" for part in self.content if part.type == "reasoning_text")
+
+    def stored(self, where: str) -> JsonItem:
+        return {"id": _item_id("rs", self.id), "type": "reasoning", "summary": [],
+                "content": [{"type": "reasoning_text", "text": self.text()}], "status": "completed"}
+
 
 class OtherItem(Body):
     """Any other item kind, accepted here so that the refusal can name it."""
@@ -120,29 +167,41 @@ class OtherItem(Body):
 
     def refusal(self, where: str) -> ApiError:
         if self.type == "item_reference":
-            return ApiError(400, f"'{where}': item references need stored items; {STATELESS}", param=where)
+            return ApiError(400, f"'{where}': item references are not supported: {NOT_KEPT}", param=where)
         return ApiError(400, f"'{where}': {self.type} items are not supported; send messages, function_call and "
                              "function_call_output items", param=where)
 
 
 def _item_kind(v: Any) -> str:
     kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
-    return kind if kind in ("message", "function_call", "function_call_output") else "other"
+    return kind if kind in ("message", "function_call", "function_call_output", "reasoning") else "other"
 
 
 Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[OtherItem, Tag("other")],
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                 | Annotated[ReasoningItem, Tag("reasoning")] | Annotated[OtherItem, Tag("other")],
                  Discriminator(_item_kind)]
+ITEMS: TypeAdapter[list[Item]] = TypeAdapter(list[Item])
 
 
 def chat_messages(items: list[Item]) -> list[ChatMessage]:
-    """The chat messages of ``items``: calls join the assistant message (or calls) just before them, as one turn."""
+    """The chat messages of ``items``: calls join the assistant message (or calls) just before them, as one turn; a
+    reasoning item's text goes with the assistant turn after it."""
     messages: list[ChatMessage] = []
+    thought: str | None = None
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if isinstance(item, OtherItem):
             raise item.refusal(where)
-        if not isinstance(item, FunctionCallItem):
+        if isinstance(item, ReasoningItem):
+            thought = (thought or "") + item.text()
+            continue
+        if thought is not None and (isinstance(item, FunctionCallItem) or getattr(item, "role", "") == "assistant"):
+            message = item.message(where) if not isinstance(item, FunctionCallItem) else \
+                ChatMessage(role="assistant", content=None, tool_calls=[item.call()])
+            messages.append(message.model_copy(update={"reasoning_content": thought}))
+            thought = None
+        elif not isinstance(item, FunctionCallItem):
             messages.append(item.message(where))
         elif messages and messages[-1].role == "assistant":
             last = messages[-1]
@@ -227,14 +286,14 @@ class ResponsesRequest(ToolRequest):
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
     include: list[str] = []
     previous_response_id: str | None = None
+    store: bool | None = None  # null = true, OpenAI's default: the response is kept for previous_response_id
     conversation: str | dict[str, Any] | None = None
     background: bool = False
     prompt: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None  # its "effort" goes to the chat template (see template_kwargs)
     chat_template_kwargs: dict[str, Any] | None = None
-    # accepted, ignored: nothing is stored or billed here, and max_tool_calls bounds calls of hosted tools, none of
-    # which run here
-    store: bool | None = None
+    # accepted, ignored: nothing is billed here, and max_tool_calls bounds calls of hosted tools, none of which run
+    # here
     metadata: dict[str, str] | None = None
     user: str | None = None
     service_tier: str | None = None
@@ -254,11 +313,30 @@ class ResponsesRequest(ToolRequest):
     def not_yet(self) -> NotYet:
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
         return [
-            ("previous_response_id", self.previous_response_id is not None, STATELESS),
-            ("conversation", self.conversation is not None, STATELESS),
+            ("conversation", self.conversation is not None, NOT_KEPT),
             ("background", self.background, "every response is answered while the request waits"),
             ("prompt", self.prompt is not None, "stored prompt templates are not kept here; send the text"),
         ]
+
+    @property
+    def stored(self) -> bool:
+        """Whether the response is to be kept (``store`` true or left out)."""
+        return self.store is not False
+
+    def input_items(self) -> tuple[JsonItem, ...]:
+        """This request's input as the items ``input_items`` lists (a string input is one user message); 400 naming
+        the first item or part that cannot be read."""
+        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        stored = []
+        for i, item in enumerate(items):
+            if isinstance(item, OtherItem):
+                raise item.refusal(f"input[{i}]")
+            stored.append(item.stored(f"input[{i}]"))
+        return tuple(stored)
+
+    def continuing(self, conversation: Sequence[JsonItem]) -> ResponsesRequest:
+        """This request with ``conversation`` (stored items, this request's own last) as its whole input."""
+        return self.model_copy(update={"input": ITEMS.validate_python(list(conversation))})
 
     @property
     def logprobs(self) -> bool:

@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
               f"others load on their first request; {_url(cfg)}/ready answers 200 once the pinned ones are up",
               flush=True)
     else:
-        n = sum(len(d.replicas) for _, d in service.dispatchers())
+        n = len(service.snapshot().replicas())
         what = f"'{service.model_name}' with {n} replica(s)"
         print(f"llamafleet: loading '{service.model_name}' as {n} replica(s), one at a time; "
               f"{_url(cfg)}/ready answers 200 once all are up", flush=True)

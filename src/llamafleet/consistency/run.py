@@ -195,6 +195,9 @@ class _Collector:
         for rid in [rid for rid, (r, _, _) in self._pending.items() if r == replica]:
             self._fail(rid, reason)
 
+    def replica_suspect(self, replica: int, suspect: bool) -> None:
+        pass  # each replica answers its own prompts: there is nowhere else to send them
+
     def replica_output(self, replica: int, msg: StepOutputs) -> None:
         for rej in msg.rejected:
             self._fail(rej.request_id, f"the worker refused the prompt: {rej.message}")

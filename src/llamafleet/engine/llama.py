@@ -241,14 +241,31 @@ class Model(_Native):
         tmpl = lc.llama_model_chat_template(self.ptr, None if name is None else name.encode())
         return tmpl.decode("utf-8", errors="replace") if tmpl else None
 
+    @property
+    def bos(self) -> int:
+        """The BOS token's id (-1 when the model has none)."""
+        return int(lc.llama_vocab_bos(self.vocab))
+
+    def fim_tokens(self) -> tuple[int, int, int, int, int]:
+        """The fill-in-the-middle token ids (prefix, suffix, middle, repository, file separator); -1 for none."""
+        v = self.vocab
+        return (int(lc.llama_vocab_fim_pre(v)), int(lc.llama_vocab_fim_suf(v)), int(lc.llama_vocab_fim_mid(v)),
+                int(lc.llama_vocab_fim_rep(v)), int(lc.llama_vocab_fim_sep(v)))
+
+    def special_piece(self, token: int) -> bytes:
+        """The bytes of ``token`` with control tokens written out as their text (``<|im_start|>``), as a prompt's
+        text shows them."""
+        if self.pieces[token]:
+            return self.pieces[token]
+        buf = ctypes.create_string_buffer(256)
+        n = lc.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+        return buf.raw[:n] if n > 0 else b""
+
     def special_texts(self) -> tuple[str, str]:
         """The text of the BOS and EOS tokens, as chat templates write them (empty when the model has none)."""
-        buf = ctypes.create_string_buffer(256)
-        texts = []
-        for t in (lc.llama_vocab_bos(self.vocab), lc.llama_vocab_eos(self.vocab)):
-            n = lc.llama_token_to_piece(self.vocab, t, buf, 256, 0, True) if t >= 0 else 0
-            texts.append(buf.raw[:n].decode("utf-8", errors="replace") if n > 0 else "")
-        return texts[0], texts[1]
+        bos, eos = (self.special_piece(t).decode("utf-8", errors="replace") if t >= 0 else ""
+                    for t in (self.bos, int(lc.llama_vocab_eos(self.vocab))))
+        return bos, eos
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Format ``messages`` with the GGUF's own template (llama.cpp recognises the common families)."""

@@ -174,6 +174,7 @@ class _Result:
     error: str | None = None
     prompt_logprobs: PromptLogprobs | None = None
     embeddings: list[bytes] | None = None  # an embedding request's vectors, one per input (see EmbeddingRequest)
+    prompt_ids: list[int] | None = None  # a request only tokenized: its prompt's tokens (nothing is generated)
 
 
 @dataclass(kw_only=True)
@@ -264,6 +265,7 @@ class Generation(_Result):
         self.prompt_logprobs = out.prompt_logprobs or self.prompt_logprobs
         self.token_bytes.update(out.token_bytes or {})
         self.embeddings = out.embeddings or self.embeddings
+        self.prompt_ids = self.prompt_ids if out.prompt_ids is None else out.prompt_ids
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens

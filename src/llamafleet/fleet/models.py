@@ -100,7 +100,7 @@ def new_dispatcher(specs: list[ReplicaSpec], cfg: FleetConfig, metrics: FleetMet
     """The replica set of ``specs`` behind a router and a dispatcher, as ``cfg`` sets them; ``replica_prefix``
     starts its replicas' metric labels ("" for a lone model, "chat/" for several); ``launcher`` starts its workers
     (default: child processes here)."""
-    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, load_lock, launcher)
+    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, load_lock, launcher, cfg.suspect_after_s)
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
     return Dispatcher(replicas, router, metrics, model=model, replica_prefix=replica_prefix)
 

@@ -96,15 +96,17 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
     """Why ``member`` cannot serve ``msg`` as asked, worded for the client; None if it can.
 
     What this relay does not carry: embeddings (they go to local replicas). What an OpenAI-compatible upstream cannot
-    express: counting tokens (it needs the model's tokenizer), scoring the
+    express: tokenizing and fill-in-the-middle (they need the model's tokenizer), scoring the
     prompt (echo with logprobs) and, for an upstream that is not a llama.cpp server, a grammar, ``ignore_eos`` and
     llama.cpp's sampling fields set to other than their defaults (at their defaults they are left out: the
     upstream's own sampler applies)."""
     p = msg.params
     if msg.embed is not None:
         return "embeddings are not relayed to remote members"
-    if msg.count_only:
-        return "counting tokens needs the model's tokenizer, which a remote member does not expose"
+    if msg.infill is not None:
+        return "fill-in-the-middle needs the model's own FIM tokens, which a remote member does not expose"
+    if msg.tokenize_only:
+        return "tokenizing needs the model's tokenizer, which a remote member does not expose"
     if p.prompt_logprobs:
         return "prompt logprobs (echo with logprobs) are not relayed to remote members"
     if p.think_budget is not None and (msg.chat is None or not member.llama_cpp):

@@ -207,13 +207,14 @@ def test_responses_request_becomes_chat_turns() -> None:
 
 
 @pytest.mark.parametrize(("change", "param", "words"), [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
+    ({"conversation": "conv_1"}, "conversation", "continue a stored response with 'previous_response_id'"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "item references are not supported"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]", "web_search tools are not supported"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"patternProperties": {}}}}},
      "text.format.schema", "'patternProperties' (at patternProperties) cannot be enforced"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0]", "input_image content is not supported"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", "reasoning items are not supported"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0]", "web_search_call items are not supported"),
 ])
 def test_responses_refusals_name_the_parameter(client: TestClient, change: dict[str, Any], param: str,
                                                words: str) -> None:

@@ -197,3 +197,14 @@ def test_reasoning_is_an_item_before_the_message_streamed_and_whole() -> None:
     whole = Response.model_validate(ResponseRenderer(req, "resp_1", MODEL, 0, answers).whole([choice], USAGE)
                                     .model_dump())
     assert [_shape(i) for i in whole.output] == [_shape(i) for i in final.output]
+
+
+def test_reasoning_items_sent_back_go_with_the_assistant_turn_after_them() -> None:
+    req = _request(input=[
+        {"role": "user", "content": "Weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Call."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "21 C"},
+    ], tools=[WEATHER])
+    assert [m.reasoning_content for m in req.messages] == [None, "Call.", None]
+    assert [i["type"] for i in req.input_items()] == ["message", "reasoning", "function_call", "function_call_output"]

@@ -24,8 +24,9 @@ def _service(model_path: Path) -> Service:
     cfg = FleetConfig(parallel=4, context_length=512)
     plan = make_plan(read_model_info(model_path), load_inventory(ROOT / "examples/inventories/2x24gb-pcie.yaml"), cfg)
     svc = one_model_service("demo", plan_specs(plan, cfg, str(model_path)), cfg, plan=plan)
-    svc.gpus = [GpuSample(0, "RTX 4090", 3 * GiB, 24 * GiB, 40.0), GpuSample(1, "RTX 4090", 2 * GiB, 24 * GiB, None),
-                GpuSample(2, "someone else's", 1 * GiB, 8 * GiB, 0.0)]
+    svc.watchdog.gpus = [GpuSample(0, "RTX 4090", 3 * GiB, 24 * GiB, 40.0),
+                         GpuSample(1, "RTX 4090", 2 * GiB, 24 * GiB, None),
+                         GpuSample(2, "someone else's", 1 * GiB, 8 * GiB, 0.0)]
     return svc
 
 
@@ -52,7 +53,8 @@ def test_a_stopped_replica_goes_on_the_errors_list_once(model_path: Path) -> Non
     svc = _service(model_path)
     dash = Dashboard(svc)
     dash.sample()
-    ((_, dispatcher),) = svc.dispatchers()
+    dispatcher = svc.model.dispatcher
+    assert dispatcher is not None
     state = dispatcher.replicas.states[1]
     state.last_error, state.restarts = "worker exited (killed by SIGKILL)", 1
     dash.sample()

@@ -96,7 +96,7 @@ def test_what_a_provider_that_is_not_llama_cpp_cannot_relay() -> None:
     assert unrelayable(grammar, llama) is None
     assert "top_k" in (unrelayable(Submit("r", SamplingParams(top_k=5), prompt="x"), provider) or "")
     for refused in (Submit("r", SamplingParams(max_tokens=0, prompt_logprobs=True), prompt="x"),
-                    Submit("r", SamplingParams(), prompt="x", count_only=True)):
+                    Submit("r", SamplingParams(), prompt="x", tokenize_only=True)):
         assert unrelayable(refused, llama)
 
 
