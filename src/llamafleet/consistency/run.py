@@ -37,6 +37,7 @@ from llamafleet.config import FleetConfig
 from llamafleet.consistency.compare import Answer, Thresholds, compare_all, judge, summarize
 from llamafleet.consistency.prompts import Prompt
 from llamafleet.consistency.report import ConfigResult, Report
+from llamafleet.engine.cores import default_threads
 from llamafleet.engine.types import EngineConfig, Generation, SamplingParams
 from llamafleet.fleet.messages import Ready, StepOutputs, Submit
 from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
@@ -102,7 +103,7 @@ class Setup:
 
 def threads_per_worker(cfg: FleetConfig) -> int:
     """The CPU threads every worker gets: the same for all, so thread count is never what differs."""
-    return cfg.threads or len(os.sched_getaffinity(0))
+    return cfg.threads or default_threads()
 
 
 def usable_inventory(inventory: Inventory, gpu_build: Callable[[], bool]) -> Inventory:

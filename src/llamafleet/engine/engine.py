@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import random
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from typing import Self
 import numpy as np
 
 from llamafleet.engine.budget import ThinkBudget
+from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
 from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
@@ -58,7 +58,7 @@ class Engine(TextSide):
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
         self.cfg = cfg
-        threads = cfg.n_threads or max(1, os.cpu_count() or 1)
+        threads = cfg.n_threads or default_threads()
         self.model = Model(cfg, progress)
         ctx_cfg = EngineConfig(**{**cfg.__dict__, "n_threads": threads})
         try:

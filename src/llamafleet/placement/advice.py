@@ -45,7 +45,8 @@ def how_to_fit(model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, usable: Se
     out = []
     where = "RAM" if host else f"the {len(usable)} selected GPU(s)"
     if weights > avail:
-        out.append(f"the weights alone need {mib(weights)} MiB but {where} offer {max(0, mib(avail))} MiB after "
+        out.append(f"the weights alone need {mib(weights)} MiB but {where} {'offers' if host else 'offer'} "
+                   f"{max(0, mib(avail))} MiB after "
                    "the margin and compute buffers")
         q4 = model.n_params * Q4_0_BITS / 8
         if q4 < model.weights_bytes * 0.9:

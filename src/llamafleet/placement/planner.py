@@ -24,11 +24,11 @@ configuration's part of it mapped by :func:`engine_config`.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llamafleet.config import FleetConfig
+from llamafleet.engine.cores import default_threads
 from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
@@ -99,7 +99,8 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         notes.warnings.append(f"context_length {ctx.n_ctx_per_seq} exceeds the {model.n_ctx_train} tokens the model "
                               "was trained on; answers past that length degrade")
     notes.reasons.append(
-        f"{model.name} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, {model.n_layer} layers); "
+        f"{cfg.served_name(model.path)} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, "
+        f"{model.n_layer} layers); "
         f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
     )
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
@@ -138,7 +139,7 @@ def _plan(*, model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, notes: _Note
     return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
                 n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
                 budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
-                model=model.name)
+                model=cfg.served_name(model.path))
 
 
 def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextShape, notes: _Notes,
@@ -406,7 +407,7 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in r.gpus)}
     threads = cfg.threads
     if plan.device == "cpu" and threads is None:
-        threads = max(1, len(os.sched_getaffinity(0)) // len(plan.replicas))
+        threads = default_threads(len(plan.replicas))
     return env, engine_config(
         cfg, model_path, n_seq=plan.n_seq, n_ctx_per_seq=plan.n_ctx_per_seq, n_batch=plan.n_batch,
         n_ubatch=plan.n_ubatch, n_threads=threads,
