@@ -204,6 +204,16 @@ class FleetConfig(BaseModel):
         10.0, ge=0, description="at a stop signal, running requests get this long to finish; then they end with 503"
     )
 
+    # Reasoning models (see docs/MODELS.md).
+    reasoning_budget: int | None = Field(
+        None, ge=1, description="tokens a thinking model may spend in its think block when a request sets no budget "
+        "(then the block is closed with the model's own end marker); unset: no limit"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="variables every chat template gets unless a request sets them (e.g. "
+        "{enable_thinking: false})"
+    )
+
     # Access.
     api_keys_file: str | None = Field(
         None, description="file of API keys, one per line ('#' comments); with LLAMAFLEET_API_KEYS, turns auth on"

@@ -27,7 +27,7 @@ NON_DEFAULT: dict[str, Any] = {
     "repeat_penalty": 1.3,
     "presence_penalty": 0.5, "frequency_penalty": -0.5, "penalty_last_n": 16, "seed": 3, "stop": ("x",),
     "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "prompt_logprobs": True, "grammar": 'root ::= "a"',
-    "logit_bias": ((5, 2.0),),
+    "logit_bias": ((5, 2.0),), "think_budget": 3,
 }
 NEEDS: dict[str, dict[str, Any]] = {"top_logprobs": {"logprobs": True}}  # what a value needs beside it
 WIRE: dict[str, Any] = {"stop": ["x"], "logit_bias": {"5": 2.0}}  # the JSON of a value, where it differs
@@ -82,9 +82,9 @@ OWN_DEFAULTS = {("infill", "temperature"), ("infill", "top_p")}  # llama-server'
 # OpenAI's bodies for the fields whose parameter is shaped differently, per route (None: the route cannot set it)
 OPENAI_SHAPES: dict[str, dict[str, dict[str, Any] | None]] = {
     "chat": {"logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 2},
-             "prompt_logprobs": None},
+             "prompt_logprobs": None, "think_budget": {"reasoning_budget": 3}},
     "completions": {"logprobs": {"logprobs": 0}, "top_logprobs": {"logprobs": 2},
-                    "prompt_logprobs": {"echo": True, "logprobs": 0}},
+                    "prompt_logprobs": {"echo": True, "logprobs": 0}, "think_budget": None},
 }
 
 

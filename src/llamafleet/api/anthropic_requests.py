@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.openai_requests import ChatMessage, chat_turns, tool_chat
+from llamafleet.api.openai_requests import ChatMessage, chat_turns, constrained, tool_chat
 from llamafleet.api.protocol import DEFAULTS, Block, check_stops, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
@@ -32,6 +32,7 @@ from llamafleet.api.tools import (
     Tool,
     ToolCall,
     ToolChoice,
+    ToolRequest,
     calls_grammar,
     offered,
 )
@@ -39,7 +40,7 @@ from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import SamplingParams
 from llamafleet.fleet.messages import ChatTurn
 
-SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier turns' reasoning: not shown to the model again
+SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier turns' reasoning: given to the template apart
 TOOL_ERROR = "Error: "  # what a tool_result with is_error: true is prefixed with
 
 
@@ -118,8 +119,11 @@ class AnthropicMessage(Body):
         calls = [b.call() for b in self.content if isinstance(b, ToolUse)]
         results = [b.message(f"{where}[{i}]") for i, b in enumerate(self.content) if isinstance(b, ToolResult)]
         text = _text(self.content, where)
-        if calls:
-            return [ChatMessage(role="assistant", content=text or None, tool_calls=calls)]
+        thought = "".join(str(getattr(b, "thinking", "")) for b in self.content
+                          if isinstance(b, Block) and b.type == "thinking") or None
+        if calls or (thought and self.role == "assistant"):  # the template replays or drops the thinking
+            return [ChatMessage(role="assistant", content=text or None if calls else text, tool_calls=calls,
+                                reasoning_content=thought)]
         return results + ([ChatMessage(role=self.role, content=text)] if text or not results else [])
 
 
@@ -153,7 +157,7 @@ class AnthropicToolChoice(Body):
         return "required" if self.type == "any" else self.type
 
 
-class CountTokensRequest(Body):
+class CountTokensRequest(ToolRequest):
     """What ``count_tokens`` and ``messages`` share: the conversation, and the options about it."""
 
     model: str
@@ -163,8 +167,9 @@ class CountTokensRequest(Body):
     tool_choice: AnthropicToolChoice = AnthropicToolChoice(type="auto")
     output_config: dict[str, Any] = {}
     mcp_servers: list[Any] = []
-    # accepted, ignored: no thinking blocks come back; no prompt cache to control (nothing is billed)
-    thinking: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # {"type": "enabled" | "disabled", ...}: enable_thinking for the template
+    chat_template_kwargs: dict[str, Any] | None = None
+    # accepted, ignored: no prompt cache to control (nothing is billed)
     cache_control: dict[str, Any] | None = None
 
     @cached_property
@@ -189,8 +194,13 @@ class CountTokensRequest(Body):
         return chat_turns(self.conversation, self.callable)
 
     def tool_chat(self) -> ToolChat | None:
-        """The same conversation for a model whose own template shows tools, as chat's."""
-        return tool_chat(self.conversation, self.callable)
+        """The same conversation for a model whose own template shows tools or is of a known family, as chat's;
+        ``thinking`` sets the template's ``enable_thinking``."""
+        kwargs = self.template_kwargs(self.chat_template_kwargs, None, "chat_template_kwargs")
+        kind = (self.thinking or {}).get("type")
+        if kind in ("enabled", "disabled"):
+            kwargs.setdefault("enable_thinking", kind == "enabled")
+        return tool_chat(self.conversation, self.callable, self.family, kwargs)
 
     def not_yet(self) -> NotYet:
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
@@ -224,4 +234,14 @@ class MessagesRequest(CountTokensRequest):
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, stop=tuple(self.stop_sequences),
                               logprobs=bool(self.stop_sequences),
-                              grammar=calls_grammar(self.callable, many) if self.forced else None)
+                              grammar=constrained(calls_grammar(self.callable, many, self.family) if self.forced
+                                                  else None, self.grammar, False, "tool_choice"),
+                              think_budget=self.think_budget())
+
+    def think_budget(self) -> int | None:
+        """``thinking.budget_tokens`` (with ``type: "enabled"``), or the server's budget."""
+        given = (self.thinking or {}).get("budget_tokens") if (self.thinking or {}).get("type") == "enabled" \
+            else None
+        if given is not None and not isinstance(given, int):
+            raise ApiError(400, "'thinking.budget_tokens' must be an integer", param="thinking.budget_tokens")
+        return self.budget(given, self.max_tokens, "thinking.budget_tokens")

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
+from llamafleet.api.answer import AnswerStreams, Split
 from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.logprobs import chat_logprobs, prompt_text, text_logprobs
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
@@ -33,7 +34,7 @@ from llamafleet.api.protocol import (
     sse,
 )
 from llamafleet.api.service import ServiceDep
-from llamafleet.api.tool_calls import CallStreams, call_deltas, calls_out, finish_reason, parse
+from llamafleet.api.tool_calls import call_deltas, calls_out, finish_reason
 from llamafleet.engine.types import ContextOverflow, PromptLogprobs
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
@@ -83,7 +84,7 @@ class _Renderer:
 
 @dataclass(frozen=True)
 class ChatRenderer(_Renderer):
-    calls: CallStreams | None = None  # the tools whose calls are parsed out of the answers (None: no tools)
+    answers: AnswerStreams | None = None  # splits reasoning and calls out of the answers (None: all is content)
 
     def overflow(self, overflow: ContextOverflow) -> ApiError:
         return context_error(overflow, "messages")
@@ -100,12 +101,15 @@ class ChatRenderer(_Renderer):
             return []
         out = delta.output
         lps = chat_logprobs(delta.pieces or [], out) if self.logprobs else None
-        text, calls = (out.text, []) if self.calls is None else self.calls.feed(index, out.text, out.finished)
-        if not (text or calls or out.finished or lps):
-            return []  # held back: it may be the start of a tool call
-        return [self._chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=text or None,
-                                                                          tool_calls=call_deltas(calls)),
-                                             logprobs=lps, finish_reason=finish_reason(calls, out.finish_reason))])]
+        part = Split(content=out.text) if self.answers is None else \
+            self.answers.feed(index, out.text, out.finished, out.finish_reason == "length")
+        if not (part.content or part.reasoning or part.calls or out.finished or lps):
+            return []  # held back: it may be the start of a tool call or a marker
+        thought = part.reasoning or None
+        said = ChatDelta(content=part.content or None, reasoning_content=thought, reasoning=thought,
+                         tool_calls=call_deltas(part.calls))
+        return [self._chunk([ChatChunkChoice(index=index, delta=said, logprobs=lps,
+                                             finish_reason=finish_reason(part.calls, out.finish_reason))])]
 
     def closing(self, usage: Usage) -> list[ChatCompletionChunk]:
         return [self._chunk([], usage)] if self.include_usage else []
@@ -118,9 +122,12 @@ class ChatRenderer(_Renderer):
 
     def _choice(self, index: int, choice: Choice) -> ChatChoice:
         gen = choice.generation
-        content, calls = (gen.text, []) if self.calls is None else parse(gen.text, self.calls.names)
-        return ChatChoice(index=index, message=AssistantMessage(content=content, tool_calls=calls_out(calls)),
-                          finish_reason=finish_reason(calls, gen.finish_reason),
+        part = Split(content=gen.text) if self.answers is None else \
+            self.answers.whole(gen.text, gen.finish_reason == "length")
+        thought = part.reasoning or None
+        message = AssistantMessage(content=part.content or None if part.calls else part.content,
+                                   tool_calls=calls_out(part.calls), reasoning_content=thought, reasoning=thought)
+        return ChatChoice(index=index, message=message, finish_reason=finish_reason(part.calls, gen.finish_reason),
                           logprobs=chat_logprobs(choice.pieces, gen) if self.logprobs else None)
 
 
@@ -185,13 +192,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    body.served_by(service.model_serving)
     turns, tools = body.turns(), body.tool_chat()
     group = service.submit([
         Submit(f"{cid}-{c}", body.sampling(body.token_limit(), c, body.logprobs), chat=turns, tools=tools)
         for c in range(body.n)
     ])
-    calls = CallStreams.over(body.callable, body.forced)
-    render = ChatRenderer(cid, created, service.model_name, body.logprobs, body.include_usage, calls)
+    answers = AnswerStreams.over(service.family, body.callable, body.forced)
+    render = ChatRenderer(cid, created, service.model_name, body.logprobs, body.include_usage, answers)
     return await respond(group, render, request, body.stream, body.n)
 
 

@@ -25,19 +25,29 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.protocol import DEFAULTS, SEED_LIMIT, Request, TextPart, check_stops, check_unicode
+from llamafleet.api.protocol import (
+    DEFAULTS,
+    SEED_LIMIT,
+    Request,
+    TextPart,
+    check_stops,
+    check_unicode,
+    checked_grammar,
+)
 from llamafleet.api.tools import (
     MAX_TOOLS,
     Tool,
     ToolCall,
     ToolChoice,
+    ToolRequest,
     assistant_text,
     calls_grammar,
     offered,
     tool_result_text,
     with_tools,
 )
-from llamafleet.engine.grammar import check_gbnf, json_object_grammar, json_schema_grammar
+from llamafleet.engine.families import Family
+from llamafleet.engine.grammar import after_thinking, json_object_grammar, json_schema_grammar
 from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
@@ -54,6 +64,8 @@ class ChatMessage(Request):
     name: str | None = None
     tool_calls: list[ToolCall] = []  # an assistant's earlier calls
     tool_call_id: str | None = None  # which call a tool's result answers
+    reasoning_content: str | None = None  # an assistant's earlier thinking (either name), for templates that show it
+    reasoning: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -83,6 +95,8 @@ class ChatMessage(Request):
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.tool_calls:
             out["tool_calls"] = [c.template_call() for c in self.tool_calls]
+        if thought := self.reasoning_content or self.reasoning:
+            out["reasoning_content"] = thought  # the template keeps or drops it, as its model expects
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
             if self.tool_call_id in call_names:
@@ -105,13 +119,16 @@ def chat_turns(messages: list[ChatMessage], tools: list[Tool]) -> tuple[tuple[st
     return with_tools([m.turn() for m in messages], tools)
 
 
-def tool_chat(messages: list[ChatMessage], tools: list[Tool]) -> ToolChat | None:
-    """The conversation for a model whose own template shows tools; None when it holds no tools, calls or results
-    (it is then rendered as any chat)."""
-    if not tools and not any(m.tool_calls or m.role == "tool" for m in messages):
+def tool_chat(messages: list[ChatMessage], tools: list[Tool], family: Family | None = None,
+              kwargs: dict[str, Any] | None = None) -> ToolChat | None:
+    """The conversation for a model whose own template shows tools or is of a known ``family``, with the template
+    variables ``kwargs``; None when the model has no family and the conversation holds no tools, calls, results or
+    variables (it is then rendered as any chat)."""
+    if family is None and not tools and not kwargs and not any(m.tool_calls or m.role == "tool" for m in messages):
         return None
     names = {c.id: c.function.name for m in messages for c in m.tool_calls}
-    return ToolChat(tuple(m.template_message(names) for m in messages), tuple(t.spec() for t in tools))
+    return ToolChat(tuple(m.template_message(names) for m in messages), tuple(t.spec() for t in tools),
+                    tuple(sorted((kwargs or {}).items())))
 
 
 FormatType = Literal["text", "json_object", "json_schema"]
@@ -129,17 +146,20 @@ class ResponseFormat(Request):
     json_schema: JsonSchemaFormat | None = None
 
 
-def format_grammar(kind: FormatType, schema: dict[str, Any] | None, where: str) -> str | None:
-    """The GBNF for a structured-output format (None for plain text); ``where`` names the schema's parameter, which a
-    ``json_schema`` format needs, in the 400 when it is missing or cannot be enforced."""
+def format_grammar(kind: FormatType, schema: dict[str, Any] | None, where: str,
+                   family: Family | None = None) -> str | None:
+    """The GBNF for a structured-output format (None for plain text), after ``family``'s optional think block;
+    ``where`` names the schema's parameter, which a ``json_schema`` format needs, in the 400 when it is missing or
+    cannot be enforced."""
     if kind == "text":
         return None
+    think = None if family is None else family.think
     if kind == "json_object":
-        return json_object_grammar()
+        return after_thinking(json_object_grammar(), think)
     if schema is None:
         raise ApiError(400, f"missing required parameter '{where}'", param=where)
     try:
-        return json_schema_grammar(schema)
+        return after_thinking(json_schema_grammar(schema), think)
     except ValueError as e:
         raise ApiError(400, f"invalid '{where}': {e}", param=where) from None
 
@@ -211,12 +231,7 @@ class SamplingRequest(Request):
     @field_validator("grammar")
     @classmethod
     def _grammar(cls, v: str | None) -> str | None:
-        if v is not None:
-            if not v.strip():
-                raise ValueError("an empty grammar constrains nothing; send GBNF text or null")
-            check_unicode([v])
-            check_gbnf(v)
-        return v
+        return checked_grammar(v)
 
     @cached_property
     def constraint(self) -> str | None:
@@ -237,6 +252,10 @@ class SamplingRequest(Request):
     def top_n(self) -> int:
         """How many top alternatives each token's logprobs come with."""
         return 0
+
+    def think_budget(self) -> int | None:
+        """The reasoning budget (only chats have one)."""
+        return None
 
     def sampling(self, max_tokens: int | None, choice: int, logprobs: bool,
                  prompt_logprobs: bool = False) -> SamplingParams:
@@ -260,10 +279,11 @@ class SamplingRequest(Request):
             ignore_eos=self.ignore_eos,
             grammar=self.constraint,
             logit_bias=tuple(sorted((int(token), bias) for token, bias in self.logit_bias.items())),
+            think_budget=self.think_budget(),
         )
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, ToolRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -277,9 +297,11 @@ class ChatCompletionRequest(SamplingRequest):
     audio: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    reasoning_effort: str | None = None  # given to the chat template (see ToolRequest.template_kwargs)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_budget: int | None = None  # tokens the think block may take (engine/budget.py)
     # accepted, ignored
     prediction: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
     verbosity: str | None = None
 
     def not_yet(self) -> NotYet:
@@ -305,9 +327,9 @@ class ChatCompletionRequest(SamplingRequest):
         if (fmt := self.response_format) is not None:
             spec = fmt.json_schema
             where = "response_format.json_schema" if spec is None else "response_format.json_schema.schema"
-            structured = format_grammar(fmt.type, None if spec is None else spec.schema_, where)
-        tool = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls) \
-            if self.forced else None
+            structured = format_grammar(fmt.type, None if spec is None else spec.schema_, where, self.family)
+        tool = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls,
+                             self.family) if self.forced else None
         if tool is not None and (structured or self.grammar):
             raise ApiError(400, "a forced tool call ('tool_choice' \"required\" or a named function) cannot be "
                                 "combined with 'response_format' or 'grammar'; send one", param="tool_choice")
@@ -329,11 +351,16 @@ class ChatCompletionRequest(SamplingRequest):
         return chat_turns(self.messages, self.callable)
 
     def tool_chat(self) -> ToolChat | None:
-        """The same conversation for a model whose own template shows tools (:func:`tool_chat`)."""
-        return tool_chat(self.messages, self.callable)
+        """The same conversation for a model whose own template shows tools or is of a known family
+        (:func:`tool_chat`)."""
+        kwargs = self.template_kwargs(self.chat_template_kwargs, self.reasoning_effort, "chat_template_kwargs")
+        return tool_chat(self.messages, self.callable, self.family, kwargs)
 
     def top_n(self) -> int:
         return self.top_logprobs
+
+    def think_budget(self) -> int | None:
+        return self.budget(self.reasoning_budget, self.token_limit(), "reasoning_budget")
 
     def token_limit(self) -> int | None:
         """The answer's token limit, None if the client set none (the rest of the context)."""

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from llamafleet.api.errors import SURROGATE, ApiError
+from llamafleet.engine.grammar import check_gbnf
 from llamafleet.engine.types import FinishReason, SamplingParams
 
 MAX_STOPS = 16
@@ -30,6 +31,16 @@ DEFAULTS = SamplingParams()  # what every route's sampling parameters default to
 
 
 # -- requests --------------------------------------------------------------------------------------------------
+def checked_grammar(v: str | None) -> str | None:
+    """A request's ``grammar`` (GBNF), checked for what can be checked without a model; ``ValueError`` otherwise."""
+    if v is not None:
+        if not v.strip():
+            raise ValueError("an empty grammar constrains nothing; send GBNF text or null")
+        check_unicode([v])
+        check_gbnf(v)
+    return v
+
+
 def check_unicode(texts: list[str]) -> None:
     """Text for the model must encode to UTF-8; JSON can spell a lone surrogate (``"\\ud800"``), UTF-8 cannot."""
     if any(not t.isascii() and SURROGATE.search(t) for t in texts):
@@ -162,10 +173,26 @@ class ToolCallDelta(ToolCallOut):
 ChatFinish = FinishReason | Literal["tool_calls"]
 
 
+def _without(out: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    for key in keys:
+        if out.get(key) is None:
+            out.pop(key, None)
+    return out
+
+
+REASONING_KEYS = ("reasoning_content", "reasoning")  # clients read one or the other: both carry the same text
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None when the answer is tool calls alone
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None  # the model's thinking, when it wrote some (both names, same text)
+    reasoning: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_reasoning(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without(handler(self), REASONING_KEYS)
 
 
 class ChatChoice(BaseModel):
@@ -188,15 +215,14 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_serializer(mode="wrap")
     def _without_empty_tool_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A delta carries ``tool_calls`` only when it has some, as OpenAI streams them: clients that test for the
-        key (rather than its value) would otherwise read every text delta as a tool call."""
-        out: dict[str, Any] = handler(self)
-        if out.get("tool_calls") is None:
-            out.pop("tool_calls", None)
-        return out
+        """A delta carries ``tool_calls`` (and the reasoning) only when it has some, as OpenAI streams them: clients
+        that test for the key (rather than its value) would otherwise read every text delta as a tool call."""
+        return _without(handler(self), ("tool_calls", *REASONING_KEYS))
 
 
 class ChatChunkChoice(BaseModel):

@@ -4,8 +4,10 @@ A request (:mod:`~llamafleet.api.responses_requests`) becomes the same chat turn
 it runs through the model's own chat template, with tools shown, forced and parsed by the chat machinery. The answer
 is a ``response`` object whose ``output`` holds an assistant message (its text as one ``output_text`` part), then
 one ``function_call`` item per tool call; a stream sends the API's named events, each with its ``sequence_number``.
-With tools the message item is opened only once there is text to send (a call may come first, and a forced answer
-has none), and each call follows as its own item when the answer ends (``response.output_item.added``, one
+The model's thinking (:mod:`~llamafleet.api.answer`) comes first, as a ``reasoning`` item whose ``content`` holds
+one ``reasoning_text`` (streamed as ``response.reasoning_text.delta`` events). With tools or reasoning the message
+item is opened only once there is text to send (a call may come first, and a forced answer has none), and each call
+follows as its own item when the answer ends (``response.output_item.added``, one
 ``response.function_call_arguments.delta`` with the whole arguments, ``.done``, ``response.output_item.done``).
 A finished response is kept (unless ``store`` is false) for ``previous_response_id`` and the ``GET``/``DELETE``
 routes, by its API key (:mod:`~llamafleet.api.response_store`); ``conversation`` objects are refused. Logprobs
@@ -26,13 +28,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
+from llamafleet.api.answer import AnswerStreams, Split
 from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.logprobs import chat_logprobs
 from llamafleet.api.protocol import Event, NamedEvents, TokenLogprob, Usage, sse_event
 from llamafleet.api.response_store import owner_of
 from llamafleet.api.responses_requests import ResponsesRequest, Status
 from llamafleet.api.service import ServiceDep
-from llamafleet.api.tool_calls import CallStreams, ParsedCall, call_id, parse
+from llamafleet.api.tool_calls import ParsedCall, call_id
 from llamafleet.engine.types import ContextOverflow, FinishReason
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
@@ -68,11 +71,26 @@ class FunctionCallOut(BaseModel):
 
     @classmethod
     def of(cls, call: ParsedCall) -> FunctionCallOut:
-        return cls(id=f"fc_{uuid.uuid4().hex}", call_id=call_id(), name=call.name, arguments=call.arguments,
-                   status="completed")
+        return cls(id=f"fc_{uuid.uuid4().hex}", call_id=call.id or call_id(), name=call.name,
+                   arguments=call.arguments, status="completed")
 
 
-OutputItem = OutputMessage | FunctionCallOut
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """The model's thinking, before the message."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = []
+    content: list[ReasoningText]
+    status: Status
+
+
+OutputItem = ReasoningItem | OutputMessage | FunctionCallOut
 
 
 class ResponseUsage(BaseModel):
@@ -123,9 +141,12 @@ class ResponseRenderer(NamedEvents):
     rid: str
     model: str
     created: int
-    calls: CallStreams | None = None  # the tools whose calls are parsed out of the answer (None: no tools)
+    answers: AnswerStreams | None = None  # splits reasoning and calls out of the answer (None: all is text)
     keep: Callable[[ResponseObject], None] | None = None  # stores the finished response (None: store is false)
     text: str = ""  # streamed so far (the ``done`` events repeat it whole)
+    thought: str = ""  # the reasoning streamed so far
+    reasoned: bool = False  # the reasoning item was added (it is output 0)
+    thinking: bool = False  # ... and is not done yet
     logprobs: list[TokenLogprob] = field(default_factory=list)  # streamed so far, likewise
     unsent: int = 0  # how many of them no text delta has carried yet (their text is held back)
     opened: bool = False  # the message item was added
@@ -159,11 +180,41 @@ class ResponseRenderer(NamedEvents):
                                       "cache_write_tokens": 0},
                 total_tokens=usage.total_tokens))
 
+    @property
+    def reasoning_id(self) -> str:
+        return f"rs_{self.rid.removeprefix('resp_')}"
+
+    def _reasoning(self, text: str, status: Status) -> ReasoningItem:
+        return ReasoningItem(id=self.reasoning_id, status=status, content=[ReasoningText(text=text)] if text else [])
+
     def _output(self, text: str | None, calls: list[FunctionCallOut], finish: FinishReason | None,
-                logprobs: list[TokenLogprob]) -> list[OutputItem]:
-        """The output items: the message (when there is text, or no call), then the calls."""
+                logprobs: list[TokenLogprob], thought: str = "") -> list[OutputItem]:
+        """The output items: the reasoning (when there is some), the message (when there is text, or no call), then
+        the calls."""
+        reasoning: list[OutputItem] = [self._reasoning(thought, "completed")] if thought else []
         message: list[OutputItem] = [self._message(text or "", finish, logprobs)] if text or not calls else []
-        return [*message, *calls]
+        return [*reasoning, *message, *calls]
+
+    def _think(self, text: str) -> list[Event]:
+        """Reasoning ``text`` streamed, the reasoning item added first."""
+        events = []
+        if not self.reasoned:
+            self.reasoned = self.thinking = True
+            events.append(self._event("response.output_item.added", output_index=0,
+                                      item=self._reasoning("", "in_progress")))
+        self.thought += text
+        return events + [self._event("response.reasoning_text.delta", item_id=self.reasoning_id, output_index=0,
+                                     content_index=0, delta=text)]
+
+    def _thought(self) -> list[Event]:
+        """The reasoning item, done (once the message or a call follows, or the answer ends)."""
+        if not self.thinking:
+            return []
+        self.thinking = False
+        item = self._reasoning(self.thought, "completed")
+        return [self._event("response.reasoning_text.done", item_id=item.id, output_index=0, content_index=0,
+                            text=self.thought),
+                self._event("response.output_item.done", output_index=0, item=item)]
 
     def _event(self, kind: str, **fields: Any) -> Event:
         self.sequence += 1
@@ -177,15 +228,18 @@ class ResponseRenderer(NamedEvents):
                         code="context_length_exceeded")
 
     def _open(self) -> list[Event]:
-        """The message item and its one text part, added."""
+        """The message item and its one text part, added (after the reasoning, done)."""
+        events = self._thought()
         self.opened = True
-        return [self._event("response.output_item.added", output_index=0, item=self._message(None, None)),
-                self._event("response.content_part.added", item_id=self.item_id, output_index=0, content_index=0,
-                            part=OutputText(text=""))]
+        at = int(self.reasoned)
+        return events + [
+            self._event("response.output_item.added", output_index=at, item=self._message(None, None)),
+            self._event("response.content_part.added", item_id=self.item_id, output_index=at, content_index=0,
+                        part=OutputText(text=""))]
 
     def _call_events(self, call: FunctionCallOut) -> list[Event]:
         """One call's item, added with no arguments, then its arguments whole, then done."""
-        at = {"output_index": int(self.opened) + len(self.items), "item_id": call.id}
+        at = {"output_index": int(self.reasoned) + int(self.opened) + len(self.items), "item_id": call.id}
         self.items.append(call)
         return [self._event("response.output_item.added", output_index=at["output_index"],
                             item=call.model_copy(update={"arguments": "", "status": "in_progress"})),
@@ -196,17 +250,21 @@ class ResponseRenderer(NamedEvents):
     def opening(self, n_choices: int) -> list[Event]:
         events = [self._event("response.created", response=self._response([], None, None)),
                   self._event("response.in_progress", response=self._response([], None, None))]
-        return events + (self._open() if self.calls is None else [])
+        return events + (self._open() if self.answers is None else [])
 
     def chunk(self, index: int, delta: Delta) -> list[Event]:
         out = delta.output
-        text, calls = (out.text, []) if self.calls is None else self.calls.feed(0, out.text, out.finished)
+        said = Split(content=out.text) if self.answers is None else \
+            self.answers.feed(0, out.text, out.finished, out.finish_reason == "length")
+        text, calls = said.content, said.calls
         lps = chat_logprobs(delta.pieces or [], out)
         if lps is not None:
             self.logprobs += lps.content
             self.unsent += len(lps.content)
-        events = self._open() if not self.opened and (text or (out.finished and not calls)) else []
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        events = self._think(said.reasoning) if said.reasoning else []
+        if not self.opened and (text or (out.finished and not calls)):
+            events += self._open()
+        where = {"item_id": self.item_id, "output_index": int(self.reasoned), "content_index": 0}
         if text:
             self.text += text
             carried = self.logprobs[len(self.logprobs) - self.unsent:]
@@ -214,12 +272,13 @@ class ResponseRenderer(NamedEvents):
             events.append(self._event("response.output_text.delta", **where, delta=text, logprobs=carried))
         if out.finished:
             self.finish = out.finish_reason
+            events += self._thought()
             if self.opened:
                 part = OutputText(text=self.text, logprobs=self.logprobs)
                 events += [self._event("response.output_text.done", **where, text=self.text,
                                        logprobs=self.logprobs),
                            self._event("response.content_part.done", **where, part=part),
-                           self._event("response.output_item.done", output_index=0,
+                           self._event("response.output_item.done", output_index=int(self.reasoned),
                                        item=self._message(self.text, self.finish, self.logprobs))]
             for call in calls:
                 events += self._call_events(FunctionCallOut.of(call))
@@ -232,16 +291,17 @@ class ResponseRenderer(NamedEvents):
 
     def closing(self, usage: Usage) -> list[Event]:
         kind = "response.incomplete" if self.finish == "length" else "response.completed"
-        output = self._output(self.text if self.opened else None, self.items, self.finish, self.logprobs)
+        output = self._output(self.text if self.opened else None, self.items, self.finish, self.logprobs, self.thought)
         return [self._event(kind, response=self._kept(self._response(output, self.finish, usage)))]
 
     def whole(self, choices: list[Choice], usage: Usage) -> ResponseObject:
         (choice,) = choices
         gen = choice.generation
-        text, calls = (gen.text, []) if self.calls is None else parse(gen.text, self.calls.names)
+        part = Split(content=gen.text) if self.answers is None else \
+            self.answers.whole(gen.text, gen.finish_reason == "length")
         lps = chat_logprobs(choice.pieces, gen)
-        output = self._output(text, [FunctionCallOut.of(c) for c in calls], gen.finish_reason,
-                              [] if lps is None else lps.content)
+        output = self._output(part.content, [FunctionCallOut.of(c) for c in part.calls], gen.finish_reason,
+                              [] if lps is None else lps.content, part.reasoning)
         return self._kept(self._response(output, gen.finish_reason, usage))
 
     def failed(self, error: ApiError) -> str:
@@ -258,13 +318,15 @@ async def create_response(body: ResponsesRequest, request: Request, service: Ser
     inputs = (*history, *body.input_items())
     body = body.continuing(inputs) if history else body
     rid = f"resp_{uuid.uuid4().hex}"
+    body.served_by(service.model_serving)
 
     def keep(response: ResponseObject) -> None:
         store.put(rid, owner, response.model_dump(), inputs)
 
     group = service.submit([Submit(rid, body.sampling(), chat=body.turns(), tools=body.tool_chat())])
-    calls = CallStreams.over(body.callable, body.forced)
-    render = ResponseRenderer(body, rid, service.model_name, int(time.time()), calls, keep if body.stored else None)
+    answers = AnswerStreams.over(service.family, body.callable, body.forced)
+    render = ResponseRenderer(body, rid, service.model_name, int(time.time()), answers,
+                              keep if body.stored else None)
     return await respond(group, render, request, body.stream, 1)
 
 

@@ -25,7 +25,14 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.openai_requests import ChatMessage, FormatType, chat_turns, format_grammar, tool_chat
+from llamafleet.api.openai_requests import (
+    ChatMessage,
+    FormatType,
+    chat_turns,
+    constrained,
+    format_grammar,
+    tool_chat,
+)
 from llamafleet.api.protocol import DEFAULTS, Block, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
@@ -38,6 +45,7 @@ from llamafleet.api.tools import (
     Tool,
     ToolCall,
     ToolChoice,
+    ToolRequest,
     calls_grammar,
     offered,
 )
@@ -132,6 +140,24 @@ class FunctionCallOutputItem(Body):
                 "output": _text(self.output, f"{where}.output"), "status": self.status or "completed"}
 
 
+class ReasoningItem(Body):
+    """An earlier answer's reasoning (a ``reasoning`` output item sent back): given to the template with the
+    assistant turn that follows it, which replays or drops it as the model expects."""
+
+    model_config = ConfigDict(strict=True, extra="allow")  # summary, encrypted_content, ...: not read
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    content: list[Block] = []
+
+    def text(self) -> str:
+        return "".join(part.text or "" for part in self.content if part.type == "reasoning_text")
+
+    def stored(self, where: str) -> JsonItem:
+        return {"id": _item_id("rs", self.id), "type": "reasoning", "summary": [],
+                "content": [{"type": "reasoning_text", "text": self.text()}], "status": "completed"}
+
+
 class OtherItem(Body):
     """Any other item kind, accepted here so that the refusal can name it."""
 
@@ -148,23 +174,34 @@ class OtherItem(Body):
 
 def _item_kind(v: Any) -> str:
     kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", None)
-    return kind if kind in ("message", "function_call", "function_call_output") else "other"
+    return kind if kind in ("message", "function_call", "function_call_output", "reasoning") else "other"
 
 
 Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[OtherItem, Tag("other")],
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                 | Annotated[ReasoningItem, Tag("reasoning")] | Annotated[OtherItem, Tag("other")],
                  Discriminator(_item_kind)]
 ITEMS: TypeAdapter[list[Item]] = TypeAdapter(list[Item])
 
 
 def chat_messages(items: list[Item]) -> list[ChatMessage]:
-    """The chat messages of ``items``: calls join the assistant message (or calls) just before them, as one turn."""
+    """The chat messages of ``items``: calls join the assistant message (or calls) just before them, as one turn; a
+    reasoning item's text goes with the assistant turn after it."""
     messages: list[ChatMessage] = []
+    thought: str | None = None
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if isinstance(item, OtherItem):
             raise item.refusal(where)
-        if not isinstance(item, FunctionCallItem):
+        if isinstance(item, ReasoningItem):
+            thought = (thought or "") + item.text()
+            continue
+        if thought is not None and (isinstance(item, FunctionCallItem) or getattr(item, "role", "") == "assistant"):
+            message = item.message(where) if not isinstance(item, FunctionCallItem) else \
+                ChatMessage(role="assistant", content=None, tool_calls=[item.call()])
+            messages.append(message.model_copy(update={"reasoning_content": thought}))
+            thought = None
+        elif not isinstance(item, FunctionCallItem):
             messages.append(item.message(where))
         elif messages and messages[-1].role == "assistant":
             last = messages[-1]
@@ -233,7 +270,7 @@ class TextOptions(Body):
     verbosity: str | None = None  # ignored
 
 
-class ResponsesRequest(Body):
+class ResponsesRequest(ToolRequest):
     model: str
     input: str | list[Item]
     instructions: str | None = None
@@ -253,15 +290,16 @@ class ResponsesRequest(Body):
     conversation: str | dict[str, Any] | None = None
     background: bool = False
     prompt: dict[str, Any] | None = None
-    # accepted, ignored: nothing is billed here, the model does not reason apart from its answer, and
-    # max_tool_calls bounds calls of hosted tools, none of which run here
+    reasoning: dict[str, Any] | None = None  # its "effort" goes to the chat template (see template_kwargs)
+    chat_template_kwargs: dict[str, Any] | None = None
+    # accepted, ignored: nothing is billed here, and max_tool_calls bounds calls of hosted tools, none of which run
+    # here
     metadata: dict[str, str] | None = None
     user: str | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     max_tool_calls: int | None = None
-    reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     stream_options: dict[str, Any] | None = None
 
@@ -349,16 +387,22 @@ class ResponsesRequest(Body):
         return chat_turns(self.messages, self.callable)
 
     def tool_chat(self) -> ToolChat | None:
-        """The same conversation for a model whose own template shows tools, as chat's."""
-        return tool_chat(self.messages, self.callable)
+        """The same conversation for a model whose own template shows tools or is of a known family, as chat's."""
+        effort = (self.reasoning or {}).get("effort")
+        kwargs = self.template_kwargs(self.chat_template_kwargs, effort if isinstance(effort, str) else None,
+                                      "chat_template_kwargs")
+        return tool_chat(self.messages, self.callable, self.family, kwargs)
 
     def sampling(self) -> SamplingParams:
         fmt = None if self.text is None else self.text.format
-        grammar = None if fmt is None else format_grammar(fmt.type, fmt.schema_, "text.format.schema")
+        grammar = None if fmt is None else format_grammar(fmt.type, fmt.schema_, "text.format.schema", self.family)
         if self.forced:
             if grammar is not None:
                 raise ApiError(400, "a forced tool call ('tool_choice' \"required\" or a function) cannot be "
                                     "combined with a JSON 'text.format'; send one", param="tool_choice")
-            grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls)
+            grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls,
+                                    self.family)
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-                              grammar=grammar, logprobs=self.logprobs, top_logprobs=self.top_logprobs)
+                              logprobs=self.logprobs, top_logprobs=self.top_logprobs,
+                              grammar=constrained(grammar, self.grammar, False, "text.format"),
+                              think_budget=self.budget(None, self.max_output_tokens, "reasoning"))

@@ -19,7 +19,9 @@ from fastapi import Depends, Request
 
 from llamafleet.api.errors import ApiError
 from llamafleet.api.response_store import ResponseStore
+from llamafleet.api.tools import Serving
 from llamafleet.config import FleetConfig
+from llamafleet.engine.families import FAMILIES, Family
 from llamafleet.fleet.dispatch import Group, Unservable
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
@@ -114,6 +116,17 @@ class Service:
     @property
     def n_ctx_per_seq(self) -> int:
         return self.model.n_ctx_per_seq
+
+    @property
+    def family(self) -> Family | None:
+        """The bound model's family, as its replicas recognised it from its template (None: the generic path)."""
+        name = None if self.model.dispatcher is None else self.model.dispatcher.family
+        return None if name is None else FAMILIES.get(name)
+
+    @property
+    def model_serving(self) -> Serving:
+        """What a chat request needs to know of the bound model (see :class:`~llamafleet.api.tools.ToolRequest`)."""
+        return Serving(self.family, self.config.reasoning_budget, tuple(self.config.chat_template_kwargs.items()))
 
     def find_model(self, name: str) -> ManagedModel:
         """The configured model ``name`` names (or an alias of it); 404 if none."""

@@ -1,7 +1,8 @@
-"""Tool calls on the way out: finding them in the model's text, whole (:func:`parse`) or while it streams
-(:class:`CallSplitter`).
+"""Tool calls on the way out: the JSON forms of calls found in a model's text (:func:`parse`; each family's other
+formats are :mod:`~llamafleet.api.call_formats`; and :mod:`~llamafleet.api.answer` finds the calls in an answer,
+whole or streamed), and the calls as OpenAI's messages and stream deltas carry them.
 
-Models write calls in a few forms; the common ones are recognised:
+The JSON forms:
 
 * Hermes 2 Pro / Qwen, and this server's own tools prompt (:mod:`~llamafleet.api.tools`): ``<tool_call>{"name": ...,
   "arguments": {...}}</tool_call>`` blocks anywhere in the answer, the text around them being its content;
@@ -20,17 +21,13 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
 
 from llamafleet.api.protocol import ChatFinish, FunctionCall, ToolCallDelta, ToolCallOut
 from llamafleet.engine.types import FinishReason
 
-if TYPE_CHECKING:
-    from llamafleet.api.tools import Tool
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 TOOL_CALLS_TAG = "[TOOL_CALLS]"  # Mistral's; the tag holds ``[``, so an answer opening with it is held like JSON
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
@@ -41,6 +38,7 @@ _SEPARATORS = " \t\r\n;,"
 class ParsedCall:
     name: str
     arguments: str  # a JSON object's text, as OpenAI sends function arguments
+    id: str | None = None  # the id the model gave it (Mistral, Kimi); None: one is made up
 
 
 def _call(value: Any, names: Collection[str]) -> ParsedCall | None:
@@ -58,7 +56,7 @@ def _call(value: Any, names: Collection[str]) -> ParsedCall | None:
     return ParsedCall(value["name"], json.dumps(args, ensure_ascii=False))
 
 
-def _json_values(text: str) -> list[Any] | None:
+def json_values(text: str) -> list[Any] | None:
     """The JSON values that make up all of ``text`` (separated by blanks, ``;`` or ``,``), None if anything else."""
     decoder, at = json.JSONDecoder(), 0
     values: list[Any] = []
@@ -76,7 +74,7 @@ def _json_values(text: str) -> list[Any] | None:
 
 def _json_calls(text: str, names: Collection[str]) -> list[ParsedCall]:
     """The calls of an answer that is nothing but JSON calls (Llama 3.x and generic forms); [] otherwise."""
-    values = _json_values(text.strip().removeprefix(PYTHON_TAG).removeprefix(TOOL_CALLS_TAG))
+    values = json_values(text.strip().removeprefix(PYTHON_TAG).removeprefix(TOOL_CALLS_TAG))
     if not values:
         return []
     items: list[Any] = []
@@ -110,88 +108,19 @@ def parse(text: str, names: Collection[str]) -> tuple[str | None, list[ParsedCal
     return (None, calls) if calls else (text, [])
 
 
-def _partial_open(text: str) -> int:
-    """How many of ``text``'s last characters could begin ``<tool_call>``."""
-    return next((k for k in range(min(len(text), len(OPEN) - 1), 0, -1) if OPEN.startswith(text[-k:])), 0)
-
-
-@dataclass
-class CallSplitter:
-    """One streamed answer, split as it comes into content safe to send now and text held back because it may be
-    (the start of) a call, so no call markup reaches the content deltas. An answer that opens like JSON (``{``,
-    ``[``, ``<|python_tag|>``) is held to its end, as is everything from ``<tool_call>`` on; :meth:`finish` parses
-    what was held."""
-
-    names: Collection[str]
-    holding: bool = False  # hold everything from here to the end (a forced call: from the start)
-    held: str = ""
-    started: bool = False  # some content was sent
-
-    def feed(self, text: str) -> str:
-        """Add ``text``; the content that can be sent now."""
-        self.held += text
-        if self.holding:
-            return ""
-        if not self.started:
-            head = self.held.lstrip()
-            if not head or PYTHON_TAG.startswith(head):
-                return ""  # not yet known
-            if head[0] in "{[" or head.startswith(PYTHON_TAG):
-                self.holding = True
-                return ""
-        at = self.held.find(OPEN)
-        if at >= 0:
-            self.holding = True
-            out, self.held = self.held[:at], self.held[at:]
-        else:
-            cut = len(self.held) - _partial_open(self.held)
-            out, self.held = self.held[:cut], self.held[cut:]
-        self.started = self.started or bool(out)
-        return out
-
-    def finish(self) -> tuple[str, list[ParsedCall]]:
-        """The content still to send and the calls, once the answer is complete."""
-        content, calls = parse(self.held, self.names)
-        self.held = ""
-        return content or "", calls
-
-
-@dataclass
-class CallStreams:
-    """The :class:`CallSplitter` of each choice of a streamed request."""
-
-    names: Collection[str]
-    forced: bool
-    splitters: dict[int, CallSplitter] = field(default_factory=dict)
-
-    @classmethod
-    def over(cls, tools: Sequence[Tool], forced: bool) -> CallStreams | None:
-        """The splitters for an answer that may call ``tools`` (None when it may call none: nothing to parse)."""
-        return cls({t.function.name for t in tools}, forced) if tools else None
-
-    def feed(self, index: int, text: str, finished: bool) -> tuple[str, list[ParsedCall]]:
-        """Choice ``index``'s new ``text``: the content to send now and, once ``finished``, its calls."""
-        splitter = self.splitters.setdefault(index, CallSplitter(self.names, holding=self.forced))
-        content = splitter.feed(text)
-        if not finished:
-            return content, []
-        rest, calls = splitter.finish()
-        return content + rest, calls
-
-
 def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def calls_out(calls: list[ParsedCall]) -> list[ToolCallOut] | None:
-    """A message's ``tool_calls`` (None when it made none)."""
-    return [ToolCallOut(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+    """A message's ``tool_calls`` (None when it made none); the model's own ids where it wrote them."""
+    return [ToolCallOut(id=c.id or call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
             for c in calls] or None
 
 
 def call_deltas(calls: list[ParsedCall]) -> list[ToolCallDelta] | None:
     """A stream's ``tool_calls`` delta: each call whole, numbered in the answer's order."""
-    return [ToolCallDelta(index=i, id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+    return [ToolCallDelta(index=i, id=c.id or call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
             for i, c in enumerate(calls)] or None
 
 

@@ -21,14 +21,16 @@ sentence is one or more such blocks, each naming an offered function, with argum
 from __future__ import annotations
 
 import json
-import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, field_validator
 
+from llamafleet.api.call_grammar import format_calls
 from llamafleet.api.errors import ApiError
-from llamafleet.api.protocol import Request
-from llamafleet.engine.grammar import json_schema_grammar
+from llamafleet.api.protocol import Request, checked_grammar
+from llamafleet.engine.families import FAMILIES, Family
+from llamafleet.engine.grammar import after_thinking
 
 MAX_TOOLS = 128
 MAX_PARALLEL_CALLS = 8  # calls one forced answer may hold (``tool_choice: "required"``)
@@ -152,22 +154,68 @@ def offered(tools: list[Tool], choice: ToolChoice, param: str = "tool_choice") -
     return tools
 
 
-_ROOT = re.compile(r"^root ::= ", re.MULTILINE)
+def calls_grammar(tools: list[Tool], many: bool, family: Family | None = None) -> str:
+    """GBNF for one call (``many`` false) or up to :data:`MAX_PARALLEL_CALLS` calls of ``tools`` in ``family``'s
+    own call format, after its optional think block (:mod:`~llamafleet.api.call_grammar`); a model of no known
+    family writes this server's ``<tool_call>`` blocks, whose JSON names one of the tools and holds arguments valid
+    under its parameters schema."""
+    schemas = [(t.function.name, t.function.arguments_schema()) for t in tools]
+    grammar = format_calls(family or FAMILIES["hermes"], schemas, MAX_PARALLEL_CALLS if many else 1)
+    return after_thinking(grammar, None if family is None else family.think)
 
 
-def calls_grammar(tools: list[Tool], many: bool) -> str:
-    """GBNF for one call (``many`` false) or up to :data:`MAX_PARALLEL_CALLS` calls of ``tools``: ``<tool_call>``
-    blocks whose JSON names one of them and holds arguments valid under its parameters schema."""
-    schema = {"anyOf": [
-        {"type": "object",
-         "properties": {"name": {"const": t.function.name}, "arguments": t.function.arguments_schema()},
-         "required": ["name", "arguments"], "additionalProperties": False}
-        for t in tools]}
-    try:
-        json_rules = json_schema_grammar(schema)  # its rules are named root, root-0, space, ... (no "tool-")
-    except ValueError as e:
-        raise ApiError(400, f"invalid 'tools' parameters schema for a forced call: {e}", param="tools") from None
-    more = f' ("\\n" tool-call){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else ""
-    return (f"root ::= tool-call{more}\n"
-            'tool-call ::= "<tool_call>\\n" tool-json "\\n</tool_call>"\n'
-            + _ROOT.sub("tool-json ::= ", json_rules, count=1))
+@dataclass(frozen=True)
+class Serving:
+    """What a chat route knows of the model that answers it: its family, and the server's defaults for reasoning
+    (``reasoning_budget``, ``chat_template_kwargs`` in the configuration)."""
+
+    family: Family | None = None
+    reasoning_budget: int | None = None
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+class ToolRequest(Request):
+    """A chat request of any dialect, whose answer may call tools and reason: the route tells it what serves it
+    (:meth:`served_by`) once the model is known, before its grammar, budget and template variables are built."""
+
+    _serving: Serving = PrivateAttr(Serving())
+    grammar: str | None = None  # GBNF, start rule "root" (llama.cpp's extension): the answer is a sentence of it
+
+    @field_validator("grammar")
+    @classmethod
+    def _grammar(cls, v: str | None) -> str | None:
+        return checked_grammar(v)
+
+    def served_by(self, serving: Serving) -> None:
+        self._serving = serving
+
+    @property
+    def family(self) -> Family | None:
+        return self._serving.family
+
+    def budget(self, given: int | None, max_tokens: int | None, param: str) -> int | None:
+        """The reasoning budget: ``given`` (the request's ``param``) or the server's; 400 when it is not from 1 to
+        ``max_tokens``."""
+        if given is None:
+            default = self._serving.reasoning_budget
+            return None if default is None or (max_tokens is not None and default > max_tokens) else default
+        if given < 1 or (max_tokens is not None and given > max_tokens):
+            limit = "" if max_tokens is None else f" and at most the answer's token limit ({max_tokens})"
+            raise ApiError(400, f"'{param}' must be at least 1{limit}, not {given}", param=param)
+        return given
+
+    def template_kwargs(self, given: dict[str, Any] | None, effort: str | None, param: str) -> dict[str, Any]:
+        """The variables the request gives the chat template: its ``chat_template_kwargs`` (``param``) over the
+        server's, and its reasoning effort as ``reasoning_effort`` (gpt-oss's) and, for ``"none"``,
+        ``enable_thinking: false`` (Qwen's, DeepSeek's, GLM's), unless the kwargs set those themselves."""
+        if reserved := [k for k in given or {} if k in RESERVED_KWARGS]:
+            raise ApiError(400, f"'{param}' may not set {reserved[0]!r}: the server sets it", param=param)
+        kwargs = {**dict(self._serving.template_kwargs), **(given or {})}
+        if effort is not None:
+            kwargs.setdefault("reasoning_effort", effort)
+            if effort == "none":
+                kwargs.setdefault("enable_thinking", False)
+        return kwargs

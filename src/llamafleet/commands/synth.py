@@ -1,4 +1,5 @@
-"""``llamafleet synth``: write a LLaMA-2-shaped GGUF with random weights and the real LLaMA-2 tokenizer.
+"""``llamafleet synth``: write a LLaMA-2-shaped GGUF with random weights and a real tokenizer and chat template (by
+default LLaMA-2's).
 
 The writer (:mod:`llamafleet.model.synth`) imports numpy and gguf, so its shape and weight-type names are read only
 when synth's own arguments are parsed or shown (:class:`_Names`), never when the parser is built for another
@@ -30,12 +31,13 @@ class _Names:
 
 
 def run(args: argparse.Namespace) -> int:
-    from llamafleet.model.synth import SHAPES, SynthError, find_vocab, write_model
+    from llamafleet.model.synth import CHAT_TEMPLATE, SHAPES, SynthError, find_template, find_vocab, write_model
 
     try:
         vocab = find_vocab(args.vocab)
+        template = CHAT_TEMPLATE if args.chat_template is None else find_template(args.chat_template)
         path = write_model(args.output, SHAPES[args.shape], args.quant, vocab, sparse=args.sparse, seed=args.seed,
-                           progress=not args.quiet)
+                           progress=not args.quiet, chat_template=template)
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -62,8 +64,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the .gguf")
     p.add_argument("--sparse", action="store_true",
                    help="write only the header and leave the weights as a file hole (instant; for planning only)")
-    p.add_argument("--vocab", metavar="PATH", help="ggml-vocab-llama-spm.gguf (default: from the llama-cpp-python "
-                   "sdist, fetched if absent)")
+    p.add_argument("--vocab", metavar="PATH|NAME", help="the tokenizer: a vocab GGUF, or the name of one in "
+                   "llama.cpp's source (qwen2, qwen35, llama-bpe, deepseek-llm, phi-3, ...; from the llama-cpp-python "
+                   "sdist, fetched if absent); default: LLaMA-2's (llama-spm)")
+    p.add_argument("--chat-template", metavar="FILE|NAME", help="the chat template: a Jinja file, or the name of one "
+                   "of llama.cpp's (Qwen-Qwen3-0.6B, meta-llama-Llama-3.1-8B-Instruct, ...); default: LLaMA-2's")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -68,4 +68,4 @@ def tool_chat_tokens(chat: ToolChat, template: ChatTemplate, tokenize: Tokenize)
     outside = [{k: v for k, v in m.items() if k != "content"} for m in chat.messages]
     if spells_special(json.dumps([chat.tools, outside], ensure_ascii=False), tokenize):
         return None
-    return chat_tokens(chat.messages, partial(template.render, tools=chat.tools), tokenize)
+    return chat_tokens(chat.messages, partial(template.render, tools=chat.tools, kwargs=chat.kwargs), tokenize)

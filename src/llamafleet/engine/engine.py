@@ -28,6 +28,7 @@ from typing import Self
 
 import numpy as np
 
+from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
 from llamafleet.engine.llama import Batch, Context, Model
@@ -198,10 +199,13 @@ class Engine(TextSide):
                 if p.penalty_last_n:
                     chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
             place = self._slots.place(req.prompt_tokens, reuse=not p.prompt_logprobs)  # scoring computes it all
-            in_graph = self.ctx.backend_sampling and chain is None and not p.logprobs and not p.prompt_logprobs
+            in_graph = (self.ctx.backend_sampling and chain is None and not p.logprobs and not p.prompt_logprobs
+                        and p.think_budget is None)
             if self.ctx.backend_sampling and not in_graph:
                 self.ctx.use_backend_greedy(place.slot, False)
             s = Sequence(req, place.slot, chain, in_graph)
+            s.budget = ThinkBudget.of(p.think_budget, self.family, lambda t: self.tokenize(t, False, True),
+                                      bool(self.opened_think(req.prompt_tokens)))
             self._slots.take(s)
             self._running.append(s)
             self._start(s, place)
@@ -320,6 +324,8 @@ class Engine(TextSide):
             end = "stop"  # the EOS token is not part of the answer
         else:
             s.tokens.append(tok)
+            if s.budget is not None:
+                s.budget.saw(tok, self.model.pieces[tok])
             if len(s.tokens) >= self.cfg.n_ctx_per_seq or (p.max_tokens is not None and s.n_generated >= p.max_tokens):
                 end = "length"
         if end is not None:

@@ -41,6 +41,7 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _BOUNDS = ("minLength", "maxLength", "minItems", "maxItems")
 _QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
+_ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 _GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[()]', re.DOTALL)
 
 
@@ -133,3 +134,28 @@ def _check_pattern(pattern: Any, where: str) -> None:
     for m in _QUANTIFIER.finditer(pattern):
         if any(n and int(n) > MAX_REPEAT for n in m.groups()):
             raise ValueError(f"{where}: the repetition {m.group()} exceeds {MAX_REPEAT}")
+
+
+THINK_ROOT = "root ::= (think-open think-body think-close)? answer\n"
+OPENED_ROOT = "root ::= think-body think-close answer\n"
+
+
+def after_thinking(grammar: str, think: tuple[str, str] | None) -> str:
+    """``grammar`` with an optional think block (``think``: its open and close markers) before its sentences
+    (unchanged when ``think`` is None). The block's text may not hold the first two characters of its close marker
+    in a row. When the prompt opened the block, the worker makes it required and unopened (:func:`inside_think`)."""
+    if think is None:
+        return grammar
+    open_, close = think
+    a, b = (c.replace("\\", "\\\\").replace("]", "\\]").replace("[", "\\[") for c in close[:2])
+    return (THINK_ROOT
+            + f"think-open ::= {json.dumps(open_, ensure_ascii=False)}\n"
+            + f"think-body ::= ([^{a}] | {json.dumps(close[0])} [^{b}])*\n"
+            + f"think-close ::= {json.dumps(close, ensure_ascii=False)} \"\\n\"{{0,2}}\n"
+            + _ROOT.sub("answer ::= ", grammar, count=1))
+
+
+def inside_think(grammar: str) -> str:
+    """``grammar`` for an answer that starts inside the think block its prompt opened: a grammar of
+    :func:`after_thinking` then goes on in the block, which must be closed before the answer; others are unchanged."""
+    return OPENED_ROOT + grammar.removeprefix(THINK_ROOT) if grammar.startswith(THINK_ROOT) else grammar

@@ -60,6 +60,9 @@ def sample(ctx: Context, outputs: list[tuple[Sequence, int]], n_rows: int | None
         if all(s.in_graph for s, _ in outputs):
             return tokens, None, None
     logits = ctx.logits(n) if rows is None or n_rows is None else ctx.logits(n_rows)[rows]
+    for i, (s, _) in enumerate(outputs):
+        if s.budget is not None:
+            s.budget.force(logits[i])  # the close marker of a think block that spent its budget
     greedy = [i for i, (s, _) in enumerate(outputs) if s.chain is None and not s.in_graph]
     if len(greedy) == n:
         tokens[:] = argmax_rows(logits)

@@ -10,6 +10,7 @@ from llamafleet.engine.text import Detokenizer, StopMatcher
 from llamafleet.engine.types import PromptLogprobs, Request
 
 if TYPE_CHECKING:  # only a type here: the scheduler and its tests import this module without loading llama.cpp
+    from llamafleet.engine.budget import ThinkBudget
     from llamafleet.engine.llama_sampler import SamplerChain
 
 
@@ -29,6 +30,7 @@ class Sequence:
     stops: StopMatcher = field(init=False)
     # with prompt_logprobs: the prompt's scores, filled as its prefill runs, sent with its first output (then None)
     scores: PromptLogprobs | None = None
+    budget: ThinkBudget | None = None  # a reasoning budget to enforce (engine/budget.py)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.req.prompt_tokens)

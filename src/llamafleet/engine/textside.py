@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
-from functools import cached_property
+from functools import cached_property, partial
 
 from llamafleet.engine.chat import chat_tokens, tool_chat_tokens
+from llamafleet.engine.families import Family, markers
 from llamafleet.engine.infill import FimTokens, Infill, infill_tokens
 from llamafleet.engine.llama import Model
 from llamafleet.engine.template import ChatTemplate, ToolChat, tool_template
@@ -67,19 +68,46 @@ class TextSide:
 
     @cached_property
     def tool_template(self) -> ChatTemplate | None:
-        """The GGUF's Jinja template (its ``tool_use`` one first) when it shows tools, compiled on first use."""
+        """The GGUF's Jinja template (its ``tool_use`` one first) when it shows tools or is of a known family,
+        compiled on first use."""
         m = self.model
         return tool_template(m.chat_template("tool_use") or m.chat_template(), *m.special_texts(), m.add_bos)
+
+    @cached_property
+    def family(self) -> Family | None:
+        """The model's family, recognised from its template (None: the generic path). Its markers are shown in the
+        answer's text even where the vocabulary holds them as control tokens (which render as nothing otherwise),
+        so the API can read the reasoning and the calls."""
+        family = None if self.tool_template is None else self.tool_template.family
+        if family is not None:
+            for marker in markers(family):
+                ids = self.tokenize(marker, False, True)
+                if len(ids) == 1 and not self.model.pieces[ids[0]]:
+                    self.model.pieces[ids[0]] = marker.encode()
+        return family
+
+    def opened_think(self, prompt: Seq[int]) -> str:
+        """The family's think marker when the prompt ``prompt`` ends with it (the template opened the think block:
+        the answer starts inside it), else ""."""
+        think = None if self.family is None else self.family.think
+        if think is None or not self.detokenize(prompt[-8:]).rstrip().endswith(think[0]):
+            return ""
+        return think[0]
 
     def tokenize_chat(self, messages: Seq[dict[str, str]], tools: ToolChat | None = None) -> list[int]:
         """Chat messages -> prompt tokens: the template's markup parsed as special tokens, message contents never
         (see :mod:`llamafleet.engine.chat`). A conversation with ``tools`` is rendered by the model's own template
         when it shows tools and nothing outside the contents spells a special token; otherwise ``messages`` (their
-        generic rendering) by llama.cpp's."""
-        if tools is not None and self.tool_template is not None:
-            ids = tool_chat_tokens(tools, self.tool_template, self.tokenize)
+        generic rendering) by the template of the model's family (so its own markup, an opened think block
+        included, stays), or else by llama.cpp's."""
+        template = self.tool_template
+        if tools is not None and template is not None and template.renders(bool(tools.tools)):
+            ids = tool_chat_tokens(tools, template, self.tokenize)
             if ids is not None:
                 return ids
+        if template is not None and template.family is not None and template.plain:
+            return chat_tokens(messages, partial(template.render, kwargs=tools.kwargs if tools else ()),
+                               self.tokenize)
         return chat_tokens(messages, self.apply_chat_template, self.tokenize)
 
     def check_request(self, req: Request) -> None:

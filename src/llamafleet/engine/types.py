@@ -57,6 +57,7 @@ class SamplingParams:
     prompt_logprobs: bool = False
     grammar: str | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it, +100 forces it
+    think_budget: int | None = None  # tokens a thinking model may spend in its think block (engine/budget.py)
 
     def __post_init__(self) -> None:
         checks = [
@@ -81,6 +82,7 @@ class SamplingParams:
              "logit_bias maps token ids (>= 0) to biases between -100 and 100"),
             (self.grammar is None or not self.ignore_eos, "ignore_eos cannot be combined with a grammar: the "
                                                           "grammar ends the answer; drop ignore_eos"),
+            (self.think_budget is None or self.think_budget >= 1, "think_budget must be >= 1 (None = no budget)"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -95,12 +95,15 @@ class LoadProgress:
 
 @dataclass(frozen=True)
 class Ready:
-    """The engine is loaded and accepting work (the end of the readiness handshake)."""
+    """The engine is loaded and accepting work (the end of the readiness handshake). ``family``: the model family its
+    chat template was recognised as (:mod:`llamafleet.engine.families`; None: the generic path), which tells the API
+    how the model writes its reasoning and tool calls."""
 
     pid: int
     n_seq: int
     n_ctx_per_seq: int
     load_seconds: float
+    family: str | None = None
 
 
 @dataclass(frozen=True)

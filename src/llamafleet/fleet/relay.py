@@ -70,6 +70,8 @@ def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str
         body["grammar"] = p.grammar
     if member.llama_cpp and p.ignore_eos:
         body["ignore_eos"] = True
+    if p.think_budget is not None:  # (a chat's, to a llama.cpp-family member: see remote.unrelayable)
+        body["reasoning_budget"] = p.think_budget
     if msg.chat is not None:
         body["messages"] = [{"role": role, "content": content} for role, content in msg.chat]
         return "/v1/chat/completions", body

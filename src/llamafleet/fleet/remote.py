@@ -103,6 +103,8 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
         return "tokenizing needs the model's tokenizer, which a remote member does not expose"
     if p.prompt_logprobs:
         return "prompt logprobs (echo with logprobs) are not relayed to remote members"
+    if p.think_budget is not None and (msg.chat is None or not member.llama_cpp):
+        return "a reasoning budget is relayed with chats to llamafleet members only (set llama_cpp: true)"
     if member.llama_cpp:
         return None
     if p.grammar is not None:

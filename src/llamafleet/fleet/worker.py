@@ -22,6 +22,7 @@ Ctrl-C in a terminal reaches the whole process group; workers ignore SIGINT and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from llamafleet.engine.grammar import inside_think
 from llamafleet.engine.types import (
     ContextOverflow,
     EmbeddingRequest,
@@ -128,25 +130,33 @@ class _Outbox:
                 self._sent_at = time.monotonic()
 
 
-def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
+def _admit(engine: Engine, msg: Submit, opened: dict[str, str]) -> Rejected | RequestOutput | None:
     """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`, one that
-    is only tokenized as its one (finished) output."""
+    is only tokenized as its one (finished) output. A chat whose prompt opened the model's think block gets that
+    marker in ``opened``: its answer's text starts with it, so the API reads the answer as it was written."""
     try:
         if msg.embed is not None:
             inputs = tuple(i if isinstance(i, tuple) else tuple(engine.tokenize(i)) for i in msg.embed)
             engine.add_embedding(EmbeddingRequest(msg.request_id, inputs))
             return None
+        marker = ""
         if msg.prompt_ids is not None:
             ids = list(msg.prompt_ids)
         elif msg.infill is not None:
             ids = engine.tokenize_infill(msg.infill, msg.params.max_tokens)
         elif msg.chat is not None:
             ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat], msg.tools)
+            marker = engine.opened_think(ids)
         else:
             ids = engine.tokenize(msg.prompt, msg.add_special, msg.parse_special)
         if msg.tokenize_only:
             return engine.tokens_output(msg.request_id, ids, chat=msg.chat is not None)
-        engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
+        params = msg.params
+        if marker and params.grammar is not None:  # the answer starts inside the think block
+            params = dataclasses.replace(params, grammar=inside_think(params.grammar))
+        engine.add_request(Request(msg.request_id, tuple(ids), params))
+        if marker:
+            opened[msg.request_id] = marker
     except ContextOverflow as e:
         return Rejected(msg.request_id, str(e), status=400, overflow=e)
     except EmbeddingUnavailable as e:
@@ -173,6 +183,7 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
     heartbeat after ``beat_s`` without one (pulses beside it, see :class:`_Outbox`)."""
     out = _Outbox(pipe, beat_s)
     active: dict[str, bool] = {}  # request id -> wants token pieces (logprobs)
+    opened: dict[str, str] = {}  # request id -> the think marker its prompt opened, put before its first text
     stopping = False
     sent_at = time.monotonic()
     while True:
@@ -183,7 +194,7 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
                 answer = (
                     Rejected(msg.request_id, "the replica is shutting down; retry the request", status=503)
                     if stopping
-                    else _admit(engine, msg)
+                    else _admit(engine, msg, opened)
                 )
                 if answer is None:
                     active[msg.request_id] = msg.params.logprobs
@@ -203,6 +214,8 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
             if o.top_logprobs or o.prompt_logprobs:
                 o.token_bytes = {t: engine.token_bytes(t) for t in _named_ids(o)}
         for o in outputs:
+            if o.request_id in opened:
+                o.text = opened.pop(o.request_id) + o.text
             if o.finished:
                 del active[o.request_id]
         outputs += counted
@@ -258,7 +271,9 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
             _send(pipe, LoadFailed(f"{type(e).__name__}: {e}"))
             raise SystemExit(1) from None
         with engine:
-            _send(pipe, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0))
+            family = engine.family
+            _send(pipe, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0,
+                              None if family is None else family.name))
             _serve(engine, pipe, inbox, beat_s)
         log.info("context and model freed; exiting")  # the server's shutdown waits for this exit
     except _ParentGone:

@@ -8,11 +8,15 @@ blocks of a few tens of MB (a 7B Q4_0 file is written at disk speed). ``sparse=T
 the data as a file hole: instant, no disk used, and the planner reads it like the real thing.
 
 The tokenizer (``ggml-vocab-llama-spm.gguf``, vocab only) comes from llama.cpp's source inside the
-llama-cpp-python sdist: see :func:`find_vocab`.
+llama-cpp-python sdist: see :func:`find_vocab`. That source holds other real tokenizers (``qwen2``, ``qwen35``,
+``llama-bpe``, ``deepseek-llm``, ...) and about 70 real chat templates; ``vocab`` and ``chat_template`` take them by
+name (or a file), so a test model tokenizes and renders its prompts exactly as the real model of that family would
+(the matrix of model families, docs/MODELS.md, is tested on such models).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -28,13 +32,13 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 from tqdm import tqdm
 
-from llamafleet.model.header import read_fields
+from llamafleet.model.header import MetaField, read_fields
 from llamafleet.paths import LLAMA_CPP_VERSION, cache_dir, llama_cpp_sdist_dir
 
 log = logging.getLogger(__name__)
 
 VOCAB_NAME = "ggml-vocab-llama-spm.gguf"
-VOCAB_MEMBER = f"llama_cpp_python-{LLAMA_CPP_VERSION}/vendor/llama.cpp/models/{VOCAB_NAME}"
+VENDOR = f"llama_cpp_python-{LLAMA_CPP_VERSION}/vendor/llama.cpp/"
 CHUNK_BYTES = 32 << 20
 # LLaMA-2 chat format ([INST] ... [/INST], the system prompt inside <<SYS>> tags in the first user turn).
 CHAT_TEMPLATE = (
@@ -78,6 +82,8 @@ SHAPES: dict[str, Shape] = {
     "llama2-70b": Shape("llama2-70b", n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, n_ff=28672),
     # Small enough for CPU tests, with grouped-query attention like 70B.
     "tiny": Shape("tiny", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_ctx=2048),
+    # The least that runs: for tests of what surrounds the model (templates, tokenizers, parsing) with large vocabs.
+    "micro": Shape("micro", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128, n_ctx=2048),
 }
 QUANTS: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {
     "q4_0": (GGMLQuantizationType.Q4_0, LlamaFileType.MOSTLY_Q4_0),
@@ -147,38 +153,62 @@ def _random_chunks(spec: TensorSpec, rng: np.random.Generator) -> Iterator[np.nd
         done += n * size
 
 
-def find_vocab(explicit: str | Path | None = None, fetch: bool = True) -> Path:
-    """The LLaMA-2 tokenizer GGUF: ``explicit`` if given, else extracted (once, into the cache) from the sdist.
+def vendored(member: str, fetch: bool = True) -> Path:
+    """A file of llama.cpp's source in the llama-cpp-python sdist (``member`` relative to ``vendor/llama.cpp/``),
+    from the cache. The first file asked for brings every tokenizer and chat template of ``models/`` there in one
+    pass over the sdist (a gzip stream is read from its start for every member taken). The sdist is looked for in
+    :func:`llamafleet.paths.llama_cpp_sdist_dir` and, if absent and ``fetch``, downloaded there with ``pip
+    download``."""
+    folder = cache_dir() / "vendor"
+    if not (folder / member).is_file():
+        _extract_models(folder, fetch)
+    if not (folder / member).is_file():
+        raise SynthError(f"llama.cpp's source has no {member}; check the name")
+    return folder / member
 
-    The sdist is looked for in :func:`llamafleet.paths.llama_cpp_sdist_dir` and, if absent and ``fetch``, downloaded
-    there with ``pip download``.
-    """
-    if explicit is not None:
-        p = Path(explicit)
-        if not p.is_file():
-            raise SynthError(f"--vocab {p}: no such file; give the path of {VOCAB_NAME}")
-        return p
-    cached = cache_dir() / "vocab" / VOCAB_NAME
-    if cached.is_file():
-        return cached
+
+def _extract_models(folder: Path, fetch: bool) -> None:
     sdist = llama_cpp_sdist_dir() / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
     if not sdist.is_file():
         if not fetch:
-            raise SynthError(f"the LLaMA-2 tokenizer needs {sdist} (or --vocab PATH to {VOCAB_NAME})")
+            raise SynthError(f"tokenizers and chat templates are taken from {sdist}, which is not there (or give "
+                             "--vocab PATH / --chat-template FILE)")
         _fetch_sdist(sdist.parent)
     try:
         with tarfile.open(sdist) as tar:
-            member = tar.extractfile(VOCAB_MEMBER)
-            if member is None:
-                raise KeyError(VOCAB_MEMBER)
-            data = member.read()
-    except (KeyError, tarfile.TarError) as e:
-        raise SynthError(f"{sdist} does not hold {VOCAB_MEMBER} ({e}); delete it to fetch it again") from None
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(".partial")
-    tmp.write_bytes(data)
-    os.replace(tmp, cached)
-    return cached
+            for info in tar:
+                name = info.name.removeprefix(VENDOR)
+                if name != info.name and name.startswith("models/") and name.endswith((".jinja", ".gguf")):
+                    data = tar.extractfile(info)
+                    if data is not None:
+                        target = folder / name
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        tmp = target.with_name(target.name + ".partial")
+                        tmp.write_bytes(data.read())
+                        os.replace(tmp, target)
+    except tarfile.TarError as e:
+        raise SynthError(f"{sdist} cannot be read ({e}); delete it to fetch it again") from None
+
+
+def find_vocab(explicit: str | Path | None = None, fetch: bool = True) -> Path:
+    """A tokenizer GGUF: ``explicit`` if it is a file, else the sdist's ``ggml-vocab-<explicit>.gguf`` (``qwen2``,
+    ``llama-bpe``, ...), else the LLaMA-2 one (:func:`vendored`)."""
+    if explicit is not None and Path(explicit).is_file():
+        return Path(explicit)
+    if explicit is not None and (os.sep in str(explicit) or str(explicit).endswith(".gguf")):
+        raise SynthError(f"--vocab {explicit}: no such file; give a tokenizer GGUF or a name such as qwen2")
+    return vendored(f"models/ggml-vocab-{explicit}.gguf" if explicit else f"models/{VOCAB_NAME}", fetch)
+
+
+def find_template(explicit: str | Path) -> str:
+    """A chat template's Jinja source: the file ``explicit``, else the sdist's ``models/templates/<explicit>.jinja``
+    (``Qwen-Qwen3-0.6B``, ``openai-gpt-oss-120b``, ...)."""
+    if Path(explicit).is_file():
+        return Path(explicit).read_text(encoding="utf-8")
+    if os.sep in str(explicit) or str(explicit).endswith(".jinja"):
+        raise SynthError(f"--chat-template {explicit}: no such file; give a Jinja file or the name of one of "
+                         "llama.cpp's templates (models/templates/NAME.jinja)")
+    return vendored(f"models/templates/{explicit}.jinja").read_text(encoding="utf-8")
 
 
 def _fetch_sdist(folder: Path) -> None:
@@ -194,12 +224,17 @@ def _fetch_sdist(folder: Path) -> None:
         )
 
 
-def _copy_tokenizer(writer: GGUFWriter, vocab: Path) -> None:
+def _copy_tokenizer(writer: GGUFWriter, fields: dict[str, MetaField]) -> None:
+    for key, field in fields.items():
+        if not key.startswith("tokenizer.chat_template"):  # the model's own template is written apart
+            writer.add_key_value(key, field.value, field.vtype, sub_type=field.sub_type)
+
+
+def _tokenizer(vocab: Path) -> dict[str, MetaField]:
     fields = read_fields(vocab, "tokenizer.")
     if "tokenizer.ggml.tokens" not in fields:
-        raise SynthError(f"{vocab} has no tokenizer.ggml.tokens; give the LLaMA-2 vocab file {VOCAB_NAME}")
-    for key, field in fields.items():
-        writer.add_key_value(key, field.value, field.vtype, sub_type=field.sub_type)
+        raise SynthError(f"{vocab} has no tokenizer.ggml.tokens; give a tokenizer GGUF such as {VOCAB_NAME}")
+    return fields
 
 
 def write_model(
@@ -215,14 +250,18 @@ def write_model(
     fim: tuple[int, int, int] | None = None,
 ) -> Path:
     """Write a random-weight model of ``shape`` in ``quant`` (q4_0, q8_0, f16) to ``out``; returns the path.
-    ``chat_template``: the Jinja chat template it carries (LLaMA-2's unless given). ``fim``: token ids to name as
-    its fill-in-the-middle prefix, suffix and middle tokens (the LLaMA-2 vocabulary has none of its own).
+    ``chat_template``: the Jinja chat template it carries (LLaMA-2's unless given). The vocabulary's size is the
+    tokenizer's (``shape.n_vocab`` is LLaMA-2's). ``fim``: token ids to name as its fill-in-the-middle prefix, suffix
+    and middle tokens (the LLaMA-2 vocabulary has none of its own).
 
     The file appears only when complete (written under a temporary name, then renamed).
     """
     if quant not in QUANTS:
         raise SynthError(f"unknown quant {quant!r}; use one of {', '.join(QUANTS)}")
     qtype, ftype = QUANTS[quant]
+    tokenizer = _tokenizer(vocab)
+    tokens = tokenizer["tokenizer.ggml.tokens"].value
+    shape = dataclasses.replace(shape, n_vocab=len(tokens) if isinstance(tokens, list) else shape.n_vocab)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
@@ -246,7 +285,7 @@ def write_model(
     writer.add_head_count_kv(shape.n_head_kv)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(shape.n_vocab)
-    _copy_tokenizer(writer, vocab)
+    _copy_tokenizer(writer, tokenizer)
     writer.add_chat_template(chat_template)
     for part, token in zip(("pre", "suf", "mid"), fim or (), strict=False):
         writer.add_uint32(f"tokenizer.ggml.fim_{part}_token_id", token)

@@ -11,12 +11,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from llamafleet.api.aggregate import Choice
+from llamafleet.api.answer import AnswerStreams
 from llamafleet.api.anthropic import MessageRenderer
 from llamafleet.api.anthropic_requests import MessagesRequest
 from llamafleet.api.app import create_app
 from llamafleet.api.openai_requests import ChatCompletionRequest
-from llamafleet.api.tool_calls import CallStreams
-from llamafleet.engine.types import RequestOutput
+from llamafleet.api.protocol import PromptTokensDetails, Usage
+from llamafleet.engine.families import FAMILIES
+from llamafleet.engine.types import Generation, RequestOutput
 from llamafleet.fleet.dispatch import Delta
 from one_model import one_model_service
 
@@ -95,7 +98,7 @@ def _delta(text: str, finished: bool = False) -> Delta:
 
 def test_calls_become_tool_use_blocks_whole_and_streamed() -> None:
     answer = ['Sure.<tool', '_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>']
-    stream = MessageRenderer("msg_1", MODEL, (), CallStreams({"get_weather"}, forced=False))
+    stream = MessageRenderer("msg_1", MODEL, (), AnswerStreams(None, {"get_weather": {}}, forced=False))
     events = [e.model_dump() for i, t in enumerate(answer) for e in stream.chunk(0, _delta(t, i == 1))]
     kinds = [e["type"] for e in events]
     assert kinds == ["message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
@@ -110,7 +113,7 @@ def test_calls_become_tool_use_blocks_whole_and_streamed() -> None:
 
 
 def test_a_forced_answer_of_calls_alone_has_no_text_block() -> None:
-    stream = MessageRenderer("msg_1", MODEL, (), CallStreams({"get_time"}, forced=True))
+    stream = MessageRenderer("msg_1", MODEL, (), AnswerStreams(None, {"get_time": {}}, forced=True))
     events = [e.model_dump() for e in stream.chunk(0, _delta('<tool_call>\n{"name": "get_time", "arguments": {}}\n'
                                                               "</tool_call>", True))]
     blocks = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
@@ -149,3 +152,24 @@ def test_a_valid_tool_request_reaches_the_replicas(client: TestClient) -> None:
     body = {"model": MODEL, "max_tokens": 8, "messages": HISTORY, "tools": [WEATHER],
             "tool_choice": {"type": "tool", "name": "get_weather"}}
     assert client.post("/v1/messages", json=body).status_code == 503  # every check passed; no replica is up
+
+
+def test_reasoning_is_a_thinking_block_first_streamed_and_whole() -> None:
+    answer = '<think>Let me see.</think>Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    answers = AnswerStreams(FAMILIES["qwen3"], {"get_weather": {}}, forced=False)
+    stream = MessageRenderer("msg_1", MODEL, (), answers)
+    events = [e.model_dump() for i in range(0, len(answer), 7)
+              for e in stream.chunk(0, _delta(answer[i:i + 7], i + 7 >= len(answer)))]
+    starts = [(e["index"], e["content_block"]["type"]) for e in events if e["type"] == "content_block_start"]
+    assert starts == [(0, "thinking"), (1, "text"), (2, "tool_use")]
+    stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert stops == [0, 1, 2]
+    thinking = "".join(e["delta"].get("thinking", "") for e in events if e["type"] == "content_block_delta")
+    assert thinking == "Let me see."
+    choice = Choice(Generation("m"))
+    choice.add(_delta(answer, True))
+    usage = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10,
+                  prompt_tokens_details=PromptTokensDetails(cached_tokens=0))
+    whole = MessageRenderer("msg_1", MODEL, (), answers).whole([choice], usage).model_dump()
+    assert [b["type"] for b in whole["content"]] == ["thinking", "text", "tool_use"]
+    assert whole["content"][0] == {"type": "thinking", "thinking": "Let me see.", "signature": ""}

@@ -214,7 +214,7 @@ def test_responses_request_becomes_chat_turns() -> None:
      "text.format.schema", "'patternProperties' (at patternProperties) cannot be enforced"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0]", "input_image content is not supported"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", "reasoning items are not supported"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0]", "web_search_call items are not supported"),
 ])
 def test_responses_refusals_name_the_parameter(client: TestClient, change: dict[str, Any], param: str,
                                                words: str) -> None:

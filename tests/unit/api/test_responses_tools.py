@@ -12,12 +12,13 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from llamafleet.api.aggregate import Choice
+from llamafleet.api.answer import AnswerStreams
 from llamafleet.api.errors import ApiError
 from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.protocol import PromptTokensDetails, Usage
 from llamafleet.api.responses import ResponseRenderer
 from llamafleet.api.responses_requests import ResponsesRequest
-from llamafleet.api.tool_calls import CallStreams
+from llamafleet.engine.families import FAMILIES
 from llamafleet.engine.types import Generation, RequestOutput
 from llamafleet.fleet.dispatch import Delta
 
@@ -94,8 +95,7 @@ def test_refusals_name_the_parameter(fields: dict[str, Any], param: str, words: 
 
 
 def _renderer(req: ResponsesRequest) -> ResponseRenderer:
-    calls = CallStreams({t.function.name for t in req.callable}, req.forced) if req.callable else None
-    return ResponseRenderer(req, "resp_1", MODEL, 0, calls)
+    return ResponseRenderer(req, "resp_1", MODEL, 0, AnswerStreams.over(None, req.callable, req.forced))
 
 
 def _delta(text: str, finished: bool) -> Delta:
@@ -171,3 +171,40 @@ def test_logprobs_of_held_back_text_ride_on_the_next_text_delta() -> None:
     assert "".join(e.delta for e in deltas) == "Hi <tool no."  # type: ignore[attr-defined]
     assert [len(e.logprobs) for e in deltas] == [1, 2]  # type: ignore[attr-defined]
     assert "".join(lp.token for e in deltas for lp in e.logprobs) == "Hi <tool no."  # type: ignore[attr-defined]
+
+
+def test_reasoning_is_an_item_before_the_message_streamed_and_whole() -> None:
+    req = _request(tools=[WEATHER])
+    answer = ("<think>\nLet me see.\n</think>\n\nSure. <tool_call>\n"
+              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>")
+    answers = AnswerStreams.over(FAMILIES["qwen3"], req.callable, req.forced)
+    render = ResponseRenderer(req, "resp_1", MODEL, 0, answers)
+    events = [*render.opening(1)]
+    for i in range(0, len(answer), 9):
+        events += render.chunk(0, _delta(answer[i:i + 9], i + 9 >= len(answer)))
+    events += render.closing(USAGE)
+    parsed = [EVENTS.validate_python(json.loads(e.model_dump_json())) for e in events]
+    final = parsed[-1].response  # type: ignore[union-attr]
+    assert [i.type for i in final.output] == ["reasoning", "message", "function_call"]
+    assert final.output[0].content[0].text == "Let me see."  # type: ignore[union-attr,index]
+    thought = "".join(e.delta for e in parsed if e.type == "response.reasoning_text.delta")  # type: ignore[union-attr]
+    assert thought == "Let me see."
+    added = [(e.output_index, e.item.type) for e in parsed if e.type == "response.output_item.added"]  # type: ignore
+    assert added == [(0, "reasoning"), (1, "message"), (2, "function_call")]
+    assert {e.output_index for e in parsed if e.type == "response.output_text.delta"} == {1}  # type: ignore
+    choice = Choice(Generation("resp_1"))
+    choice.add(_delta(answer, True))
+    whole = Response.model_validate(ResponseRenderer(req, "resp_1", MODEL, 0, answers).whole([choice], USAGE)
+                                    .model_dump())
+    assert [_shape(i) for i in whole.output] == [_shape(i) for i in final.output]
+
+
+def test_reasoning_items_sent_back_go_with_the_assistant_turn_after_them() -> None:
+    req = _request(input=[
+        {"role": "user", "content": "Weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Call."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "21 C"},
+    ], tools=[WEATHER])
+    assert [m.reasoning_content for m in req.messages] == [None, "Call.", None]
+    assert [i["type"] for i in req.input_items()] == ["message", "reasoning", "function_call", "function_call_output"]

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from llamafleet.api.answer import AnswerSplitter, AnswerStreams, Split
 from llamafleet.api.errors import ApiError
 from llamafleet.api.openai_requests import ChatCompletionRequest
-from llamafleet.api.tool_calls import CallSplitter, CallStreams, ParsedCall, parse
+from llamafleet.api.tool_calls import ParsedCall, parse
 from llamafleet.api.tools import TOOLS_HEADER, Function, Tool, calls_grammar
 from llamafleet.engine.grammar import check_gbnf
 
@@ -80,9 +81,10 @@ def test_a_broken_block_stays_in_the_content_beside_good_ones() -> None:
 ])
 @pytest.mark.parametrize("step", [1, 2, 5, 1000])
 def test_streamed_splits_never_leak_markup_and_agree_with_whole(text: str, step: int) -> None:
-    splitter = CallSplitter(NAMES)
-    sent = "".join(splitter.feed(text[i:i + step]) for i in range(0, len(text), step))
-    rest, calls = splitter.finish()
+    splitter = AnswerSplitter(None, dict.fromkeys(NAMES, {}))
+    sent = "".join(splitter.feed(text[i:i + step]).content for i in range(0, len(text), step))
+    end = splitter.finish()
+    rest, calls = end.content, end.calls
     content, whole_calls = parse(text, NAMES)
     assert calls == whole_calls
     if calls:
@@ -93,11 +95,11 @@ def test_streamed_splits_never_leak_markup_and_agree_with_whole(text: str, step:
 
 
 def test_forced_streams_hold_everything_and_each_choice_is_its_own() -> None:
-    streams = CallStreams(NAMES, forced=True)
+    streams = AnswerStreams(None, dict.fromkeys(NAMES, {}), forced=True)
     block = '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
-    assert streams.feed(0, block[:20], False) == ("", [])
-    assert streams.feed(1, "plain", True) == ("plain", [])
-    assert streams.feed(0, block[20:], True) == ("", [TIME])
+    assert streams.feed(0, block[:20], False) == Split()
+    assert streams.feed(1, "plain", True) == Split(content="plain")
+    assert streams.feed(0, block[20:], True) == Split(calls=[TIME])
 
 
 def test_tools_are_listed_in_the_system_prompt_and_history_is_rendered_as_text() -> None:
@@ -139,8 +141,8 @@ def test_calls_grammar_wraps_the_schema_rules_under_one_root() -> None:
     tools = [Tool.model_validate(t) for t in TOOLS]
     grammar = calls_grammar(tools, many=True)
     check_gbnf(grammar)
-    assert grammar.startswith("root ::= tool-call") and grammar.count("root ::=") == 1
-    assert "tool-json ::= " in grammar
+    assert grammar.startswith('root ::= call ("\\n" call){0,7}\n') and grammar.count("\nroot ::=") == 0
+    assert 'call ::= "<tool_call>\\n" c-root "\\n</tool_call>"' in grammar and "c-root ::= " in grammar
 
 
 def test_unenforceable_schema_is_refused_for_forced_calls_only() -> None:

@@ -92,7 +92,6 @@ def test_tool_results_name_their_function_and_no_tools_is_none() -> None:
 
 @pytest.mark.parametrize(("source", "words"), [
     (HEADER_TOOLS, "refused this conversation: only one tool call per turn"),  # raise_exception
-    ("{{ messages.append(1) }}", "SecurityError"),  # the immutable sandbox
     ("{{ messages[0].content.__class__.__mro__[1].__subclasses__() }}", "SecurityError"),
     ("{{ messages[0].content + 1 }}", "TypeError"),
 ])
@@ -103,6 +102,29 @@ def test_template_failures_are_value_errors(source: str, words: str) -> None:
     with pytest.raises(TemplateFailed, match=words) as e:
         ChatTemplate(source, "", "", False).render(chat.messages, chat.tools)
     assert isinstance(e.value, ValueError)  # the worker answers it with a 400
+
+
+def test_a_template_changes_its_copies_never_the_conversation() -> None:
+    source = ("{% set seen = [] %}{% for m in messages %}{{ seen.append(m.role) or '' }}{% endfor %}"
+              "{{ messages.append(1) or '' }}{{ seen | join(',') }}")
+    messages = [{"role": "user", "content": "hi"}]
+    template = ChatTemplate(source, "", "", False)
+    assert template.render(messages) == "user"
+    assert messages == [{"role": "user", "content": "hi"}]
+
+
+def test_a_value_the_template_refuses_is_blamed_on_its_key() -> None:
+    source = ("{% if effort is defined and effort not in ['low', 'high'] %}{{ raise_exception('bad effort') }}"
+              "{% endif %}ok")
+    template = ChatTemplate(source, "", "", False)
+    assert template.render([], kwargs=[("effort", "low"), ("other", 1)]) == "ok"
+    with pytest.raises(TemplateFailed, match=r"chat_template_kwargs\.effort: .*bad effort"):
+        template.render([], kwargs=[("effort", "max"), ("other", 1)])
+
+
+def test_hf_generation_tags_render_their_body() -> None:
+    source = "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}"
+    assert ChatTemplate(source, "", "", False).render([{"role": "user", "content": "a"}]) == "[a]"
 
 
 def test_loop_controls_as_hf_enables_them() -> None:

@@ -89,7 +89,7 @@ def test_vocab_lookup_errors_name_the_fix(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(SynthError, match="--vocab .*no such file"):
         find_vocab(tmp_path / "missing.gguf")
     monkeypatch.setenv("LLAMAFLEET_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(SynthError, match=r"needs .*llama_cpp_python-0\.3\.36\.tar\.gz \(or --vocab PATH"):
+    with pytest.raises(SynthError, match=r"taken from .*llama_cpp_python-0\.3\.36\.tar\.gz.*\(or give --vocab PATH"):
         find_vocab(fetch=False)
 
 
@@ -105,8 +105,20 @@ def test_vocab_is_extracted_from_the_sdist_into_the_cache(tmp_path: Path, monkey
         (cache / "sdist" / f.name).symlink_to(f)
     monkeypatch.setenv("LLAMAFLEET_CACHE", str(cache))
     vocab = find_vocab(fetch=False)
-    assert vocab == cache / "vocab" / "ggml-vocab-llama-spm.gguf"
+    assert vocab == cache / "vendor" / "models" / "ggml-vocab-llama-spm.gguf"
     assert len(read_fields(vocab, "tokenizer.ggml.tokens")["tokenizer.ggml.tokens"].value) == 32000  # type: ignore[arg-type]
+
+
+def test_a_real_tokenizer_and_template_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "qwen3.gguf"
+    assert main(["synth", "--shape", "micro", "--quant", "q8_0", "--sparse", "-q", "-o", str(out), "--vocab", "qwen2",
+                 "--chat-template", "Qwen-Qwen3-0.6B"]) == 0
+    fields = read_fields(out, "tokenizer.")
+    assert fields["tokenizer.ggml.pre"].value == "qwen2"
+    assert len(fields["tokenizer.ggml.tokens"].value) == read_model_info(out).n_vocab == 151936  # type: ignore[arg-type]
+    assert "<tool_call>" in str(fields["tokenizer.chat_template"].value)
+    assert main(["synth", "--shape", "micro", "-o", str(out), "--chat-template", "no-such-template"]) == 1
+    assert "no models/templates/no-such-template.jinja" in capsys.readouterr().err
 
 
 def test_cli_writes_a_sparse_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,194 @@
+"""Each family's tool calls, read out of the part of an answer that holds them (its *calls section*: from the first
+marker that opens a call to the end; :mod:`~llamafleet.api.answer` finds it).
+
+The formats (:attr:`~llamafleet.engine.families.Family.calls`):
+
+* ``json``: ``<tool_call>{"name", "arguments"}</tool_call>`` blocks (Hermes, Qwen 2.5/3, Granite 4), or an answer
+  that is JSON calls only (Llama 3.x ``{"name", "parameters"}`` after an optional ``<|python_tag|>``, generic
+  JSON): :func:`~llamafleet.api.tool_calls.parse`;
+* ``mistral`` / ``mistral-args``: ``[TOOL_CALLS]`` then a JSON list of calls (Nemo, ids in the calls), or
+  ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`` repeated (Small 3.2, Devstral, Magistral, Ministral 3);
+* ``xml``: ``<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`` (Qwen3-Coder,
+  Qwen 3.5): values are text, read as JSON where the tool's schema wants no string;
+* ``glm``: ``<tool_call>name<arg_key>key</arg_key><arg_value>value</arg_value></tool_call>`` (GLM 4.5+);
+* ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>`` with
+  ``function<｜tool▁sep｜>name`` and a fenced JSON block (R1) or ``name<｜tool▁sep｜>{...}`` (V3.1);
+* ``kimi``: ``<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`` in a
+  section; the ``functions.name:0`` is the call's id;
+* ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x);
+* ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}<|call|>``, the
+  recipient in the channel or in the role header (``<|start|>assistant to=functions.name<|channel|>...``).
+
+Every call must name an offered function and carry a JSON object of arguments; a section that holds anything else
+is not calls (None), and the caller keeps it as text. Pure logic.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from llamafleet.api.tool_calls import ParsedCall, json_values, parse
+
+Schemas = Mapping[str, dict[str, Any]]  # function name -> its parameters schema
+Found = tuple[list[ParsedCall], str]  # the calls, and the text of the section that is not part of them
+
+
+def _object(args: Any) -> str | None:
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else None
+
+
+def _call(name: str, args: Any, tools: Schemas, call_id: str | None = None) -> ParsedCall | None:
+    text = _object(args) if name in tools else None
+    return None if text is None else ParsedCall(name, text, call_id)
+
+
+def _all(calls: list[ParsedCall | None], rest: str = "") -> Found | None:
+    found = [c for c in calls if c is not None]
+    return (found, rest) if found and len(found) == len(calls) else None
+
+
+def _json(section: str, tools: Schemas) -> Found | None:
+    content, calls = parse(section, tools)
+    return (calls, content or "") if calls else None
+
+
+def _mistral(section: str, tools: Schemas) -> Found | None:
+    values = json_values(section.replace("[TOOL_CALLS]", " "))
+    if not values:
+        return None
+    items = [i for v in values for i in (v if isinstance(v, list) else [v])]
+    return _all([_call(i["name"], i.get("arguments"), tools, i.get("id")) if isinstance(i, dict) and
+                 isinstance(i.get("name"), str) else None for i in items])
+
+
+_ARGS_CALL = re.compile(r"\[TOOL_CALLS\]\s*([^\[\s]+)\s*(?:\[CALL_ID\]\s*([^\[\s]+)\s*)?\[ARGS\]")
+
+
+def _mistral_args(section: str, tools: Schemas) -> Found | None:
+    decoder, at, calls = json.JSONDecoder(), 0, []
+    while at < len(section.rstrip()):
+        m = _ARGS_CALL.match(section, at)
+        if m is None:
+            return None
+        try:
+            args, at = decoder.raw_decode(section, m.end())
+        except ValueError:
+            return None
+        calls.append(_call(m.group(1), args, tools, m.group(2)))
+        at += len(section[at:]) - len(section[at:].lstrip())
+    return _all(calls)
+
+
+def _typed(value: str, schema: Any) -> Any:
+    """A parameter's text as the value its schema wants: text for strings (or no schema), JSON otherwise."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _pairs(name: str, pairs: list[tuple[str, str]], tools: Schemas) -> ParsedCall | None:
+    if name not in tools:
+        return None
+    props = tools[name].get("properties") or {}
+    return _call(name, {k.strip(): _typed(v, props.get(k.strip())) for k, v in pairs}, tools)
+
+
+_XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*(?:</tool_call>|\Z)", re.DOTALL)
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_GLM_CALL = re.compile(r"<tool_call>\s*([^\s<]+)\s*(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+def _blocks(pattern: re.Pattern[str], section: str, read: Callable[[re.Match[str]], ParsedCall | None]) -> Found | None:
+    """Calls that are blocks matching ``pattern``, blanks between them; text after the last one is the rest."""
+    calls, at = [], 0
+    for m in pattern.finditer(section):
+        if section[at:m.start()].strip():
+            return None
+        calls.append(read(m))
+        at = m.end()
+    return _all(calls, section[at:].strip())
+
+
+def _xml(section: str, tools: Schemas) -> Found | None:
+    return _blocks(_XML_CALL, section,
+                   lambda m: _pairs(m.group(1).strip(), _XML_PARAM.findall(m.group(2)), tools))
+
+
+def _glm(section: str, tools: Schemas) -> Found | None:
+    return _blocks(_GLM_CALL, section, lambda m: _pairs(m.group(1), _GLM_ARG.findall(m.group(2)), tools))
+
+
+_DS_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
+_DS_FENCED = re.compile(r"^\s*(\S+?)\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
+
+
+def _deepseek_call(body: str, tools: Schemas) -> ParsedCall | None:
+    head, sep, tail = body.partition("<｜tool▁sep｜>")
+    if not sep:
+        return None
+    fenced = _DS_FENCED.match(tail)
+    if fenced:  # R1: function<｜tool▁sep｜>name\n```json\n{...}\n```
+        return _call(fenced.group(1), fenced.group(2), tools)
+    return _call(head.strip(), tail.strip(), tools)  # V3.1: name<｜tool▁sep｜>{...}
+
+
+def _deepseek(section: str, tools: Schemas) -> Found | None:
+    body = section.removeprefix("<｜tool▁calls▁begin｜>")
+    body, _, rest = body.partition("<｜tool▁calls▁end｜>")
+    found = _blocks(_DS_CALL, body, lambda m: _deepseek_call(m.group(1), tools))
+    return None if found is None else (found[0], rest.strip())
+
+
+_KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(\S+?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
+                        re.DOTALL)
+
+
+def _kimi_call(m: re.Match[str], tools: Schemas) -> ParsedCall | None:
+    call_id = m.group(1)
+    name = call_id.split(".", 1)[-1].rsplit(":", 1)[0]  # functions.get_weather:0
+    return _call(name, m.group(2).strip(), tools, call_id)
+
+
+def _kimi(section: str, tools: Schemas) -> Found | None:
+    body = section.removeprefix("<|tool_calls_section_begin|>")
+    body, _, rest = body.partition("<|tool_calls_section_end|>")
+    found = _blocks(_KIMI_CALL, body, lambda m: _kimi_call(m, tools))
+    return None if found is None else (found[0], rest.strip())
+
+
+_HARMONY_CALL = re.compile(
+    r"(?:<\|start\|>assistant)?\s*(?:<\|channel\|>\w+\s*)?to=functions\.([^\s<]+)\s*(?:<\|channel\|>\w+\s*)?"
+    r"(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>(.*?)(?:<\|call\|>|(?=<\|start\|>)|\Z)", re.DOTALL)
+
+
+def _harmony(section: str, tools: Schemas) -> Found | None:
+    return _blocks(_HARMONY_CALL, section, lambda m: _call(m.group(1), m.group(2).strip(), tools))
+
+
+def _granite(section: str, tools: Schemas) -> Found | None:
+    return _mistral(section.replace("<|tool_call|>", " "), tools)
+
+
+FORMATS: dict[str, Callable[[str, Schemas], Found | None]] = {
+    "json": _json, "mistral": _mistral, "mistral-args": _mistral_args, "xml": _xml, "glm": _glm,
+    "deepseek": _deepseek, "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _granite, "harmony": _harmony,
+}
+
+
+def read_calls(fmt: str, section: str, tools: Schemas) -> Found | None:
+    """The calls in ``section`` written in format ``fmt`` and the text left beside them; None if it holds no calls
+    or anything malformed (then it is text)."""
+    return FORMATS[fmt](section, tools)

@@ -1,0 +1,104 @@
+"""Model families: how a model writes its thinking and its tool calls, recognised from its chat template.
+
+Reasoning and tool-calling models each use their own markup, and their chat template spells it (the template has to
+render earlier turns' calls and thinking the way the model wrote them). So the family is read from the template's
+source once, at load (:func:`detect`): the markers it contains decide. What a family holds is data only: its think
+markers, the name of its call format (parsed by :mod:`llamafleet.api.call_formats`, forced by
+:mod:`llamafleet.api.call_grammar`), the markers that open its calls, and markup that frames an answer without being
+part of it. A template that names none of these markers is no family (None): such a model gets the generic path
+(tools listed in the system prompt, ``<tool_call>`` JSON or plain JSON calls, no reasoning split).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    calls: str  # the call format: json, mistral, mistral-args, xml, glm, deepseek(-r1), kimi, granite, harmony
+    think: tuple[str, str] | None = None  # the markers around the thinking (open, close)
+    openers: tuple[str, ...] = ()  # text that starts the calls (held from there on while streaming)
+    drop: tuple[str, ...] = ()  # markup around the answer that is not part of it
+
+    @property
+    def reasons(self) -> bool:
+        return self.think is not None
+
+
+THINK = ("<think>", "</think>")
+_DEEPSEEK_OPEN = "<｜tool▁calls▁begin｜>"
+_KIMI_OPEN = "<|tool_calls_section_begin|>"
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("hermes", "json", openers=("<tool_call>",)),
+    Family("qwen3", "json", THINK, openers=("<tool_call>",)),
+    Family("qwen3-coder", "xml", openers=("<tool_call>",)),
+    Family("qwen3.5", "xml", THINK, openers=("<tool_call>",)),
+    Family("llama3", "json", openers=("<|python_tag|>",)),
+    Family("mistral", "mistral", openers=("[TOOL_CALLS]",)),
+    Family("mistral-args", "mistral-args", openers=("[TOOL_CALLS]",)),
+    Family("magistral", "mistral-args", ("[THINK]", "[/THINK]"), openers=("[TOOL_CALLS]",)),
+    Family("deepseek-r1", "deepseek-r1", THINK, openers=(_DEEPSEEK_OPEN,)),
+    Family("deepseek-v3", "deepseek", THINK, openers=(_DEEPSEEK_OPEN,)),
+    Family("glm", "glm", THINK, openers=("<tool_call>",)),
+    Family("kimi", "kimi", openers=(_KIMI_OPEN,)),
+    Family("kimi-thinking", "kimi", THINK, openers=(_KIMI_OPEN,)),
+    Family("granite", "granite", THINK, openers=("<|tool_call|>",), drop=("<response>", "</response>")),
+    Family("think", "json", THINK, openers=("<tool_call>",)),
+    # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
+    Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
+           openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
+           drop=("<|start|>assistant", "<|channel|>final<|message|>", "<|channel|>commentary<|message|>",
+                 "<|channel|>final <|constrain|>json<|message|>", "<|return|>")),
+)}
+
+
+MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides its openers
+    "json": ("</tool_call>",),
+    "mistral": (),
+    "mistral-args": ("[ARGS]", "[CALL_ID]"),
+    "xml": ("</tool_call>",),
+    "glm": ("</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+    "deepseek": ("<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"),
+    "deepseek-r1": ("<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"),
+    "kimi": ("<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+             "<|tool_call_end|>"),
+    "granite": (),
+    "harmony": ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|call|>", "<|return|>"),
+}
+
+
+def markers(family: Family) -> tuple[str, ...]:
+    """Every marker the family writes in an answer."""
+    return (*(family.think or ()), *family.openers, *family.drop, *MARKUP[family.calls])
+
+
+def detect(source: str | None) -> Family | None:
+    """The family whose markup the template ``source`` spells; None when it spells none this server knows."""
+    if not source:
+        return None
+    has = source.__contains__
+    think = has("<think>")
+    if has("<|channel|>"):
+        return FAMILIES["gpt-oss"]
+    if has(_DEEPSEEK_OPEN):
+        return FAMILIES["deepseek-r1" if has("```json") else "deepseek-v3"]
+    if has(_KIMI_OPEN):
+        return FAMILIES["kimi-thinking" if think else "kimi"]
+    if has("[TOOL_CALLS]"):
+        return FAMILIES["magistral" if has("[THINK]") else "mistral-args" if has("[ARGS]") else "mistral"]
+    if has("<arg_key>"):
+        return FAMILIES["glm"]
+    if has("<|tool_call|>"):
+        return FAMILIES["granite"]
+    if has("<tool_call>") and has("<function="):
+        return FAMILIES["qwen3.5" if think else "qwen3-coder"]
+    if has("<tool_call>"):
+        return FAMILIES["qwen3" if think else "hermes"]
+    if has("<|python_tag|>") or (has("<|start_header_id|>") and has("tools")):
+        return FAMILIES["llama3"]
+    if think:
+        return FAMILIES["think"]
+    return None

@@ -1,0 +1,292 @@
+"""The model families the server recognises, each with a real chat template and tokenizer from llama.cpp's source,
+raw model outputs and what must be read from them, and the conformance matrix of docs/MODELS.md.
+
+Outputs marked ``test-chat.cpp`` are the raw outputs of llama.cpp's own chat tests (tests/test-chat.cpp) for the
+same template, with the message expected from them; the others are written here in the family's format. The unit
+tests (tests/unit/api/test_families.py) read every case whole and streamed in every split; the server tests
+(tests/integration/test_families_server.py) force each output with the request's ``grammar`` on a synthetic model
+carrying the family's template and tokenizer, and check what the OpenAI and Anthropic SDKs receive.
+``python tests/family_cases.py`` writes docs/MODELS.md from :data:`FAMILIES` (a unit test checks it is current).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPECIAL = {"type": "function", "function": {
+    "name": "special_function", "description": "I'm special",
+    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer", "description": "The arg."}},
+                   "required": ["arg1"]}}}
+OPTIONAL = {"type": "function", "function": {
+    "name": "special_function_with_opt", "description": "I'm special but have optional stuff",
+    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer"}, "arg2": {"type": "integer"}},
+                   "required": ["arg1"]}}}
+TOOLS = [SPECIAL, OPTIONAL]
+HELLO = "Hello, world!\nWhat's up?"
+THINKING = "I'm\nthinking"
+CALL = ("special_function", {"arg1": 1})
+CALL2 = ("special_function_with_opt", {"arg1": 1, "arg2": 2})
+
+
+@dataclass(frozen=True)
+class Case:
+    """One raw output and the message read from it."""
+
+    what: str  # the feature it shows (a column of the matrix)
+    output: str
+    content: str = ""
+    reasoning: str = ""
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    ids: tuple[str, ...] = ()  # the calls' ids, where the family writes them
+    source: str = "own"
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # as llamafleet.engine.families names it (None: not recognised)
+    label: str  # the models, as people know them
+    template: str  # models/templates/<template>.jinja in llama.cpp's source
+    vocab: str  # models/ggml-vocab-<vocab>.gguf: the family's own where llama.cpp's source has it (qwen2, qwen35,
+    # llama-bpe), else LLaMA-2's small one (the family's markers are then text, as the parser reads them anyway)
+    opens_think: bool = False  # its template opens the think block at the end of the prompt
+    cases: tuple[Case, ...] = ()
+    not_supported: dict[str, str] = field(default_factory=dict)  # feature -> why not
+
+
+FEATURES = {  # column -> title
+    "chat": "plain chat",
+    "tools": "tools",
+    "parallel": "parallel calls",
+    "forced": "forced call",
+    "reasoning": "reasoning split",
+    "budget": "reasoning budget",
+    "schema": "schema after reasoning",
+}
+NO_THINK = "the family does not think"
+
+
+def _json_block(name: str, args: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+def _xml(name: str, **args: int) -> str:
+    params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args.items())
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+def _glm(name: str, **args: int) -> str:
+    return f"<tool_call>{name}\n" + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"
+                                             for k, v in args.items()) + "</tool_call>"
+
+
+_DS = "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>"
+_KIMI = "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>"
+
+
+def _kimi(name: str, i: int, args: str) -> str:
+    return f"<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("qwen3", "Qwen3, QwQ", "Qwen-Qwen3-0.6B", "qwen2", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("reasoning", f"<think>\n{THINKING}\n</think>\n\n{HELLO}", HELLO, THINKING),
+        Case("tools", f"<think>\n{THINKING}\n</think>\n\n" + _json_block("special_function", '{"arg1": 1}'),
+             reasoning=THINKING, calls=(CALL,)),
+        Case("parallel", _json_block("special_function", '{"arg1": 1}') + "\n"
+             + _json_block("special_function_with_opt", '{"arg1": 1, "arg2": 2}'), calls=(CALL, CALL2)),
+        Case("text before a call", "Let me check." + _json_block("special_function", '{"arg1": 1}'),
+             "Let me check.", calls=(CALL,)),
+        Case("call inside reasoning", "<think>\nI should call it.\n" + _json_block("special_function", '{"arg1": 1}'),
+             reasoning="I should call it.", calls=(CALL,)),
+        Case("malformed call", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>',
+             '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>'),
+    )),
+    Family("hermes", "Qwen 2.5, Hermes 2/3, Granite 4", "Qwen-Qwen2.5-7B-Instruct", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("tools", "<tool_call>\n" '{"name": "special_function", "arguments": {"arg1": 1}}' "</tool_call>",
+             calls=(CALL,), source="test-chat.cpp"),
+        Case("text before a call", HELLO + "<tool_call>\n" '{"name": "special_function", "arguments": {"arg1": 1}}'
+             "</tool_call>", HELLO, calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", _json_block("special_function", '{"arg1": 1}') + "\n"
+             + _json_block("special_function_with_opt", '{"arg1": 1, "arg2": 2}'), calls=(CALL, CALL2)),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("qwen3.5", "Qwen 3.5, Nemotron 3 Nano, Step 3.5", "Qwen3.5-4B", "qwen35", opens_think=True, cases=(
+        Case("reasoning", f"{THINKING}\n</think>\n\n{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", f"{THINKING}\n</think>\n\n" + _xml("special_function", arg1=1), reasoning=THINKING,
+             calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", "</think>\n\n" + _xml("special_function", arg1=1) + "\n"
+             + _xml("special_function_with_opt", arg1=1, arg2=2), calls=(CALL, CALL2), source="test-chat.cpp"),
+    ), not_supported={"chat": "the template opens the think block: a plain answer is a reasoning case"}),
+    Family("qwen3-coder", "Qwen3-Coder", "Qwen3-Coder", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("tools", _xml("special_function", arg1=1), calls=(CALL,)),
+        Case("parallel", _xml("special_function", arg1=1) + "\n" + _xml("special_function_with_opt", arg1=1, arg2=2),
+             calls=(CALL, CALL2)),
+        Case("malformed call", "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n",
+             "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n"),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("llama3", "Llama 3.1, 3.2, 3.3", "meta-llama-Llama-3.1-8B-Instruct", "llama-bpe", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", '{"name": "special_function", "parameters": {"arg1": 1}}', calls=(CALL,)),
+        Case("parallel", '<|python_tag|>{"name": "special_function", "parameters": {"arg1": 1}}; '
+             '{"name": "special_function_with_opt", "parameters": {"arg1": 1, "arg2": 2}}', calls=(CALL, CALL2)),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("mistral", "Mistral Nemo", "mistralai-Mistral-Nemo-Instruct-2407", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}, "id": "123456789"}]',
+             calls=(CALL,), ids=("123456789",), source="test-chat.cpp"),
+        Case("parallel", '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}, "id": "000000001"}, '
+             '{"name": "special_function_with_opt", "arguments": {"arg1": 1, "arg2": 2}, "id": "000000002"}]',
+             calls=(CALL, CALL2), ids=("000000001", "000000002")),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("mistral-args", "Mistral Small 3.2, Devstral", "Mistral-Small-3.2-24B-Instruct-2506", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1": 1}', calls=(CALL,),
+             ids=("123456789",), source="test-chat.cpp"),
+        Case("parallel", '[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}'
+             '[TOOL_CALLS]special_function_with_opt[CALL_ID]000000002[ARGS]{"arg1": 1, "arg2": 2}',
+             calls=(CALL, CALL2), ids=("000000001", "000000002"), source="test-chat.cpp"),
+        Case("text before a call", HELLO + '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}', HELLO, calls=(CALL,),
+             source="test-chat.cpp"),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("magistral", "Magistral, Ministral 3 Reasoning", "mistralai-Ministral-3-14B-Reasoning-2512", "llama-spm",
+           cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"[THINK]{THINKING}[/THINK]{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", f'[THINK]{THINKING}[/THINK][TOOL_CALLS]special_function[ARGS]{{"arg1":1}}', reasoning=THINKING,
+             calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}'
+             '[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1, "arg2": 2}', calls=(CALL, CALL2),
+             source="test-chat.cpp"),
+    )),
+    Family("deepseek-r1", "DeepSeek R1 (and its distills)", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "llama-spm",
+           opens_think=True, cases=(
+        Case("reasoning", f"{THINKING}</think>{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", "</think>" + _DS.format("<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
+                                              "```json\n{\"arg1\": 1}```<｜tool▁call▁end｜>"), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", "</think>" + _DS.format(
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n```json\n{\"arg1\": 1}\n```"
+            "<｜tool▁call▁end｜>"
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function_with_opt\n```json\n"
+            "{\"arg1\": 1, \"arg2\": 2}\n```<｜tool▁call▁end｜>"), calls=(CALL, CALL2)),
+    ), not_supported={"chat": "the template opens the think block: a plain answer is a reasoning case"}),
+    Family("deepseek-v3", "DeepSeek V3.1", "deepseek-ai-DeepSeek-V3.1", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("tools", _DS.format("<｜tool▁call▁begin｜>special_function<｜tool▁sep｜>{\"arg1\": 1}<｜tool▁call▁end｜>"),
+             calls=(CALL,), source="test-chat.cpp"),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        Case("parallel", _DS.format(
+            "<｜tool▁call▁begin｜>special_function<｜tool▁sep｜>{\"arg1\": 1}<｜tool▁call▁end｜>"
+            "<｜tool▁call▁begin｜>special_function_with_opt<｜tool▁sep｜>{\"arg1\": 1, \"arg2\": 2}"
+            "<｜tool▁call▁end｜>"),
+            calls=(CALL, CALL2)),
+    )),
+    Family("glm", "GLM 4.5, 4.6, 4.7", "GLM-4.6", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("tools", "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+             calls=(CALL,), source="test-chat.cpp"),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        Case("parallel", _glm("special_function", arg1=1) + "\n" + _glm("special_function_with_opt", arg1=1, arg2=2),
+             calls=(CALL, CALL2)),
+    )),
+    Family("kimi-thinking", "Kimi K2 (Thinking)", "Kimi-K2-Thinking", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", "<think>I'm thinking about this</think>" + _KIMI.format(_kimi("special_function", 0,
+                                                                                   '{"arg1": 1}')),
+             reasoning="I'm thinking about this", calls=(CALL,), ids=("functions.special_function:0",),
+             source="test-chat.cpp"),
+        Case("parallel", _KIMI.format(_kimi("special_function", 0, '{"arg1": 1}')
+                                      + _kimi("special_function_with_opt", 1, '{"arg1": 1, "arg2": 2}')),
+             calls=(CALL, CALL2), ids=("functions.special_function:0", "functions.special_function_with_opt:1")),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+    )),
+    Family("granite", "Granite 3.3", "ibm-granite-granite-3.3-2B-Instruct", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", '<|tool_call|>[{"name": "special_function", "arguments": {"arg1": 1}}]', calls=(CALL,)),
+        Case("parallel", '<|tool_call|>[{"name": "special_function", "arguments": {"arg1": 1}}, '
+             '{"name": "special_function_with_opt", "arguments": {"arg1": 1, "arg2": 2}}]', calls=(CALL, CALL2)),
+    )),
+)
+_OSS_CALL = "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>"
+FAMILIES += (
+    Family("gpt-oss", "gpt-oss", "openai-gpt-oss-120b", "llama-spm", cases=(
+        Case("chat", f"<|channel|>final<|message|>{HELLO}", HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<|channel|>analysis<|message|>{THINKING}<|end|><|start|>assistant<|channel|>final"
+             f"<|message|>{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", f"<|channel|>analysis<|message|>{THINKING}<|end|><|start|>assistant to=functions."
+             'special_function<|channel|>analysis<|message|>{"arg1": 1}', reasoning=THINKING, calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", _OSS_CALL.format("special_function", '{"arg1": 1}') + "<|start|>assistant"
+             + _OSS_CALL.format("special_function_with_opt", '{"arg1": 1, "arg2": 2}'), calls=(CALL, CALL2)),
+        Case("recipient in the role header", ' to=functions.special_function<|channel|>analysis <|constrain|>json'
+             '<|message|>{"arg1": 1}', calls=(CALL,), source="test-chat.cpp"),
+        Case("content in the commentary channel", f"<|channel|>commentary<|message|>{HELLO}", HELLO,
+             source="test-chat.cpp"),
+    )),
+)
+UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why
+    "google-gemma-4-31B-it": "Gemma 4's <|channel>thought and call markup, not parsed yet",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B's <|START_THINKING|> / <|START_ACTION|>, not "
+                                                     "parsed yet",
+    "MiniMax-M2": "MiniMax's <minimax:tool_call> XML, not parsed yet (its <think> reasoning is split)",
+    "ByteDance-Seed-OSS": "Seed-OSS's <seed:tool_call>, not parsed yet",
+    "Kimi-K3": "Kimi K3's <|open|>think markup, not parsed yet",
+    "deepseek-ai-DeepSeek-V3.2": "DeepSeek V3.2's DSML calls, not parsed yet (its <think> reasoning is split)",
+}
+
+
+def supported(family: Family, feature: str) -> bool:
+    return feature not in family.not_supported
+
+
+def matrix() -> str:
+    """docs/MODELS.md."""
+    head = ("# Model families\n\n"
+            "How llamafleet reads each family's reasoning and tool calls, recognised from the model's chat template "
+            "when it loads (a template in no known markup is served the generic way, with one warning at load). "
+            "Every ✅ is a test that passes on every commit: `tests/integration/test_families_server.py` serves a "
+            "synthetic model carrying the family's real chat template and tokenizer (from llama.cpp's source, "
+            "`llamafleet synth --vocab NAME --chat-template NAME`), forces the raw outputs below with the request's "
+            "`grammar` (llama.cpp's own test outputs where it has them, `tests/family_cases.py`), and checks what the "
+            "OpenAI SDK (chat, Responses) and the Anthropic SDK (Messages) receive, streamed and whole. This file is "
+            "written by `python tests/family_cases.py` from that table.\n\n"
+            "- **tools**: a call is read into `tool_calls` (`function_call` items, `tool_use` blocks), none of its "
+            "markup in the content; text before it stays content; a malformed call stays text.\n"
+            "- **parallel calls**: several calls in one answer, streamed with their exact indices and the family's "
+            "ids where it writes them.\n"
+            "- **forced call**: `tool_choice: \"required\"` (or a named function) samples under a grammar of the "
+            "family's own call format, after an optional think block; the answer ends after a complete call.\n"
+            "- **reasoning split**: the think block goes out as `reasoning_content` and `reasoning` (chat), a "
+            "`reasoning` item (Responses), a `thinking` block (Messages).\n"
+            "- **reasoning budget**: `reasoning_budget` (chat), `thinking.budget_tokens` (Messages) or the server's "
+            "`reasoning_budget` closes the think block with the family's own end marker after that many tokens.\n"
+            "- **schema after reasoning**: `response_format` with a JSON schema lets the model think first.\n\n")
+    cols = list(FEATURES)
+    rows = ["| family | models | template | " + " | ".join(FEATURES[c] for c in cols) + " |",
+            "|---" * (3 + len(cols)) + "|"]
+    notes: list[str] = []
+    for f in FAMILIES:
+        cells = []
+        for c in cols:
+            if supported(f, c):
+                cells.append("✅")
+            else:
+                notes.append(f"{f.name}, {FEATURES[c]}: {f.not_supported[c]}")
+                cells.append(f"❌ ({len(notes)})")
+        rows.append(f"| {f.name} | {f.label} | `{f.template}` | " + " | ".join(cells) + " |")
+    for template, why in UNRECOGNISED.items():
+        notes.append(f"{template}: {why}")
+        rows.append(f"| — | | `{template}` | " + " | ".join([f"❌ ({len(notes)})"] * len(cols)) + " |")
+    return head + "\n".join(rows) + "\n\n" + "\n".join(f"{i}. {n}" for i, n in enumerate(notes, 1)) + "\n"
+
+
+if __name__ == "__main__":
+    out = Path(__file__).resolve().parent.parent / "docs" / "MODELS.md"
+    out.write_text(matrix(), encoding="utf-8")
+    print(out, file=sys.stderr)

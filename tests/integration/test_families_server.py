@@ -1,0 +1,247 @@
+"""The conformance matrix (docs/MODELS.md), on a real server: one synthetic model per family, carrying the family's
+real chat template and tokenizer from llama.cpp's source (``llamafleet synth --vocab --chat-template``), all behind
+one ``llamafleet serve`` that loads each on demand. Every case of tests/family_cases.py is forced with the request's
+``grammar`` (the model's weights are random: the grammar makes it write exactly the family's raw output), and what
+the OpenAI SDK (chat, whole and streamed; Responses) and the Anthropic SDK (Messages) receive is checked: reasoning
+apart, calls with their indices and ids, no markup in the content. Then what the server itself constrains: forced
+calls in the family's own format, the reasoning budget closing the think block, a JSON schema after reasoning.
+
+Tests run family by family (one model loaded at a time, the last one unloaded when idle)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from openai import OpenAI
+
+from conftest import FleetServer
+from family_cases import FAMILIES, HELLO, TOOLS, Case, Family, supported
+from llamafleet.engine import families
+from llamafleet.model.synth import SHAPES, find_template, find_vocab, write_model
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def server(launch_fleet: Callable[[list[str]], FleetServer], tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
+    folder = tmp_path_factory.mktemp("families")
+    entries = []
+    for f in FAMILIES:
+        path = write_model(folder / f"{f.name}.gguf", SHAPES["micro"], "q8_0", find_vocab(f.vocab), progress=False,
+                           chat_template=find_template(f.template))
+        entries.append(f"  - {{name: {f.name}, path: {path}, idle_ttl_s: 2}}\n")
+    config = folder / "fleet.yaml"
+    config.write_text("parallel: 2\ncontext_length: 2048\nthreads: 1\nmodels:\n" + "".join(entries), encoding="utf-8")
+    fleet = launch_fleet(["--config", str(config)])
+    fleet.wait_ready()
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def client(server: FleetServer) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120.0)
+
+
+@pytest.fixture(scope="module")
+def claude(server: FleetServer) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120.0) as sdk:
+        yield sdk
+
+
+def forced(text: str) -> dict[str, Any]:
+    return {"grammar": "root ::= " + json.dumps(text, ensure_ascii=False)}
+
+
+def markers(family: Family) -> tuple[str, ...]:
+    return families.markers(families.FAMILIES[family.name])
+
+
+def _calls(calls: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+
+
+def check_chat(client: OpenAI, family: Family, case: Case) -> None:
+    """One raw output through chat, whole and streamed: the same message, and the stream's calls in order."""
+    args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 300,
+                            "temperature": 0, "extra_body": forced(case.output)}
+    msg = client.chat.completions.create(**args).choices[0].message
+    assert (msg.content or "") == case.content
+    assert ((msg.model_extra or {}).get("reasoning_content") or "") == case.reasoning
+    assert (msg.model_extra or {}).get("reasoning") == ((msg.model_extra or {}).get("reasoning_content"))
+    assert _calls(msg.tool_calls or []) == list(case.calls)
+    if case.ids:
+        assert tuple(c.id for c in msg.tool_calls or []) == case.ids
+    content, reasoning, deltas, finish = "", "", [], None
+    for chunk in client.chat.completions.create(stream=True, **args):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        deltas += delta.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+        for marker in markers(family) if case.calls else ():
+            assert marker not in (delta.content or ""), delta
+    assert reasoning == case.reasoning and content.strip() == case.content.strip()
+    assert [d.index for d in deltas] == list(range(len(case.calls)))
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == list(case.calls)
+    assert finish == ("tool_calls" if case.calls else "stop")
+
+
+def check_responses(client: OpenAI, family: Family, case: Case) -> None:
+    """The same output through the Responses API, streamed: a reasoning item first, then the message and calls."""
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    with client.responses.stream(model=family.name, input="Hi", tools=tools, max_output_tokens=300,  # type: ignore
+                                 extra_body=forced(case.output)) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_response()
+    kinds = [item.type for item in final.output]
+    assert kinds == (["reasoning"] if case.reasoning else []) + (["message"] if case.content or not case.calls
+                                                                    else []) + ["function_call"] * len(case.calls)
+    if case.reasoning:
+        assert final.output[0].content[0].text == case.reasoning  # type: ignore[union-attr,index]
+        assert "response.reasoning_text.delta" in events
+    calls = [(i.name, json.loads(i.arguments)) for i in final.output if i.type == "function_call"]
+    assert calls == list(case.calls)
+    assert final.output_text == case.content
+
+
+def check_messages(claude: anthropic.Anthropic, family: Family, case: Case) -> None:
+    """The same output through Anthropic's Messages, streamed (as the SDK assembles it): a thinking block, text,
+    tool_use blocks (the whole answer is built by the same code, tested with chat)."""
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    args: dict[str, Any] = {"model": family.name, "max_tokens": 300, "messages": MESSAGES, "tools": tools,
+                            "extra_body": forced(case.output)}
+    with claude.messages.stream(**args) as stream:
+        msg = stream.get_final_message()
+    kinds = [b.type for b in msg.content]
+    assert kinds == (["thinking"] if case.reasoning else []) + (["text"] if case.content or not case.calls
+                                                                   else []) + ["tool_use"] * len(case.calls)
+    assert [b.thinking for b in msg.content if b.type == "thinking"] == ([case.reasoning] if case.reasoning else [])
+    assert [(b.name, b.input) for b in msg.content if b.type == "tool_use"] == list(case.calls)
+    assert msg.stop_reason == ("tool_use" if case.calls else "end_turn")
+
+
+def check_forced(client: OpenAI, family: Family) -> None:
+    """``tool_choice: "required"``: the model writes one call in its own format (the grammar), after at most a short
+    think block (a budget of 3), and stops there."""
+    known = families.FAMILIES[family.name]
+    extra = {"reasoning_budget": 3} if known.think else {}
+    for stream in (False, True):
+        args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200,
+                                "tool_choice": "required", "parallel_tool_calls": False, "extra_body": extra,
+                                "temperature": 0}
+        if stream:
+            chunks = [c for c in client.chat.completions.create(stream=True, **args) if c.choices]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks)
+            calls = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            choice = client.chat.completions.create(**args).choices[0]
+            content, calls, finish = choice.message.content or "", choice.message.tool_calls or [], choice.finish_reason
+        assert finish == "tool_calls" and len(calls) == 1, (content, calls)
+        assert calls[0].function.name in ("special_function", "special_function_with_opt")
+        assert isinstance(json.loads(calls[0].function.arguments)["arg1"], int)
+        assert content.strip() == ""
+
+
+def check_budget(client: OpenAI, family: Family) -> None:
+    """A think block that would run on (the grammar allows 300 characters in it) is closed by the budget with the
+    family's own marker: the answer is as long as one whose block holds a single letter, plus the budget and a few."""
+    known = families.FAMILIES[family.name]
+    assert known.think is not None
+    opened = "" if family.opens_think else json.dumps(known.think[0])
+
+    def answer(body: str, budget: int | None) -> tuple[str, str, int]:
+        grammar = f'root ::= {opened} {body} {json.dumps(known.think[1])} "ok"'
+        r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=200,  # type: ignore
+                                           temperature=0, extra_body={"grammar": grammar, "reasoning_budget": budget})
+        msg = r.choices[0].message
+        assert r.usage is not None
+        return msg.content or "", (msg.model_extra or {}).get("reasoning_content") or "", r.usage.completion_tokens
+
+    content, thought, used = answer("[a-z ]{1,300}", 4)
+    _, _, least = answer('"a"', None)
+    assert content == "ok" and thought and used <= least - 1 + 4 + 2
+
+
+def check_schema(client: OpenAI, family: Family) -> None:
+    """A JSON schema after the think block: the answer is the JSON (a budget of 3 keeps the random model's thinking
+    short); a template that opens the block makes the model close it first."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+    r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=100,  # type: ignore
+                                       response_format=fmt, extra_body={"reasoning_budget": 3})
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop"
+    assert set(json.loads(msg.content or "")) == {"answer"}
+    if family.opens_think:
+        assert (msg.model_extra or {}).get("reasoning_content")
+
+
+def _case(family: Family, what: str) -> Case:
+    return next(c for c in family.cases if c.what == what)
+
+
+def check(feature: str, family: Family, client: OpenAI, claude: anthropic.Anthropic) -> None:
+    if feature == "forced":
+        check_forced(client, family)
+    elif feature == "budget":
+        check_budget(client, family)
+    elif feature == "schema":
+        check_schema(client, family)
+    else:
+        case = _case(family, feature)
+        check_chat(client, family, case)
+        if feature in ("tools", "reasoning"):
+            check_responses(client, family, case)
+            check_messages(claude, family, case)
+
+
+CELLS = [(f, feature) for f in FAMILIES for feature in ("chat", "tools", "parallel", "reasoning", "forced",
+                                                         "budget", "schema") if supported(f, feature)]
+OTHER_CASES = [(f, c) for f in FAMILIES for c in f.cases if c.what not in ("chat", "tools", "parallel",
+                                                                           "reasoning")]
+
+
+@pytest.mark.parametrize(("family", "feature"), CELLS, ids=[f"{f.name}-{x}" for f, x in CELLS])
+def test_each_cell_of_the_matrix(family: Family, feature: str, client: OpenAI, claude: anthropic.Anthropic) -> None:
+    check(feature, family, client, claude)
+
+
+@pytest.mark.parametrize(("family", "case"), OTHER_CASES, ids=[f"{f.name}-{c.what}" for f, c in OTHER_CASES])
+def test_text_before_calls_calls_in_reasoning_and_malformed_calls(family: Family, case: Case,
+                                                                  client: OpenAI) -> None:
+    check_chat(client, family, case)
+
+
+def test_tool_results_and_earlier_reasoning_go_back_through_the_template(client: OpenAI) -> None:
+    """A second turn after a call: the conversation (the call, its result, the reasoning of the turn) renders
+    through the family's template and is answered."""
+    for family in ("qwen3", "glm", "kimi-thinking"):
+        history = [*MESSAGES,
+                   {"role": "assistant", "content": None, "reasoning_content": "I should call it.",
+                    "tool_calls": [{"id": "call_1", "type": "function",
+                                    "function": {"name": "special_function", "arguments": '{"arg1": 1}'}}]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+        r = client.chat.completions.create(model=family, messages=history, tools=TOOLS,  # type: ignore
+                                           max_tokens=20, extra_body=forced(HELLO))
+        assert r.choices[0].message.content == HELLO
+
+
+def test_bad_reasoning_controls_are_400s_naming_the_parameter(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
+                                       extra_body={"chat_template_kwargs": {"messages": []}})
+    assert "chat_template_kwargs" in str(e.value) and "messages" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
+                                       extra_body={"reasoning_budget": 10})
+    assert "reasoning_budget" in str(e.value)
