@@ -181,6 +181,7 @@ class SamplingRequest(Request):
     repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
     grammar: str | None = None  # GBNF, start rule "root"
+    speculative: bool = True  # false: no speculative decoding for this request, whatever the model's settings
     # accepted, ignored
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -258,6 +259,7 @@ class SamplingRequest(Request):
             ignore_eos=self.ignore_eos,
             grammar=self.constraint,
             logit_bias=tuple(sorted((int(token), bias) for token, bias in self.logit_bias.items())),
+            speculative=self.speculative,
         )
 
 

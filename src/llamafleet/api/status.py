@@ -166,6 +166,8 @@ def _totals(svc: Service, replicas: list[dict[str, Any]], latest: dict[str, Any]
         "http_requests": m.http_requests.total(), "queue_depth": sum(r.queue_depth() for r in routers),
         "prompt_tokens": prompt, "prompt_tokens_cached": cached, "generated_tokens": m.generated_tokens.total(),
         "cache_hit_rate": _ratio(cached, prompt),
+        "draft_tokens": m.draft_tokens.total(), "draft_accepted_tokens": m.draft_accepted.total(),
+        "draft_acceptance": _ratio(m.draft_accepted.total(), m.draft_tokens.total()),
         "tokens_per_s": latest["tokens_per_s"] if latest else 0.0,
         "ttft_s": pooled(m.ttft), "itl_s": pooled(m.token_gap),
         "sequences": _labelled(m.sequences), "refused": _labelled(m.refused),

@@ -28,13 +28,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from llamafleet.bench.workloads import WORKLOADS
 from llamafleet.config import ConfigError, load_config
 from llamafleet.flags import add_flags, overrides
 
 # The HTTP form's flags (dest -> flag), refused with --compare (which only reads reports) and before `engine`;
 # SWEEP_FLAGS are those of a concurrency sweep only, refused before `multiturn`.
 SWEEP_FLAGS = {"requests": "--requests", "duration": "--duration", "prompt_tokens": "--prompt-tokens",
-               "prompts": "--prompts"}
+               "prompts": "--prompts", "workload": "--workload"}
 HTTP_FLAGS = {"url": "--url", "model_name": "--model-name", "model_alias": "--model", "max_tokens": "--max-tokens",
               "concurrency": "--concurrency", "chat": "--chat", "api_key": "--api-key", "label": "--label",
               "timeout": "--timeout", "warmup": "--warmup", "no_progress": "--no-progress",
@@ -128,9 +129,12 @@ def _run_http(args: argparse.Namespace) -> int:
     from llamafleet.bench import report as bench_report
     from llamafleet.bench.prompts import PromptSet, load_prompts
     from llamafleet.bench.streaming import BenchError
+    from llamafleet.bench.workloads import workload_prompts
 
     try:
-        prompts = load_prompts(Path(args.prompts)) if args.prompts else PromptSet(words=args.prompt_tokens or 128)
+        prompts = (load_prompts(Path(args.prompts)) if args.prompts else
+                   workload_prompts(args.workload) if args.workload else
+                   PromptSet(words=args.prompt_tokens or 128))
         cfg = loadgen.BenchConfig(**_target(args, 128), concurrency=args.concurrency or (1, 8, 32),
                                   requests=args.requests, duration=args.duration)
         runs = loadgen.run(cfg, prompts, progress=not args.no_progress)
@@ -201,11 +205,12 @@ def run(args: argparse.Namespace) -> int:
 
 def run_engine(args: argparse.Namespace) -> int:
     """``llamafleet bench engine``."""
-    before = {k: v for k, v in HTTP_FLAGS.items() if k not in ("requests", "max_tokens")}  # engine has its own
+    before = {k: v for k, v in HTTP_FLAGS.items() if k not in ("requests", "max_tokens", "workload")}  # its own
     if (err := _refuse(args, before | {"out": "--out", "compare": "--compare"}, "`llamafleet bench engine`",
                        "they were given before 'engine' and belong to the HTTP form")):
         return _fail(err)
     from llamafleet.bench import engine as enginebench  # loads llama.cpp: only this form needs it
+    from llamafleet.engine.speculative.settings import SpeculativeConfig
     from llamafleet.engine.types import EngineConfig
     from llamafleet.model.demo import ModelFetchError, default_model_path
 
@@ -217,12 +222,18 @@ def run_engine(args: argparse.Namespace) -> int:
     if not model.is_file():
         return _fail(f"--model: no GGUF file at {model}")
     n, max_tokens = args.requests, args.max_tokens
-    # the built-in prompts are a few dozen tokens; 128 tokens of headroom per sequence holds any of them
-    engine_cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + 128, n_threads=cfg.threads,
+    try:
+        spec = SpeculativeConfig(mode=args.spec_mode, max_draft=args.max_draft, max_batch=args.spec_max_batch)
+    except ValueError as e:
+        return _fail(str(e).replace("speculative.max_draft", "--max-draft").replace("speculative.max_batch",
+                                                                                   "--spec-max-batch"))
+    # the built-in prompts are a few dozen tokens, the workloads' a few hundred: that much headroom holds any of them
+    room = 128 if args.workload is None else 1024
+    engine_cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + room, n_threads=cfg.threads,
                               n_batch=cfg.batch_size, n_ubatch=cfg.n_ubatch, n_prefill=cfg.prefill_tokens,
                               backend_sampling=cfg.backend_sampling, kv_unified=bool(args.kv_unified),
-                              overlap=not args.no_overlap)
-    result = enginebench.run(engine_cfg, n_requests=n, max_tokens=max_tokens)
+                              overlap=not args.no_overlap, speculative=spec)
+    result = enginebench.run(engine_cfg, n_requests=n, max_tokens=max_tokens, workload=args.workload)
     print(enginebench.to_json(result) if args.json else enginebench.markdown(result))
     return 0
 
@@ -259,6 +270,9 @@ def _add_http_flags(p: argparse.ArgumentParser) -> None:
                         help="synthetic prompts of about N tokens (default 128)")
     source.add_argument("--prompts", metavar="FILE", help="prompt file: .jsonl ({\"prompt\"}, {\"messages\"} or "
                                                      "strings) or text, one prompt per line")
+    source.add_argument("--workload", choices=WORKLOADS, help="built-in prompts: random (as --prompt-tokens), edit "
+                        "(rewrite a given text), extract (copy a paragraph of a long document): where speculative "
+                        "decoding can pay, and where it cannot")
     p.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP); "
                                                 "with --compare: also write compare.md (and, for sweeps, plots) there")
     p.add_argument("--compare", nargs="+", metavar="REPORT", help="print the ratio table of bench.json files, "
@@ -311,6 +325,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e.add_argument("--max-tokens", type=_number(int), default=64, metavar="N",
                    help="tokens to generate per request (default %(default)s)")
     e.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    e.add_argument("--workload", choices=WORKLOADS, help="the prompts: random (one-token words), edit (rewrite a "
+                   "text), extract (copy a paragraph of a long document) (default: short questions)")
+    e.add_argument("--speculative", dest="spec_mode", choices=("off", "ngram"), default="off",
+                   help="speculative decoding: ngram runs each phase with and without it, side by side "
+                        "(default %(default)s)")
+    e.add_argument("--max-draft", type=_number(int), default=8, metavar="N",
+                   help="with --speculative: most tokens drafted per sequence per step (default %(default)s)")
+    e.add_argument("--spec-max-batch", type=_number(int), default=4, metavar="N",
+                   help="with --speculative: speculate only while at most N sequences decode (default %(default)s)")
     e.add_argument("--kv-unified", action="store_true",
                    help="one KV cache shared by all sequences instead of one stream per sequence")
     e.add_argument("--no-overlap", action="store_true",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from llamafleet.engine.grammar import check_gbnf
+from llamafleet.engine.speculative.settings import SpeculativeConfig
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 SplitModeName = Literal["none", "layer", "tensor"]
@@ -53,6 +54,7 @@ class SamplingParams:
     prompt_logprobs: bool = False
     grammar: str | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it, +100 forces it
+    speculative: bool = True  # False: never draft for this request, whatever the engine's speculative settings
 
     def __post_init__(self) -> None:
         checks = [
@@ -162,6 +164,8 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     token_bytes: dict[int, bytes] | None = None
     embeddings: list[bytes] | None = None  # an embedding request's vectors, one per input (see EmbeddingRequest)
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for it so far, and of those the ones the model
+    accepted_tokens: int = 0  # kept (each kept token is also one of completion_tokens)
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ class EngineConfig:
     backend_sampling: bool = False  # greedy requests sampled inside llama.cpp's graph (on the GPU); experimental
     overlap: bool = True  # detokenize a step's tokens while the next decode runs (False: one pass at a time)
     prefix_cache: bool = True  # start new sequences from KV already computed for their prompt's prefix
+    speculative: SpeculativeConfig = SpeculativeConfig()  # drafts verified in the batched step (engine/speculative/)
     llama_log_level: str = "warning"
 
 
@@ -219,6 +224,8 @@ class EngineStats:
     step_seconds_total: float  # whole steps: decode + batch build + sampling + detokenizing
     sample_seconds_total: float  # choosing the next tokens (reading logits, argmax, sampler chains)
     prompt_tokens_cached_total: int = 0  # prompt tokens whose KV came from the prefix cache
+    draft_tokens_total: int = 0  # speculative decoding: tokens drafted and verified
+    draft_accepted_total: int = 0  # of those, tokens the model kept
 
 
 @dataclass
@@ -238,6 +245,8 @@ class Generation:
     prompt_logprobs: PromptLogprobs | None = None
     token_bytes: dict[int, bytes] = field(default_factory=dict)
     embeddings: list[bytes] | None = None
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -251,6 +260,7 @@ class Generation:
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens
+        self.drafted_tokens, self.accepted_tokens = out.drafted_tokens, out.accepted_tokens
         if out.finished:
             self.finish_reason = out.finish_reason
             self.error = out.error

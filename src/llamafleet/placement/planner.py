@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass, field
 
 from llamafleet.config import FleetConfig
+from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
@@ -395,6 +396,7 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
         flash_attn=cfg.flash_attn,
         backend_sampling=cfg.backend_sampling,
         prefix_cache=cfg.prefix_cache,
+        speculative=SpeculativeConfig(**cfg.speculative.model_dump()),
         llama_log_level=cfg.llama_log_level,
     )
     return env, engine
