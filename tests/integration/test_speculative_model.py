@@ -21,13 +21,13 @@ from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.types import EngineConfig, Generation, Request, SamplingParams
 
 NEAR_TIE = 0.5  # logits: the widest gap between the two best tokens that batch-cut numerics were seen to flip
-QUESTIONS = ["The capital of France is", "def fibonacci(n):", "List the days of the week: Monday, Tuesday,",
+QUESTIONS = ["def fibonacci(n):", "List the days of the week: Monday, Tuesday,",
              "Count from one to twenty: one, two, three,"]
 
 
 @pytest.fixture(scope="module")
 def engine(model_path: Path) -> Iterator[Engine]:
-    cfg = EngineConfig(model_path=str(model_path), n_seq=4, n_ctx_per_seq=1024, n_batch=256,
+    cfg = EngineConfig(model_path=str(model_path), n_seq=1, n_ctx_per_seq=1024, n_batch=256, n_threads=1,
                        speculative=SpeculativeConfig(mode="ngram", max_draft=8))
     with Engine(cfg) as eng:
         yield eng
@@ -39,13 +39,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def test_greedy_answers_with_prompt_lookup_differ_only_at_near_ties(engine: Engine) -> None:
-    texts = [edit_prompt(i).text for i in range(3)] + [extract_prompt(0).text] + QUESTIONS
+    texts = [edit_prompt(i).text for i in range(2)] + [extract_prompt(0).text] + QUESTIONS
     report = []
     drafted = 0
     for i, text in enumerate(texts):
         got: dict[bool, Generation] = {}
         for spec in (False, True):
-            params = SamplingParams(max_tokens=64, temperature=0.0, logprobs=True, top_logprobs=2, speculative=spec)
+            params = SamplingParams(max_tokens=48, temperature=0.0, logprobs=True, top_logprobs=2, speculative=spec)
             rid = f"{i}-{spec}"
             got[spec] = engine.generate([Request(rid, tuple(engine.tokenize(text)), params)])[rid]
         drafted += got[True].drafted_tokens

@@ -87,7 +87,7 @@ class Engine(TextSide):
         # entry (sequence, first row, first position, positions)
         self._rows: Rows | None = None  # where the in-flight pass's logits rows are, when it scores prompts
         self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
-        self.spec = Speculator(cfg.speculative, cfg.n_ctx_per_seq) if cfg.speculative.on else None
+        self.spec = Speculator.create(cfg, self.model.recurrent)
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -10,6 +10,8 @@ needs something speculation does not serve (prompt scores, in-graph sampling).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import numpy.typing as npt
 
@@ -19,7 +21,9 @@ from llamafleet.engine.speculative.policy import Track
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.speculative.source import Ask, DraftSource, NgramSource
 from llamafleet.engine.speculative.verify import Kept, verify
+from llamafleet.engine.types import EngineConfig
 
+log = logging.getLogger(__name__)
 Entry = tuple[Sequence, int]  # (sequence, batch index or logits row)
 
 
@@ -32,6 +36,18 @@ class Speculator:
         self.source: DraftSource = NgramSource(cfg.ngram_min, cfg.ngram_max)
         self.drafted_total = 0
         self.accepted_total = 0
+
+    @classmethod
+    def create(cls, cfg: EngineConfig, recurrent: bool) -> Speculator | None:
+        """The engine's speculator, or None: speculation off, or a model whose state cannot be cut back (recurrent
+        or hybrid: the KV of rejected drafts could not be given back)."""
+        if not cfg.speculative.on:
+            return None
+        if recurrent:
+            log.warning("speculative decoding is off for %s: a recurrent model's state cannot be rolled back past "
+                        "rejected drafts", cfg.model_path)
+            return None
+        return cls(cfg.speculative, cfg.n_ctx_per_seq)
 
     def admit(self, s: Sequence) -> None:
         """``s`` has just taken its slot: it speculates from now on if its request allows it."""
