@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -112,9 +113,10 @@ def prompt_texts(workload: Workload | None, n: int) -> list[str]:
 
 
 def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
-        workload: Workload | None = None) -> dict[str, object]:
+        workload: Workload | None = None, repeat: int = 1) -> dict[str, object]:
     """Measure sequential vs concurrent generation of ``n_requests`` greedy answers of ``max_tokens`` tokens (and,
-    with speculative decoding on, each with and without it)."""
+    with speculative decoding on, each with and without it, ``repeat`` times in turn: the ratio is the median of
+    the pairs', so a shared machine's swings hit both sides of each pair alike)."""
     texts = prompt_texts(workload, n_requests)
     modes = (False, True) if cfg.speculative.on else (False,)
     with Engine(cfg) as eng:
@@ -123,9 +125,11 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
             return [Request(f"{tag}{i}", tuple(eng.tokenize(t)), params) for i, t in enumerate(texts)]
         eng.generate(reqs("warm")[:1])  # warm-up: first-touch of weights and buffers
         phases = [_phase(eng, f"sequential{'+spec' if spec else ''}", [[r] for r in reqs(f"s{spec}", spec)
-                                                                      [:SEQUENTIAL_MAX]]) for spec in modes]
-        phases += [_phase(eng, f"concurrent{'+spec' if spec else ''}", [reqs(f"c{spec}", spec)]) for spec in modes]
-    seq, conc = phases[0], phases[len(modes)]
+                                                                      [:SEQUENTIAL_MAX]])
+                  for _ in range(repeat) for spec in modes]
+        phases += [_phase(eng, f"concurrent{'+spec' if spec else ''}", [reqs(f"c{spec}", spec)])
+                   for _ in range(repeat) for spec in modes]
+    seq, conc = phases[0], phases[len(phases) // 2]
     result: dict[str, object] = {
         "model": cfg.model_path.rsplit("/", 1)[-1],
         "workload": workload or "questions",
@@ -141,9 +145,12 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
                                 "steady_tokens_per_s": p.steady_tokens_per_s} for p in phases],
         "speedup": conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0,
     }
-    if cfg.speculative.on:  # tokens/s with speculation / without, per phase
-        result["speculative_speedup"] = {p.name: q.tokens_per_s / p.tokens_per_s if p.tokens_per_s else 0.0
-                                         for p, q in (phases[0:2], phases[2:4])}
+    if cfg.speculative.on:  # tokens/s with speculation / without, per pair of phases run one after the other
+        pairs = {name: [q.tokens_per_s / p.tokens_per_s if p.tokens_per_s else 0.0
+                        for p, q in zip(phases[0::2], phases[1::2], strict=True) if p.name == name]
+                 for name in ("sequential", "concurrent")}
+        result["speculative_speedup"] = {name: statistics.median(r) for name, r in pairs.items()}
+        result["speculative_speedup_pairs"] = pairs
     return result
 
 

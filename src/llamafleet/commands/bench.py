@@ -233,7 +233,8 @@ def run_engine(args: argparse.Namespace) -> int:
                               n_batch=cfg.batch_size, n_ubatch=cfg.n_ubatch, n_prefill=cfg.prefill_tokens,
                               backend_sampling=cfg.backend_sampling, kv_unified=bool(args.kv_unified),
                               overlap=not args.no_overlap, speculative=spec)
-    result = enginebench.run(engine_cfg, n_requests=n, max_tokens=max_tokens, workload=args.workload)
+    result = enginebench.run(engine_cfg, n_requests=n, max_tokens=max_tokens, workload=args.workload,
+                             repeat=args.repeat)
     print(enginebench.to_json(result) if args.json else enginebench.markdown(result))
     return 0
 
@@ -332,6 +333,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "(default %(default)s)")
     e.add_argument("--max-draft", type=_number(int), default=8, metavar="N",
                    help="with --speculative: most tokens drafted per sequence per step (default %(default)s)")
+    e.add_argument("--repeat", type=_number(int), default=1, metavar="N",
+                   help="with --speculative: run each pair of phases (off, on) N times in turn; the ratio is the "
+                        "pairs' median (default %(default)s)")
     e.add_argument("--spec-max-batch", type=_number(int), default=4, metavar="N",
                    help="with --speculative: speculate only while at most N sequences decode (default %(default)s)")
     e.add_argument("--kv-unified", action="store_true",
