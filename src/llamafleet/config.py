@@ -79,6 +79,8 @@ class SpeculativeSettings(BaseModel):
     ngram_min: int = Field(2, ge=1, le=MAX_NGRAM, description="shortest tail of the sequence looked up (ngram)")
     ngram_max: int = Field(4, ge=1, le=MAX_NGRAM, description="longest tail looked up, tried first (ngram)")
     max_batch: int = Field(4, ge=1, description="speculate only in steps where at most this many sequences decode")
+    draft_cost: float | None = Field(None, ge=0.0, le=1.0, description="one more token's cost as a share of a "
+                                     "one-token step, which decides whether drafts pay; unset = measured, 0 = always")
 
     @model_validator(mode="after")
     def _ngram_range(self) -> SpeculativeSettings:

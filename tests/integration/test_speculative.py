@@ -21,7 +21,7 @@ from llamafleet.engine.types import EngineConfig, Generation, Request, SamplingP
 from llamafleet.model.demo import default_model_path
 
 WORDS = [" red", " green", " blue", " cat", " dog", " sun"]
-NGRAM = SpeculativeConfig(mode="ngram", max_draft=6, max_batch=64)
+NGRAM = SpeculativeConfig(mode="ngram", max_draft=6, max_batch=64, draft_cost=0.0)  # the fake's time says nothing
 
 
 def make(spec: bool, n_batch: int = 64, n_seq: int = 8) -> Engine:

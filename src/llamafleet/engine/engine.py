@@ -75,6 +75,7 @@ class Engine(TextSide):
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
         self._steps = 0
+        self._launch_s = 0.0  # how long the last llama_decode call took
         self._prompt_total = 0
         self._prompt_cached = 0
         self._gen_total = 0
@@ -276,7 +277,8 @@ class Engine(TextSide):
         b.n_tokens = n
         t0 = time.perf_counter()
         rc = self.ctx.launch(b)
-        self._decode_s += time.perf_counter() - t0
+        self._launch_s = time.perf_counter() - t0  # (on a CPU the whole pass; on a GPU, until it is queued)
+        self._decode_s += self._launch_s
         if rc != 0:
             msg = f"llama_decode failed with status {rc} on a batch of {n} tokens"
             log.error(msg)
@@ -294,6 +296,8 @@ class Engine(TextSide):
         self._inflight = None
         t1 = time.perf_counter()
         self._decode_s += t1 - t0
+        if self.spec is not None:  # what the pass cost: whether drafts pay (engine/speculative/)
+            self.spec.observe(plan, self._launch_s + t1 - t0)
         for s, k in plan:  # (a speculating sequence's drafts too: Speculator.settle gives back the rejected)
             if s.n_cached < s.n_prompt:
                 self._prompt_total += min(k, s.n_prompt - s.n_cached)

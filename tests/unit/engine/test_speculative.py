@@ -6,7 +6,7 @@ import pytest
 
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
-from llamafleet.engine.speculative.policy import MAX_PAUSE, Track
+from llamafleet.engine.speculative.policy import MAX_PAUSE, PROBE, PassCost, Track
 from llamafleet.engine.speculative.settings import MAX_DRAFT_LIMIT, SpeculativeConfig
 from llamafleet.engine.speculative.source import Ask, NgramIndex, NgramSource
 from llamafleet.engine.speculative.speculator import Speculator
@@ -71,6 +71,28 @@ def test_policy_grows_on_full_acceptance_trims_on_rejection_and_pauses_after_mis
     t.draft = [1]
     t.settle(1)
     assert t.misses == 0 and t.k == 2
+
+
+def test_pass_cost_is_fitted_from_passes_of_different_sizes() -> None:
+    cost = PassCost()
+    cost.observe(1, 0.1)
+    assert cost.share(1) == 0.0  # one size seen: nothing known about another token's cost
+    for n in (1, 3, 9, 2, 5):
+        cost.observe(n, 0.05 + 0.05 * n)  # a = b = 50 ms
+    assert cost.share(1) == pytest.approx(0.5)  # 50 ms more on a 100 ms pass
+    assert cost.share(9) == pytest.approx(0.1)
+
+
+def test_drafts_are_sized_by_what_they_are_expected_to_gain() -> None:
+    sure, unsure = Track(8, hits=9.5, trials=10.0), Track(8, hits=1.0, trials=5.0)
+    assert sure.worth(8, 0.0, 1) == unsure.worth(8, 0.0, 1) == 8  # free drafts: as many as allowed
+    assert 1 <= sure.worth(8, 0.5, 1) < 8  # costly drafts: fewer, even when they are likely right
+    picks = [unsure.worth(8, 0.3, 1) for _ in range(PROBE)]
+    assert picks == [0] * (PROBE - 1) + [1]  # not worth it: none, but a probe now and then
+    assert sure.worth(8, 0.3, 8) == 0  # in a step of 8 answers one answer's drafts slow seven others
+    unsure.draft = [5]
+    unsure.settle(1)
+    assert unsure.p > 0.2
 
 
 def seq(rid: str, slot: int, prompt: tuple[int, ...], params: SamplingParams | None = None) -> Sequence:

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from llamafleet.engine.llama import Context
 from llamafleet.engine.sequence import Sequence
-from llamafleet.engine.speculative.policy import Track
+from llamafleet.engine.speculative.policy import PassCost, Track
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.speculative.source import Ask, DraftSource, NgramSource
 from llamafleet.engine.speculative.verify import Kept, verify
@@ -34,6 +34,7 @@ class Speculator:
         self.cfg = cfg
         self.n_ctx_per_seq = n_ctx_per_seq
         self.source: DraftSource = NgramSource(cfg.ngram_min, cfg.ngram_max)
+        self.cost = PassCost()  # what decode passes cost, by their number of tokens
         self.drafted_total = 0
         self.accepted_total = 0
 
@@ -67,6 +68,8 @@ class Speculator:
         budget -= len(decoding)
         if len(decoding) > self.cfg.max_batch or budget <= 0:
             return
+        c, n = self.cfg.draft_cost, len(decoding)
+        r = self.cost.share(n) if c is None else c / (1.0 + c * n)  # one more token's share of this step
         asks: list[tuple[Sequence, Track, Ask]] = []
         for s in decoding:
             t = s.spec
@@ -76,12 +79,18 @@ class Speculator:
             room = self.n_ctx_per_seq - len(s.tokens) - 1  # the last draft's position stays inside the context
             if p.max_tokens is not None:
                 room = min(room, p.max_tokens - s.n_generated - 1)  # the token after the drafts would be the last
-            n = min(t.k, room, budget)
+            n = t.worth(min(t.k, room, budget), r, len(decoding))
             if n > 0:
                 asks.append((s, t, Ask(s.slot, s.tokens, n)))
                 budget -= n
         for (_, t, _), d in zip(asks, self.source.propose([a for _, _, a in asks]), strict=True):
             t.draft = d
+
+    def observe(self, plan: list[Entry], seconds: float) -> None:
+        """A pass of ``plan`` took ``seconds``: a sample of the cost of decoding passes (one with prompt chunks in it
+        says little about a few more tokens, so it is left out)."""
+        if all(s.pending == 1 and k == 1 + s.n_draft for s, k in plan):
+            self.cost.observe(sum(k for _, k in plan), seconds)
 
     @staticmethod
     def flag(sampled: list[Entry], flags: npt.NDArray[np.int8]) -> None:
