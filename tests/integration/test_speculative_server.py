@@ -16,7 +16,7 @@ from scrape import metric, scrape
 from conftest import FleetServer, free_port
 from llamafleet.bench.workloads import edit_prompt
 
-SPEC = "speculative:\n  mode: ngram\n  max_draft: 6\n"
+SPEC = "speculative:\n  mode: ngram\n  max_draft: 6\n  draft_cost: 0\n"  # draft whenever a draft is found
 
 
 @pytest.fixture(scope="module")
