@@ -82,6 +82,11 @@ class SpeculativeSettings(BaseModel):
     draft_cost: float | None = Field(None, ge=0.0, le=1.0, description="one more token's cost as a share of a "
                                      "one-token step, which decides whether drafts pay; unset = measured, 0 = always")
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false
+
     @model_validator(mode="after")
     def _ngram_range(self) -> SpeculativeSettings:
         if self.ngram_min > self.ngram_max:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from llamafleet.config import load_config
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.speculative.policy import MAX_PAUSE, PROBE, PassCost, Track
@@ -149,3 +152,9 @@ def test_requests_that_opt_out_or_score_prompts_never_speculate() -> None:
 def test_settings_out_of_range_name_the_key(kw: dict[str, object], key: str) -> None:
     with pytest.raises(ValueError, match=key):
         SpeculativeConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_yaml_off_is_the_mode_off(tmp_path: Path) -> None:
+    config = tmp_path / "fleet.yaml"
+    config.write_text("speculative:\n  mode: off\n  max_draft: 4\n", encoding="utf-8")  # YAML reads off as false
+    assert load_config(config).speculative.mode == "off"
