@@ -13,7 +13,7 @@
 # Environment: MODEL (default: the demo model, `llamafleet model`), LLAMA_SERVER (the binary; unset: that part is
 # skipped), REPORT (default spec-report), NGRAM (default 3), DRAFT (default 8), MAX_BATCH (llamafleet's
 # speculative.max_batch, default 4), LEVELS (default 1,8), SLOTS (default 8), CTX (default 2048), MAX_TOKENS
-# (default 192), ENGINE_STREAMS (default 8), REQUESTS (per level; default: the bench's), THREADS (CPU threads, default: the
+# (default 192), ENGINE_STREAMS (default 8), REPEAT (off/on pairs per engine phase, median ratio; default 3), REQUESTS (per level; default: the bench's), THREADS (CPU threads, default: the
 # servers' own), NGL (GPU layers, default 0 here; gpu-bench.sh sets 99), PYTHON (default python3).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +21,7 @@ PY=${PYTHON:-python3}
 REPORT=${REPORT:-spec-report}
 NGRAM=${NGRAM:-3}; DRAFT=${DRAFT:-8}; MAX_BATCH=${MAX_BATCH:-4}
 LEVELS=${LEVELS:-1,8}; SLOTS=${SLOTS:-8}; CTX=${CTX:-2048}; MAX_TOKENS=${MAX_TOKENS:-192}
-ENGINE_STREAMS=${ENGINE_STREAMS:-8}; NGL=${NGL:-0}; PORT=${PORT:-18090}
+ENGINE_STREAMS=${ENGINE_STREAMS:-8}; REPEAT=${REPEAT:-3}; NGL=${NGL:-0}; PORT=${PORT:-18090}
 MODEL=${MODEL:-$("$PY" -m llamafleet.cli model path)}
 mkdir -p "$REPORT"
 log() { printf '\n=== %s  %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$REPORT/run.log"; }
@@ -33,7 +33,7 @@ for workload in edit extract random; do
   for n in 1 "$ENGINE_STREAMS"; do
     log "bench engine: $workload, $n at once, speculation off and on (max_draft $DRAFT)"
     "$PY" -m llamafleet.cli bench engine --model "$MODEL" "${threads[@]}" --workload "$workload" --requests "$n" \
-      --max-tokens "$MAX_TOKENS" --speculative ngram --max-draft "$DRAFT" --spec-max-batch "$MAX_BATCH" --json \
+      --max-tokens "$MAX_TOKENS" --speculative ngram --max-draft "$DRAFT" --spec-max-batch "$MAX_BATCH" --repeat "$REPEAT" --json \
       >"$REPORT/engine-$workload-$n.json" 2>>"$REPORT/engine.log"
   done
 done
