@@ -26,11 +26,14 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamafleet.bench.workloads import WORKLOADS
-from llamafleet.config import ConfigError, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.flags import add_flags, overrides
+
+if TYPE_CHECKING:
+    from llamafleet.engine.types import EngineConfig
 
 # The HTTP form's flags (dest -> flag), refused with --compare (which only reads reports) and before `engine`;
 # SWEEP_FLAGS are those of a concurrency sweep only, refused before `multiturn`.
@@ -203,6 +206,17 @@ def run(args: argparse.Namespace) -> int:
     return _run_compare(args) if args.compare else _run_http(args)
 
 
+def engine_settings(cfg: FleetConfig, model_path: str, n: int, max_tokens: int, kv_unified: bool = False,
+                    overlap: bool = True, room: int = 128, **decided: Any) -> EngineConfig:
+    """``bench engine``'s engine: ``serve``'s settings for ``cfg`` (one mapping, :func:`engine_config`), with ``n``
+    slots of context enough for ``max_tokens`` after a prompt of up to ``room`` tokens (a built-in question is a few
+    dozen; a workload's prompt a few hundred); ``decided``: further settings of the caller's."""
+    from llamafleet.placement.planner import engine_config
+
+    return engine_config(cfg, model_path, n_seq=n, n_ctx_per_seq=max_tokens + room, kv_unified=kv_unified,
+                         overlap=overlap, **decided)
+
+
 def run_engine(args: argparse.Namespace) -> int:
     """``llamafleet bench engine``."""
     before = {k: v for k, v in HTTP_FLAGS.items() if k not in ("requests", "max_tokens", "workload")}  # its own
@@ -211,7 +225,6 @@ def run_engine(args: argparse.Namespace) -> int:
         return _fail(err)
     from llamafleet.bench import engine as enginebench  # loads llama.cpp: only this form needs it
     from llamafleet.engine.speculative.settings import SpeculativeConfig
-    from llamafleet.engine.types import EngineConfig
     from llamafleet.model.demo import ModelFetchError, default_model_path
 
     try:
@@ -221,20 +234,16 @@ def run_engine(args: argparse.Namespace) -> int:
         return _fail(str(e))
     if not model.is_file():
         return _fail(f"--model: no GGUF file at {model}")
-    n, max_tokens = args.requests, args.max_tokens
     try:
         spec = SpeculativeConfig(mode=args.spec_mode, max_draft=args.max_draft, max_batch=args.spec_max_batch)
     except ValueError as e:
         return _fail(str(e).replace("speculative.max_draft", "--max-draft").replace("speculative.max_batch",
                                                                                    "--spec-max-batch"))
-    # the built-in prompts are a few dozen tokens, the workloads' a few hundred: that much headroom holds any of them
-    room = 128 if args.workload is None else 1024
-    engine_cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + room, n_threads=cfg.threads,
-                              n_batch=cfg.batch_size, n_ubatch=cfg.n_ubatch, n_prefill=cfg.prefill_tokens,
-                              backend_sampling=cfg.backend_sampling, kv_unified=bool(args.kv_unified),
-                              overlap=not args.no_overlap, speculative=spec)
-    result = enginebench.run(engine_cfg, n_requests=n, max_tokens=max_tokens, workload=args.workload,
-                             repeat=args.repeat)
+    engine_cfg = engine_settings(cfg, str(model), args.requests, args.max_tokens, kv_unified=bool(args.kv_unified),
+                                 overlap=not args.no_overlap, room=128 if args.workload is None else 1024,
+                                 speculative=spec)
+    result = enginebench.run(engine_cfg, n_requests=args.requests, max_tokens=args.max_tokens,
+                             workload=args.workload, repeat=args.repeat)
     print(enginebench.to_json(result) if args.json else enginebench.markdown(result))
     return 0
 

@@ -156,7 +156,7 @@ class Engine(TextSide):
         ready = [s for s in self._running if s.wait_for is None]
         if self.spec is not None:
             self.spec.draft(ready, self.cfg.n_batch)
-        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.n_prefill)
+        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens)
         error = None
         if plan:
             error = self._launch(plan)
@@ -183,7 +183,8 @@ class Engine(TextSide):
             for req in self._waiting:
                 if req.request_id == rid:
                     self._waiting.remove(req)
-                    outs.append(RequestOutput(rid, "", [], None, True, "cancelled", len(req.prompt_tokens), 0))
+                    outs.append(RequestOutput(rid, finished=True, finish_reason="cancelled",
+                                              prompt_tokens=len(req.prompt_tokens)))
                     break
             for s in self._running:
                 if s.request_id == rid:
@@ -371,9 +372,11 @@ class Engine(TextSide):
             text += tail + s.stops.flush()
         if end is not None:
             s.closed, s.n_generated = True, n_generated  # a stop string's: tokens kept after it are not the answer's
-        out = RequestOutput(s.request_id, text, [] if tok is None else [tok], lps, end is not None, end, s.n_prompt,
-                            n_generated, cached_tokens=s.n_reused, top_logprobs=None if top is None else [top],
-                            prompt_logprobs=s.scores, drafted_tokens=s.drafted, accepted_tokens=s.accepted)
+        out = RequestOutput(s.request_id, text=text, token_ids=[] if tok is None else [tok], logprobs=lps,
+                            finished=end is not None, finish_reason=end, prompt_tokens=s.n_prompt,
+                            completion_tokens=n_generated, cached_tokens=s.n_reused,
+                            top_logprobs=None if top is None else [top], prompt_logprobs=s.scores,
+                            drafted_tokens=s.drafted, accepted_tokens=s.accepted)
         s.scores = None
         return out
 
@@ -381,8 +384,9 @@ class Engine(TextSide):
         """End ``s`` without a new token (cancelled, or a failed decode)."""
         self._retire(s)
         s.closed = True
-        return RequestOutput(s.request_id, "", [], None, True, reason, s.n_prompt, s.n_generated,
-                             cached_tokens=s.n_reused, drafted_tokens=s.drafted, accepted_tokens=s.accepted)
+        return RequestOutput(s.request_id, finished=True, finish_reason=reason, prompt_tokens=s.n_prompt,
+                             completion_tokens=s.n_generated, cached_tokens=s.n_reused, drafted_tokens=s.drafted,
+                             accepted_tokens=s.accepted)
 
     def _retire(self, s: Sequence) -> None:
         """Take ``s`` out of the batch. Its slot and KV are freed now, or, while a pass is running (it may hold one
