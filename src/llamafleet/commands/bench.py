@@ -210,10 +210,13 @@ def engine_settings(cfg: FleetConfig, model_path: str, n: int, max_tokens: int, 
                     overlap: bool = True, room: int = 128, **decided: Any) -> EngineConfig:
     """``bench engine``'s engine: ``serve``'s settings for ``cfg`` (one mapping, :func:`engine_config`), with ``n``
     slots of context enough for ``max_tokens`` after a prompt of up to ``room`` tokens (a built-in question is a few
-    dozen; a workload's prompt a few hundred); ``decided``: further settings of the caller's."""
+    dozen; a workload's prompt a few hundred), in llama.cpp's steps of 256 as the planner sizes a server's (else
+    llama.cpp warns that the context does not divide evenly between the sequences); ``decided``: further settings of
+    the caller's."""
+    from llamafleet.placement.memory import pad_ctx
     from llamafleet.placement.planner import engine_config
 
-    return engine_config(cfg, model_path, n_seq=n, n_ctx_per_seq=max_tokens + room, kv_unified=kv_unified,
+    return engine_config(cfg, model_path, n_seq=n, n_ctx_per_seq=pad_ctx(max_tokens + room), kv_unified=kv_unified,
                          overlap=overlap, **decided)
 
 
