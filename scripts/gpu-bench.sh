@@ -135,20 +135,12 @@ if has policy; then
 fi
 
 # --- HTTP, one GPU ------------------------------------------------------------------------------------------------
-wait_ready() {  # readiness url (llamafleet: /ready, 200 once every replica is up; llama-server: /health), pid
-  for _ in $(seq 1 300); do
-    curl -sf "$1" >/dev/null 2>&1 && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 1
-  done
-  return 1
-}
+. "$repo/scripts/serve-lib.sh"  # wait_ready, stop
 bench_http() {  # label, url, levels
   "$PY" -m llamafleet.cli bench --url "$2" --concurrency "$3" "${REQ_ARGS[@]}" --prompt-tokens 128 \
     --max-tokens 128 --label "$1" --out "$REPORT/$1" --no-progress >>"$REPORT/bench.log" 2>&1 \
     || echo "bench $1: some requests failed (see bench.log)" | tee -a "$REPORT/run.log"
 }
-stop() { kill -INT "$1" 2>/dev/null || true; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null || true; }
 dmon() { nvidia-smi dmon -s um -d 1 >"$REPORT/dmon-$1.log" 2>&1 & echo $!; }
 
 BATCHES=${BATCHES:-2048}

@@ -38,15 +38,7 @@ for workload in edit extract random; do
   done
 done
 
-wait_ready() {  # url pid
-  for _ in $(seq 1 300); do
-    curl -sf "$1" >/dev/null 2>&1 && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 1
-  done
-  return 1
-}
-stop() { kill -INT "$1" 2>/dev/null || true; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null || true; }
+. "$repo/scripts/serve-lib.sh"  # wait_ready, stop
 bench_edit() {  # label
   "$PY" -m llamafleet.cli bench --url "http://127.0.0.1:$PORT" --workload edit --concurrency "$LEVELS" \
     "${requests[@]}" --max-tokens "$MAX_TOKENS" --label "$1" --out "$REPORT/$1" --no-progress \
