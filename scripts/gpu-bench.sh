@@ -19,6 +19,10 @@
 #   multi        (2+ GPUs) one llamafleet endpoint over one replica per GPU, against the one-GPU run
 #   split        (2+ GPUs) 70B Q4_0: tensor split vs layer split, single stream and 32 streams
 #   consistency  (2+ GPUs) greedy agreement of batched / layer / tensor against a one-at-a-time reference
+#   spec         (not in the default list: it needs a real model, SPEC_MODEL, default the demo model) speculative
+#                decoding by scripts/spec-bench.sh on GPU 0: prompt lookup on and off in-process (1 and 128
+#                streams, edit / extract / random) and over HTTP (edit workload, SPEC_LEVELS, default 1,8,128),
+#                against llama-server's ngram-simple speculation with the same lookup and draft lengths
 #
 # Environment:
 #   SRC                 llama-cpp-python source tree or sdist (default: the one scripts/install.sh cached)
@@ -131,20 +135,12 @@ if has policy; then
 fi
 
 # --- HTTP, one GPU ------------------------------------------------------------------------------------------------
-wait_ready() {  # readiness url (llamafleet: /ready, 200 once every replica is up; llama-server: /health), pid
-  for _ in $(seq 1 300); do
-    curl -sf "$1" >/dev/null 2>&1 && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 1
-  done
-  return 1
-}
+. "$repo/scripts/serve-lib.sh"  # wait_ready, stop
 bench_http() {  # label, url, levels
   "$PY" -m llamafleet.cli bench --url "$2" --concurrency "$3" "${REQ_ARGS[@]}" --prompt-tokens 128 \
     --max-tokens 128 --label "$1" --out "$REPORT/$1" --no-progress >>"$REPORT/bench.log" 2>&1 \
     || echo "bench $1: some requests failed (see bench.log)" | tee -a "$REPORT/run.log"
 }
-stop() { kill -INT "$1" 2>/dev/null || true; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null || true; }
 dmon() { nvidia-smi dmon -s um -d 1 >"$REPORT/dmon-$1.log" 2>&1 & echo $!; }
 
 BATCHES=${BATCHES:-2048}
@@ -199,6 +195,14 @@ fi
 if has multiturn && [ -f "$REPORT/llamafleet-multiturn/bench.json" ] && [ -f "$REPORT/llama-server-multiturn/bench.json" ]; then
   "$PY" -m llamafleet.cli bench --compare "$REPORT/llamafleet-multiturn/bench.json" \
     "$REPORT/llama-server-multiturn/bench.json" --out "$REPORT/multiturn-compare" >>"$REPORT/bench.log" 2>&1 || true
+fi
+
+# --- speculative decoding, one GPU ---------------------------------------------------------------------------------
+if has spec; then
+  log "speculative decoding (scripts/spec-bench.sh) on GPU 0, model ${SPEC_MODEL:-the demo model}"
+  CUDA_VISIBLE_DEVICES=0 MODEL=${SPEC_MODEL:-} LLAMA_SERVER=$BIN/llama-server REPORT=$REPORT/spec NGL=99 SLOTS=128 \
+    CTX=2048 LEVELS=${SPEC_LEVELS:-1,8,128} ENGINE_STREAMS=128 MAX_TOKENS=256 PYTHON=$PY PORT=$PORT \
+    bash "$repo/scripts/spec-bench.sh" || log "spec phase failed (see $REPORT/spec/run.log)"
 fi
 
 # --- several models on one GPU, in a budget that does not hold them all -------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llamafleet.engine.speculative.settings import MAX_DRAFT_LIMIT, MAX_NGRAM
 from llamafleet.rpc import INSECURE, parse_endpoint
 
 SplitMode = Literal["auto", "none", "layer", "tensor"]
@@ -31,7 +32,7 @@ class ConfigError(ValueError):
 
 # The keys a `models:` entry may set for its model alone; the others are the fleet's (one server, one port, ...).
 PER_MODEL_KEYS = ("context_length", "parallel", "batch_size", "ubatch_size", "kv_cache_type", "flash_attn",
-                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer")
+                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer", "speculative")
 
 
 class RemoteEntry(BaseModel):
@@ -61,6 +62,32 @@ class RemoteEntry(BaseModel):
                              "variable named by api_key_file or api_key_env")
         if self.api_key_env is not None and self.api_key_file is not None:
             raise ValueError("give api_key_env or api_key_file, not both")
+        return self
+
+
+class SpeculativeSettings(BaseModel):
+    """Speculative decoding (see docs/OPERATIONS.md, Speculative decoding): drafts verified in the batched step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["off", "ngram"] = Field("off", description="off, or ngram: prompt lookup, drafts copied from the "
+                                          "sequence's own prompt and answer (a draft model is not built yet)")
+    max_draft: int = Field(8, ge=1, le=MAX_DRAFT_LIMIT, description="most tokens drafted for one sequence per step")
+    ngram_min: int = Field(2, ge=1, le=MAX_NGRAM, description="shortest tail of the sequence looked up (ngram)")
+    ngram_max: int = Field(4, ge=1, le=MAX_NGRAM, description="longest tail looked up, tried first (ngram)")
+    max_batch: int = Field(4, ge=1, description="speculate only in steps where at most this many sequences decode")
+    draft_cost: float | None = Field(None, ge=0.0, le=1.0, description="one more token's cost as a share of a "
+                                     "one-token step, which decides whether drafts pay; unset = measured, 0 = always")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> SpeculativeSettings:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) cannot exceed ngram_max ({self.ngram_max})")
         return self
 
 
@@ -161,6 +188,9 @@ class FleetConfig(BaseModel):
     backend_sampling: bool = Field(False, description="sample greedy requests inside llama.cpp's graph (GPU)")
     prefix_cache: bool = Field(True, description="start each prompt from KV already computed for its prefix "
                                "(see docs/OPERATIONS.md)")
+    speculative: SpeculativeSettings = Field(
+        default_factory=lambda: SpeculativeSettings.model_validate({}), description="speculative decoding: mode, "
+        "max_draft, ngram_min, ngram_max, max_batch (see docs/OPERATIONS.md, Speculative decoding)")
 
     # GPU placement (see placement/planner.py).
     gpus: list[int] | None = Field(None, description="GPU indices to use; default = all")

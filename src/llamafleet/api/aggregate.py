@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from llamafleet.api.errors import ApiError, internal_error
-from llamafleet.api.protocol import PromptTokensDetails, Usage
+from llamafleet.api.protocol import CompletionTokensDetails, PromptTokensDetails, Usage
 from llamafleet.api.recent import note_error, note_usage
 from llamafleet.engine.types import ContextOverflow, Generation
 from llamafleet.fleet.dispatch import Delta, Event, Failure, Group
@@ -58,8 +58,11 @@ def usage(choices: Sequence[Generation], n: int) -> Usage:
     completion = sum(c.completion_tokens for c in choices)
     cached = PromptTokensDetails(cached_tokens=sum(c.cached_tokens for c in choices[::n]))
     note_usage(prompt, completion, cached.cached_tokens)
+    accepted = sum(c.accepted_tokens for c in choices)
+    drafts = CompletionTokensDetails(accepted_prediction_tokens=accepted,
+                                     rejected_prediction_tokens=sum(c.drafted_tokens for c in choices) - accepted)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=cached)
+                 prompt_tokens_details=cached, completion_tokens_details=drafts)
 
 
 class Renderer(Protocol):
@@ -191,6 +194,8 @@ async def _events(group: Group, first: Event, render: Renderer, n: int) -> Async
                 counts[index].prompt_tokens = item.output.prompt_tokens
                 counts[index].completion_tokens = item.output.completion_tokens
                 counts[index].cached_tokens = item.output.cached_tokens
+                counts[index].drafted_tokens = item.output.drafted_tokens
+                counts[index].accepted_tokens = item.output.accepted_tokens
                 out += [render.event(chunk) for chunk in render.chunk(index, item)]
             if group.finished:
                 break

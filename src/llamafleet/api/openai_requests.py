@@ -202,6 +202,7 @@ class SamplingRequest(Request):
     repeat_penalty: float = Field(DEFAULTS.repeat_penalty, gt=0.0, le=10.0)
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
     grammar: str | None = None  # GBNF, start rule "root"
+    speculative: bool = True  # false: no speculative decoding for this request, whatever the model's settings
     # accepted, ignored
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -280,6 +281,7 @@ class SamplingRequest(Request):
             grammar=self.constraint,
             logit_bias=tuple(sorted((int(token), bias) for token, bias in self.logit_bias.items())),
             think_budget=self.think_budget(),
+            speculative=self.speculative,
         )
 
 

@@ -135,11 +135,20 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int  # prompt tokens served from the replica's prefix cache, not computed again
 
 
+class CompletionTokensDetails(BaseModel):
+    """Speculative decoding's drafts, in the fields OpenAI gives its predicted outputs: drafted tokens the model
+    kept (each also one of completion_tokens) and drafted tokens it rejected (computed, not part of the answer)."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class TokenLogprob(BaseModel):

@@ -5,15 +5,21 @@ keeps (aggregate generated tokens/s, concurrent / sequential), and what the Pyth
 ``llama_decode`` (overhead = step time - time in ``llama_decode`` and waiting for it; sampling shown apart). With the
 engine's overlap on (the default) a GPU runs the next decode while Python detokenizes, so part of that overhead is
 hidden rather than added to each step. Run it with ``llamafleet bench engine``.
+
+With speculative decoding on in ``cfg``, each phase runs twice, in turn, in the same engine: with the requests
+opted out of speculation, then not, so the ratios compare runs made side by side under the same machine load.
+``workload`` picks the prompts (:mod:`llamafleet.bench.workloads`; default: the short questions below).
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from llamafleet.bench.workloads import Workload, workload_prompts
 from llamafleet.engine.engine import Engine
 from llamafleet.engine.types import EngineConfig, Request, SamplingParams
 
@@ -44,6 +50,8 @@ class Phase:
     step_seconds: float
     steady_tokens: int  # generated in steps where every request of its group produced a token
     steady_seconds: float
+    drafted_tokens: int = 0  # speculative decoding: drafted and verified, and of those kept
+    accepted_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,39 +92,66 @@ def _phase(eng: Engine, name: str, batches: list[list[Request]]) -> Phase:
             dt = time.perf_counter() - t
             tokens = sum(len(o.token_ids) for o in outs)
             gen += tokens
-            if sum(1 for o in outs if o.token_ids) == len(group):
+            if len({o.request_id for o in outs if o.token_ids}) == len(group):
                 steady, steady_s = steady + tokens, steady_s + dt
     secs = time.perf_counter() - t0
     after = eng.stats()
     return Phase(name, sum(len(b) for b in batches), gen, secs, after.steps - before.steps,
                  after.decode_seconds_total - before.decode_seconds_total,
                  after.sample_seconds_total - before.sample_seconds_total,
-                 after.step_seconds_total - before.step_seconds_total, steady, steady_s)
+                 after.step_seconds_total - before.step_seconds_total, steady, steady_s,
+                 after.draft_tokens_total - before.draft_tokens_total,
+                 after.draft_accepted_total - before.draft_accepted_total)
 
 
-def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64) -> dict[str, object]:
-    """Measure sequential vs concurrent generation of ``n_requests`` greedy answers of ``max_tokens`` tokens."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+def prompt_texts(workload: Workload | None, n: int) -> list[str]:
+    """The first ``n`` prompts of ``workload`` (None: the built-in short questions)."""
+    if workload is None:
+        return [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    prompts = workload_prompts(workload, count=n)
+    return [prompts.get(i).text for i in range(n)]
+
+
+def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
+        workload: Workload | None = None, repeat: int = 1) -> dict[str, object]:
+    """Measure sequential vs concurrent generation of ``n_requests`` greedy answers of ``max_tokens`` tokens (and,
+    with speculative decoding on, each with and without it, ``repeat`` times in turn: the ratio is the median of
+    the pairs', so a shared machine's swings hit both sides of each pair alike)."""
+    texts = prompt_texts(workload, n_requests)
+    modes = (False, True) if cfg.speculative.on else (False,)
     with Engine(cfg) as eng:
-        def reqs(tag: str) -> list[Request]:
-            return [Request(f"{tag}{i}", tuple(eng.tokenize(PROMPTS[i % len(PROMPTS)])), params)
-                    for i in range(n_requests)]
+        def reqs(tag: str, spec: bool = False) -> list[Request]:
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=spec)
+            return [Request(f"{tag}{i}", tuple(eng.tokenize(t)), params) for i, t in enumerate(texts)]
         eng.generate(reqs("warm")[:1])  # warm-up: first-touch of weights and buffers
-        seq = _phase(eng, "sequential", [[r] for r in reqs("s")[:SEQUENTIAL_MAX]])
-        conc = _phase(eng, "concurrent", [reqs("c")])
-    return {
+        phases = [_phase(eng, f"sequential{'+spec' if spec else ''}", [[r] for r in reqs(f"s{spec}", spec)
+                                                                      [:SEQUENTIAL_MAX]])
+                  for _ in range(repeat) for spec in modes]
+        phases += [_phase(eng, f"concurrent{'+spec' if spec else ''}", [reqs(f"c{spec}", spec)])
+                   for _ in range(repeat) for spec in modes]
+    seq, conc = phases[0], phases[len(phases) // 2]
+    result: dict[str, object] = {
         "model": cfg.model_path.rsplit("/", 1)[-1],
+        "workload": workload or "questions",
         "threads": cfg.n_threads,
         "gpu_layers": cfg.n_gpu_layers,
         "overlap": cfg.overlap,
         "backend_sampling": cfg.backend_sampling,
+        "speculative": asdict(cfg.speculative),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "phases": [asdict(p) | {"tokens_per_s": p.tokens_per_s, "overhead_share": p.overhead_share,
                                 "overhead_ms_per_step": p.overhead_ms_per_step,
                                 "sample_ms_per_step": p.sample_ms_per_step,
-                                "steady_tokens_per_s": p.steady_tokens_per_s} for p in (seq, conc)],
+                                "steady_tokens_per_s": p.steady_tokens_per_s} for p in phases],
         "speedup": conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0,
     }
+    if cfg.speculative.on:  # tokens/s with speculation / without, per pair of phases run one after the other
+        pairs = {name: [q.tokens_per_s / p.tokens_per_s if p.tokens_per_s else 0.0
+                        for p, q in zip(phases[0::2], phases[1::2], strict=True) if p.name == name]
+                 for name in ("sequential", "concurrent")}
+        result["speculative_speedup"] = {name: statistics.median(r) for name, r in pairs.items()}
+        result["speculative_speedup_pairs"] = pairs
+    return result
 
 
 def markdown(result: dict[str, object]) -> str:
@@ -129,6 +164,8 @@ def markdown(result: dict[str, object]) -> str:
                     f"{p['overhead_ms_per_step']:.3f} ms | "
                     f"{100 * p['overhead_share']:.1f}% | {p['sample_ms_per_step']:.3f} ms |")
     rows.append(f"\nconcurrent / sequential aggregate tokens/s: **{result['speedup']:.2f}x**")
+    for name, ratio in dict(result.get("speculative_speedup") or {}).items():  # type: ignore[call-overload]
+        rows.append(f"{name}: speculative / off tokens/s: **{ratio:.2f}x**")
     return "\n".join(rows)
 
 

@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llamafleet.bench.workloads import WORKLOADS
 from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.flags import add_flags, overrides
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 # The HTTP form's flags (dest -> flag), refused with --compare (which only reads reports) and before `engine`;
 # SWEEP_FLAGS are those of a concurrency sweep only, refused before `multiturn`.
 SWEEP_FLAGS = {"requests": "--requests", "duration": "--duration", "prompt_tokens": "--prompt-tokens",
-               "prompts": "--prompts"}
+               "prompts": "--prompts", "workload": "--workload"}
 HTTP_FLAGS = {"url": "--url", "model_name": "--model-name", "model_alias": "--model", "max_tokens": "--max-tokens",
               "concurrency": "--concurrency", "chat": "--chat", "api_key": "--api-key", "label": "--label",
               "timeout": "--timeout", "warmup": "--warmup", "no_progress": "--no-progress",
@@ -131,9 +132,12 @@ def _run_http(args: argparse.Namespace) -> int:
     from llamafleet.bench import report as bench_report
     from llamafleet.bench.prompts import PromptSet, load_prompts
     from llamafleet.bench.streaming import BenchError
+    from llamafleet.bench.workloads import workload_prompts
 
     try:
-        prompts = load_prompts(Path(args.prompts)) if args.prompts else PromptSet(words=args.prompt_tokens or 128)
+        prompts = (load_prompts(Path(args.prompts)) if args.prompts else
+                   workload_prompts(args.workload) if args.workload else
+                   PromptSet(words=args.prompt_tokens or 128))
         cfg = loadgen.BenchConfig(**_target(args, 128), concurrency=args.concurrency or (1, 8, 32),
                                   requests=args.requests, duration=args.duration)
         runs = loadgen.run(cfg, prompts, progress=not args.no_progress)
@@ -203,25 +207,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def engine_settings(cfg: FleetConfig, model_path: str, n: int, max_tokens: int, kv_unified: bool = False,
-                    overlap: bool = True) -> EngineConfig:
+                    overlap: bool = True, room: int = 128, **decided: Any) -> EngineConfig:
     """``bench engine``'s engine: ``serve``'s settings for ``cfg`` (one mapping, :func:`engine_config`), with ``n``
-    slots of context enough for ``max_tokens`` after a built-in prompt (a few dozen tokens; 128 hold any of them), in
-    llama.cpp's steps of 256 as the planner sizes a server's (else llama.cpp warns that the context does not divide
-    evenly between the sequences)."""
+    slots of context enough for ``max_tokens`` after a prompt of up to ``room`` tokens (a built-in question is a few
+    dozen; a workload's prompt a few hundred), in llama.cpp's steps of 256 as the planner sizes a server's (else
+    llama.cpp warns that the context does not divide evenly between the sequences); ``decided``: further settings of
+    the caller's."""
     from llamafleet.placement.memory import pad_ctx
     from llamafleet.placement.planner import engine_config
 
-    return engine_config(cfg, model_path, n_seq=n, n_ctx_per_seq=pad_ctx(max_tokens + 128), kv_unified=kv_unified,
-                         overlap=overlap)
+    return engine_config(cfg, model_path, n_seq=n, n_ctx_per_seq=pad_ctx(max_tokens + room), kv_unified=kv_unified,
+                         overlap=overlap, **decided)
 
 
 def run_engine(args: argparse.Namespace) -> int:
     """``llamafleet bench engine``."""
-    before = {k: v for k, v in HTTP_FLAGS.items() if k not in ("requests", "max_tokens")}  # engine has its own
+    before = {k: v for k, v in HTTP_FLAGS.items() if k not in ("requests", "max_tokens", "workload")}  # its own
     if (err := _refuse(args, before | {"out": "--out", "compare": "--compare"}, "`llamafleet bench engine`",
                        "they were given before 'engine' and belong to the HTTP form")):
         return _fail(err)
     from llamafleet.bench import engine as enginebench  # loads llama.cpp: only this form needs it
+    from llamafleet.engine.speculative.settings import SpeculativeConfig
     from llamafleet.model.demo import ModelFetchError, default_model_path
 
     try:
@@ -231,9 +237,16 @@ def run_engine(args: argparse.Namespace) -> int:
         return _fail(str(e))
     if not model.is_file():
         return _fail(f"--model: no GGUF file at {model}")
+    try:
+        spec = SpeculativeConfig(mode=args.spec_mode, max_draft=args.max_draft, max_batch=args.spec_max_batch)
+    except ValueError as e:
+        return _fail(str(e).replace("speculative.max_draft", "--max-draft").replace("speculative.max_batch",
+                                                                                   "--spec-max-batch"))
     engine_cfg = engine_settings(cfg, str(model), args.requests, args.max_tokens, kv_unified=bool(args.kv_unified),
-                                 overlap=not args.no_overlap)
-    result = enginebench.run(engine_cfg, n_requests=args.requests, max_tokens=args.max_tokens)
+                                 overlap=not args.no_overlap, room=128 if args.workload is None else 1024,
+                                 speculative=spec)
+    result = enginebench.run(engine_cfg, n_requests=args.requests, max_tokens=args.max_tokens,
+                             workload=args.workload, repeat=args.repeat)
     print(enginebench.to_json(result) if args.json else enginebench.markdown(result))
     return 0
 
@@ -270,6 +283,9 @@ def _add_http_flags(p: argparse.ArgumentParser) -> None:
                         help="synthetic prompts of about N tokens (default 128)")
     source.add_argument("--prompts", metavar="FILE", help="prompt file: .jsonl ({\"prompt\"}, {\"messages\"} or "
                                                      "strings) or text, one prompt per line")
+    source.add_argument("--workload", choices=WORKLOADS, help="built-in prompts: random (as --prompt-tokens), edit "
+                        "(rewrite a given text), extract (copy a paragraph of a long document): where speculative "
+                        "decoding can pay, and where it cannot")
     p.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP); "
                                                 "with --compare: also write compare.md (and, for sweeps, plots) there")
     p.add_argument("--compare", nargs="+", metavar="REPORT", help="print the ratio table of bench.json files, "
@@ -322,6 +338,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e.add_argument("--max-tokens", type=_number(int), default=64, metavar="N",
                    help="tokens to generate per request (default %(default)s)")
     e.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    e.add_argument("--workload", choices=WORKLOADS, help="the prompts: random (one-token words), edit (rewrite a "
+                   "text), extract (copy a paragraph of a long document) (default: short questions)")
+    e.add_argument("--speculative", dest="spec_mode", choices=("off", "ngram"), default="off",
+                   help="speculative decoding: ngram runs each phase with and without it, side by side "
+                        "(default %(default)s)")
+    e.add_argument("--max-draft", type=_number(int), default=8, metavar="N",
+                   help="with --speculative: most tokens drafted per sequence per step (default %(default)s)")
+    e.add_argument("--repeat", type=_number(int), default=1, metavar="N",
+                   help="with --speculative: run each pair of phases (off, on) N times in turn; the ratio is the "
+                        "pairs' median (default %(default)s)")
+    e.add_argument("--spec-max-batch", type=_number(int), default=4, metavar="N",
+                   help="with --speculative: speculate only while at most N sequences decode (default %(default)s)")
     e.add_argument("--kv-unified", action="store_true",
                    help="one KV cache shared by all sequences instead of one stream per sequence")
     e.add_argument("--no-overlap", action="store_true",

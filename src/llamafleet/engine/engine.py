@@ -37,6 +37,7 @@ from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.speculative.speculator import Speculator
 from llamafleet.engine.textside import TextSide
 from llamafleet.engine.types import (
     EmbeddingRequest,
@@ -49,7 +50,8 @@ from llamafleet.engine.types import (
     TopLogprobs,
 )
 
-Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReason | None]  # a sampled token
+# a sampled token: (sequence, token or None, logprob, top alternatives, end, answer tokens counted with it)
+Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReason | None, int]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class Engine(TextSide):
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
         self._steps = 0
+        self._launch_s = 0.0  # how long the last llama_decode call took
         self._prompt_total = 0
         self._prompt_cached = 0
         self._gen_total = 0
@@ -87,6 +90,7 @@ class Engine(TextSide):
         # entry (sequence, first row, first position, positions)
         self._rows: Rows | None = None  # where the in-flight pass's logits rows are, when it scores prompts
         self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
+        self.spec = Speculator.create(cfg, self.model.recurrent)
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -136,6 +140,8 @@ class Engine(TextSide):
             step_seconds_total=self._step_s,
             sample_seconds_total=self._sample_s,
             prompt_tokens_cached_total=self._prompt_cached,
+            draft_tokens_total=self.spec.drafted_total if self.spec else 0,
+            draft_accepted_total=self.spec.accepted_total if self.spec else 0,
         )
 
     # -- the loop body ----------------------------------------------------------------------------------------
@@ -150,6 +156,8 @@ class Engine(TextSide):
         fresh = self._collect() if self._inflight is not None else []
         self._admit()
         ready = [s for s in self._running if s.wait_for is None]
+        if self.spec is not None:
+            self.spec.draft(ready, self.cfg.n_batch)
         plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens)
         error = None
         if plan:
@@ -157,8 +165,7 @@ class Engine(TextSide):
             self._steps += 1
             if not self.cfg.overlap and self._inflight is not None:
                 fresh += self._collect()
-        for item in fresh:
-            outs.append(self._emit(*item))
+        outs += [self._emit(*item) for item in fresh if not item[0].closed]
         if self.embedder.has_work():  # one pass of inputs to embed, while the generation pass runs on a GPU
             outs += self.embedder.step(generating=bool(self._running))
         if error is not None:
@@ -209,6 +216,8 @@ class Engine(TextSide):
             self._slots.take(s)
             self._running.append(s)
             self._start(s, place)
+            if self.spec is not None:
+                self.spec.admit(s)
 
     # -- prefix reuse (the choices are engine/prefix.py's; here they are applied) ----------------------------
     def _start(self, s: Sequence, place: Placement[Sequence]) -> None:
@@ -259,21 +268,23 @@ class Engine(TextSide):
         else:  # prompt chunks too: a few array operations over the whole plan, no per-token Python work
             counts = np.fromiter((k for _, k in plan), dtype=np.int32, count=len(plan))
             n = int(counts.sum())
-            b.token[:n] = list(itertools.chain.from_iterable(s.tokens[s.n_cached:s.n_cached + k] for s, k in plan))
+            b.token[:n] = list(itertools.chain.from_iterable(s.feed(k) for s, k in plan))
             first = np.cumsum(counts) - counts  # batch index of each entry's first token
             starts = np.fromiter((s.n_cached for s, _ in plan), dtype=np.int32, count=len(plan))
             b.pos[:n] = np.repeat(starts - first, counts) + np.arange(n, dtype=np.int32)
             b.seq[:n] = np.repeat(np.fromiter((s.slot for s, _ in plan), dtype=np.int32, count=len(plan)), counts)
             b.logits[:n] = 0
-            # an entry whose tokens reach the end of what it has produces logits at its last token
-            sampled = [(s, int(first[i] + k - 1)) for i, (s, k) in enumerate(plan)
-                       if s.n_cached + k == len(s.tokens)]
+            # an entry whose tokens reach the end of what it has produces logits at its last token (and drafts)
+            sampled = [(s, int(first[i] + k - 1 - s.n_draft)) for i, (s, k) in enumerate(plan)
+                       if s.n_cached + k == len(s.tokens) + s.n_draft]
             b.logits[[bi for _, bi in sampled]] = 1
+            Speculator.flag(sampled, b.logits)
             self._rows = scoring_rows(plan, first, sampled, b.logits[:n])
         b.n_tokens = n
         t0 = time.perf_counter()
         rc = self.ctx.launch(b)
-        self._decode_s += time.perf_counter() - t0
+        self._launch_s = time.perf_counter() - t0  # (on a CPU the whole pass; on a GPU, until it is queued)
+        self._decode_s += self._launch_s
         if rc != 0:
             msg = f"llama_decode failed with status {rc} on a batch of {n} tokens"
             log.error(msg)
@@ -291,7 +302,9 @@ class Engine(TextSide):
         self._inflight = None
         t1 = time.perf_counter()
         self._decode_s += t1 - t0
-        for s, k in plan:
+        if self.spec is not None:  # what the pass cost: whether drafts pay (engine/speculative/)
+            self.spec.observe(plan, self._launch_s + t1 - t0)
+        for s, k in plan:  # (a speculating sequence's drafts too: Speculator.settle gives back the rejected)
             if s.n_cached < s.n_prompt:
                 self._prompt_total += min(k, s.n_prompt - s.n_cached)
             s.n_cached += k
@@ -300,15 +313,33 @@ class Engine(TextSide):
         if self._rows is not None:
             n_rows, rows, scored = self._rows
             score_prompts(self.ctx.logits(n_rows), scored)
+        sampled, rows, drafting = Speculator.split(sampled, rows)
         if sampled:
             tokens, logprobs, tops = sample(self.ctx, sampled, n_rows, rows)
-            self._sample_s += time.perf_counter() - t1
             for i, (s, _) in enumerate(sampled):
                 if not s.done:  # ended (stop string, cancel) while this pass ran: its token is dropped
                     fresh.append(self._accept(s, int(tokens[i]), None if logprobs is None else float(logprobs[i]),
                                               None if tops is None else tops[i]))
+        if drafting:
+            fresh += self._verify(drafting, n_rows)
+        self._sample_s += time.perf_counter() - t1
         while self._deferred:  # slots and KV of sequences that ended while the pass ran
             self._release(self._deferred.pop())
+        return fresh
+
+    def _verify(self, drafting: list[tuple[Sequence, int]], n_rows: int | None) -> list[Fresh]:
+        """Keep the tokens the target agrees with of each speculating sequence's drafts (one output each, in
+        order, until one ends it), and give back the KV of the rest (see engine/speculative/)."""
+        assert self.spec is not None and n_rows is not None
+        logits = self.ctx.logits(n_rows)
+        fresh: list[Fresh] = []
+        for s, row in drafting:
+            kept = self.spec.verify(self.ctx, s, logits, row)
+            for tok, lp, top in kept or []:
+                fresh.append(self._accept(s, tok, lp, top))
+                if s.done:
+                    break
+            self.spec.settle(self.ctx, s, None if kept is None else len(kept))
         return fresh
 
     def _accept(self, s: Sequence, tok: int, logprob: float | None, top: TopLogprobs | None) -> Fresh:
@@ -316,7 +347,7 @@ class Engine(TextSide):
         p = s.req.params
         if p.max_tokens == 0:  # a prompt only scored: the token sampled after it is not part of the answer
             self._retire(s)
-            return s, None, None, None, "length"
+            return s, None, None, None, "length", 0
         self._gen_total += 1
         s.n_generated += 1
         end: FinishReason | None = None
@@ -330,12 +361,13 @@ class Engine(TextSide):
                 end = "length"
         if end is not None:
             self._retire(s)
-        return s, tok, logprob, top, end
+        return s, tok, logprob, top, end, s.n_generated
 
     def _emit(self, s: Sequence, tok: int | None, logprob: float | None, top: TopLogprobs | None,
-              end: FinishReason | None) -> RequestOutput:
+              end: FinishReason | None, n_generated: int) -> RequestOutput:
         """The output for one sampled token (None: none, a prompt only scored): its text (stop strings held back),
-        the end if there is one, and, the first time, the prompt's scores if they were asked for."""
+        the end if there is one, and, the first time, the prompt's scores if they were asked for. ``n_generated``:
+        the answer's tokens up to this one (a step that kept drafts made more after it)."""
         lps = None if logprob is None else [logprob]
         text, hit = ("", False) if end == "stop" or tok is None else s.stops.feed(s.detok.feed(self.model.pieces[tok]))
         if hit:
@@ -345,18 +377,23 @@ class Engine(TextSide):
         elif end is not None:
             tail, _ = s.stops.feed(s.detok.flush())
             text += tail + s.stops.flush()
+        if end is not None:
+            s.closed, s.n_generated = True, n_generated  # a stop string's: tokens kept after it are not the answer's
         out = RequestOutput(s.request_id, text=text, token_ids=[] if tok is None else [tok], logprobs=lps,
                             finished=end is not None, finish_reason=end, prompt_tokens=s.n_prompt,
-                            completion_tokens=s.n_generated, cached_tokens=s.n_reused,
-                            top_logprobs=None if top is None else [top], prompt_logprobs=s.scores)
+                            completion_tokens=n_generated, cached_tokens=s.n_reused,
+                            top_logprobs=None if top is None else [top], prompt_logprobs=s.scores,
+                            drafted_tokens=s.drafted, accepted_tokens=s.accepted)
         s.scores = None
         return out
 
     def _finish(self, s: Sequence, reason: FinishReason) -> RequestOutput:
         """End ``s`` without a new token (cancelled, or a failed decode)."""
         self._retire(s)
+        s.closed = True
         return RequestOutput(s.request_id, finished=True, finish_reason=reason, prompt_tokens=s.n_prompt,
-                             completion_tokens=s.n_generated, cached_tokens=s.n_reused)
+                             completion_tokens=s.n_generated, cached_tokens=s.n_reused, drafted_tokens=s.drafted,
+                             accepted_tokens=s.accepted)
 
     def _retire(self, s: Sequence) -> None:
         """Take ``s`` out of the batch. Its slot and KV are freed now, or, while a pass is running (it may hold one
@@ -373,6 +410,8 @@ class Engine(TextSide):
         if self.ctx.backend_sampling and not s.in_graph:
             self.ctx.use_backend_greedy(s.slot, True)
         self._slots.release(s.slot)
+        if self.spec is not None:
+            self.spec.release(s)
         if s.chain is not None:
             s.chain.close()
             s.chain = None

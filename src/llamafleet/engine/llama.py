@@ -84,6 +84,8 @@ class Model(Native):
         self.n_embd = int(lc.llama_model_n_embd_out(ptr))  # the width of its hidden states, so of an embedding
         arch = self.meta("general.architecture")
         self.causal = self.meta(f"{arch}.attention.causal") != "false"  # BERT-likes attend both ways: no generating
+        # a recurrent state cannot be cut back part-way (no prefix reuse, no rejected drafts given back)
+        self.recurrent = bool(lc.llama_model_is_recurrent(ptr) or lc.llama_model_is_hybrid(ptr))
         self.pooling = int(self.meta(f"{arch}.pooling_type") or lc.LLAMA_POOLING_TYPE_UNSPECIFIED)  # its own, if any
 
     def close(self) -> None:

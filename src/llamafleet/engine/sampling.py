@@ -125,14 +125,15 @@ def scoring_rows(plan: list[tuple[Sequence, int]], first: npt.NDArray[np.int32],
                  flags: npt.NDArray[np.int8]) -> Rows | None:
     """For a pass with prompts being scored: set ``flags`` (the batch's logits flags) at every position of their
     chunks, and say where the logits rows land: how many there are, the rows of ``sampled``, and per scored chunk
-    (sequence, first row, first position, positions). None when the pass scores nothing (rows = sampled, in order)."""
+    (sequence, first row, first position, positions). None when the pass has no rows but those of ``sampled``, in
+    order (no prompt scored, no drafts verified)."""
     scored = [(s, int(first[i]), s.n_cached, k) for i, (s, k) in enumerate(plan)
               if s.scores is not None and s.n_cached < s.n_prompt - 1]
-    if not scored:
-        return None
     for _, bi, _, k in scored:
         flags[bi:bi + k] = 1
     flagged = np.flatnonzero(flags)
+    if len(flagged) == len(sampled):
+        return None
     return (len(flagged), np.searchsorted(flagged, [bi for _, bi in sampled]),
             [(s, int(np.searchsorted(flagged, bi)), at, k) for s, bi, at, k in scored])
 

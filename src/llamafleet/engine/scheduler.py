@@ -1,7 +1,8 @@
 """Which tokens go into the next ``llama_decode``: continuous batching under an ``n_batch`` token budget.
 
 Pure logic, no llama.cpp calls. Generating sequences go first (one token each, so every running answer advances
-every step); prompts are then prefilled in chunks, oldest first, with whatever budget is left. A long prompt is thus
+every step, plus the tokens drafted for it when it speculates: engine/speculative/ keeps them within the budget);
+prompts are then prefilled in chunks, oldest first, with whatever budget is left. A long prompt is thus
 spread over several steps alongside the running decodes instead of stalling them.
 
 The chosen pairs are returned in slot order. With one KV stream per sequence, llama.cpp splits a batch into
@@ -32,8 +33,8 @@ def schedule(running: list[Sequence], budget: int, rotate: int = 0,
     for s in decoding:
         if budget <= 0:
             break
-        plan.append((s, 1))
-        budget -= 1
+        plan.append((s, 1 + s.n_draft))
+        budget -= 1 + s.n_draft
     if prefill_budget is not None:
         budget = min(budget, prefill_budget)
     for s in prefilling:

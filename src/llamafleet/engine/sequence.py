@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from llamafleet.engine.speculative.policy import Track
 from llamafleet.engine.text import Detokenizer, StopMatcher
 from llamafleet.engine.types import PromptLogprobs, Request
 
@@ -26,11 +27,13 @@ class Sequence:
     wait_for: tuple[Sequence, int] | None = None  # (sequence, n): not scheduled until it has computed our n tokens
     n_generated: int = 0
     done: bool = False  # out of the batch (finished or cancelled); its slot may still await release
+    closed: bool = False  # its last output is made: later tokens of the same step (drafts kept) are dropped
     detok: Detokenizer = field(default_factory=Detokenizer)
     stops: StopMatcher = field(init=False)
     # with prompt_logprobs: the prompt's scores, filled as its prefill runs, sent with its first output (then None)
     scores: PromptLogprobs | None = None
     budget: ThinkBudget | None = None  # a reasoning budget to enforce (engine/budget.py)
+    spec: Track | None = None  # speculative decoding's state, when it speculates (engine/speculative/)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.req.prompt_tokens)
@@ -51,3 +54,24 @@ class Sequence:
     def pending(self) -> int:
         """Tokens still to feed to llama_decode (1 while generating; more while the prompt is prefilled)."""
         return len(self.tokens) - self.n_cached
+
+    @property
+    def n_draft(self) -> int:
+        """Drafted tokens fed after its last token in the next (or running) pass."""
+        return len(self.spec.draft) if self.spec is not None else 0
+
+    @property
+    def drafted(self) -> int:
+        """Tokens drafted for it and verified so far (speculative decoding)."""
+        return self.spec.drafted if self.spec is not None else 0
+
+    @property
+    def accepted(self) -> int:
+        """Of those, the tokens the model kept."""
+        return self.spec.accepted if self.spec is not None else 0
+
+    def feed(self, k: int) -> list[int]:
+        """The ``k`` tokens it puts into the next pass: the next of its own, then its drafts."""
+        if self.spec is not None and self.spec.draft:
+            return self.tokens[self.n_cached:] + self.spec.draft
+        return self.tokens[self.n_cached:self.n_cached + k]

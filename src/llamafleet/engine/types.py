@@ -9,6 +9,7 @@ from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Literal
 
 from llamafleet.engine.grammar import check_gbnf
+from llamafleet.engine.speculative.settings import SpeculativeConfig
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 SplitModeName = Literal["none", "layer", "tensor"]
@@ -58,6 +59,7 @@ class SamplingParams:
     grammar: str | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it, +100 forces it
     think_budget: int | None = None  # tokens a thinking model may spend in its think block (engine/budget.py)
+    speculative: bool = True  # False: never draft for this request, whatever the engine's speculative settings
 
     def __post_init__(self) -> None:
         checks = [
@@ -174,6 +176,8 @@ class _Result:
     error: str | None = None
     prompt_logprobs: PromptLogprobs | None = None
     embeddings: list[bytes] | None = None  # an embedding request's vectors, one per input (see EmbeddingRequest)
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for it so far, and of those the ones the model
+    accepted_tokens: int = 0  # kept (each kept token is also one of completion_tokens)
     prompt_ids: list[int] | None = None  # a request only tokenized: its prompt's tokens (nothing is generated)
 
 
@@ -227,6 +231,7 @@ class EngineConfig:
     backend_sampling: bool = False  # greedy requests sampled inside llama.cpp's graph (on the GPU); experimental
     overlap: bool = True  # detokenize a step's tokens while the next decode runs (False: one pass at a time)
     prefix_cache: bool = True  # start new sequences from KV already computed for their prompt's prefix
+    speculative: SpeculativeConfig = SpeculativeConfig()  # drafts verified in the batched step (engine/speculative/)
     llama_log_level: str = "warning"
 
 
@@ -246,6 +251,8 @@ class EngineStats:
     step_seconds_total: float  # whole steps: decode + batch build + sampling + detokenizing
     sample_seconds_total: float  # choosing the next tokens (reading logits, argmax, sampler chains)
     prompt_tokens_cached_total: int = 0  # prompt tokens whose KV came from the prefix cache
+    draft_tokens_total: int = 0  # speculative decoding: tokens drafted and verified
+    draft_accepted_total: int = 0  # of those, tokens the model kept
 
 
 @dataclass(kw_only=True)
@@ -269,6 +276,7 @@ class Generation(_Result):
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens
+        self.drafted_tokens, self.accepted_tokens = out.drafted_tokens, out.accepted_tokens
         if out.finished:
             self.finish_reason = out.finish_reason
             self.error = out.error

@@ -302,6 +302,9 @@ class Dispatcher:
             self.metrics.prompt_cached.inc(amount=out.cached_tokens)
             self.metrics.prompt_computed.inc(amount=out.prompt_tokens - out.cached_tokens)
             self.metrics.generated_tokens.inc(amount=out.completion_tokens)
+            self.metrics.draft_tokens.inc(amount=out.drafted_tokens)
+            self.metrics.draft_accepted.inc(amount=out.accepted_tokens)
+            self.metrics.draft_rejected.inc(amount=out.drafted_tokens - out.accepted_tokens)
             if self.model:
                 self.metrics.model_prompt_tokens.inc(self.model, amount=out.prompt_tokens)
                 self.metrics.model_generated_tokens.inc(self.model, amount=out.completion_tokens)

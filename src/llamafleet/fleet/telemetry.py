@@ -59,6 +59,12 @@ class FleetMetrics:
                                              "prompt tokens of finished sequences not served from the prefix cache"))
         self.generated_tokens = r.add(Counter("llamafleet_generated_tokens_total",
                                               "tokens generated for finished sequences"))
+        self.draft_tokens = r.add(Counter("llamafleet_draft_tokens_total", "speculative decoding: tokens drafted and "
+                                          "verified for finished sequences"))
+        self.draft_accepted = r.add(Counter("llamafleet_draft_accepted_tokens_total",
+                                            "of those, tokens the model kept (each one also a generated token)"))
+        self.draft_rejected = r.add(Counter("llamafleet_draft_rejected_tokens_total",
+                                            "of those, tokens the model rejected (their KV given back)"))
         self.sequences = r.add(Counter("llamafleet_sequences_total", "sequences that ended, by how they ended",
                                        ("outcome",)))
         self.embedded_inputs = r.add(Counter("llamafleet_embedding_inputs_total",

@@ -29,6 +29,7 @@ from typing import Any
 
 from llamafleet.config import FleetConfig
 from llamafleet.engine.cores import default_threads
+from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement import rpc_plan
@@ -324,6 +325,7 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
         flash_attn=cfg.flash_attn,
         backend_sampling=cfg.backend_sampling,
         prefix_cache=cfg.prefix_cache,
+        speculative=SpeculativeConfig(**cfg.speculative.model_dump()),
         llama_log_level=cfg.llama_log_level,
     ), **decided)
 

@@ -219,7 +219,9 @@ def test_a_whole_answer_puts_choices_in_input_order_and_counts_each_prompt_once(
         assert [c["text"] for c in body["choices"]] == ["first", "second"]
         assert [c["finish_reason"] for c in body["choices"]] == ["stop", "length"]
         assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11,
-                                 "prompt_tokens_details": {"cached_tokens": 2}}
+                                 "prompt_tokens_details": {"cached_tokens": 2},
+                                 "completion_tokens_details": {"accepted_prediction_tokens": 0,
+                                                               "rejected_prediction_tokens": 0}}
         assert response.headers["x-llamafleet-replicas"] == "0,1"
 
     run(test)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Speculative decoding (prompt lookup), measured side by side in one run: llamafleet with it on and off, and
+# llama-server's own n-gram speculation with the same settings. Runs on a CPU (the demo model) or, called by
+# scripts/gpu-bench.sh's `spec` phase, on one GPU.
+#
+#   scripts/spec-bench.sh
+#
+# 1. bench engine, in-process: the edit, extract and random workloads, 1 and ENGINE_STREAMS requests at once, each
+#    phase with speculation off and on in turn (the ratios are of runs made under the same load);
+# 2. HTTP, the edit workload at LEVELS: llamafleet serve with speculation off, then on, then llama-server with
+#    --spec-type ngram-simple (lookup length NGRAM, drafts of up to DRAFT tokens), then llama-server without it.
+#
+# Environment: MODEL (default: the demo model, `llamafleet model`), LLAMA_SERVER (the binary; unset: that part is
+# skipped), REPORT (default spec-report), NGRAM (default 3), DRAFT (default 8), MAX_BATCH (llamafleet's
+# speculative.max_batch, default 4), LEVELS (default 1,8), SLOTS (default 8), CTX (default 2048), MAX_TOKENS
+# (default 192), ENGINE_STREAMS (default 8), REPEAT (off/on pairs per engine phase, median ratio; default 3), REQUESTS (per level; default: the bench's), THREADS (CPU threads, default: the
+# servers' own), NGL (GPU layers, default 0 here; gpu-bench.sh sets 99), PYTHON (default python3).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+REPORT=${REPORT:-spec-report}
+NGRAM=${NGRAM:-3}; DRAFT=${DRAFT:-8}; MAX_BATCH=${MAX_BATCH:-4}
+LEVELS=${LEVELS:-1,8}; SLOTS=${SLOTS:-8}; CTX=${CTX:-2048}; MAX_TOKENS=${MAX_TOKENS:-192}
+ENGINE_STREAMS=${ENGINE_STREAMS:-8}; REPEAT=${REPEAT:-3}; NGL=${NGL:-0}; PORT=${PORT:-18090}
+MODEL=${MODEL:-$("$PY" -m llamafleet.cli model path)}
+mkdir -p "$REPORT"
+log() { printf '\n=== %s  %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$REPORT/run.log"; }
+threads=(); [ -n "${THREADS:-}" ] && threads=(--threads "$THREADS")
+requests=(); [ -n "${REQUESTS:-}" ] && requests=(--requests "$REQUESTS")
+log "model $MODEL; uptime: $(uptime)"
+
+for workload in edit extract random; do
+  for n in 1 "$ENGINE_STREAMS"; do
+    log "bench engine: $workload, $n at once, speculation off and on (max_draft $DRAFT)"
+    "$PY" -m llamafleet.cli bench engine --model "$MODEL" "${threads[@]}" --workload "$workload" --requests "$n" \
+      --max-tokens "$MAX_TOKENS" --speculative ngram --max-draft "$DRAFT" --spec-max-batch "$MAX_BATCH" --repeat "$REPEAT" --json \
+      >"$REPORT/engine-$workload-$n.json" 2>>"$REPORT/engine.log"
+  done
+done
+
+. "$repo/scripts/serve-lib.sh"  # wait_ready, stop
+bench_edit() {  # label
+  "$PY" -m llamafleet.cli bench --url "http://127.0.0.1:$PORT" --workload edit --concurrency "$LEVELS" \
+    "${requests[@]}" --max-tokens "$MAX_TOKENS" --label "$1" --out "$REPORT/$1" --no-progress \
+    >>"$REPORT/bench.log" 2>&1 || echo "bench $1: some requests failed (see bench.log)" | tee -a "$REPORT/run.log"
+}
+
+for mode in off ngram; do
+  yaml=$REPORT/llamafleet-$mode.yaml
+  printf 'speculative:\n  mode: %s\n  max_draft: %s\n  ngram_min: %s\n  ngram_max: %s\n  max_batch: %s\n' \
+    "$mode" "$DRAFT" "$NGRAM" "$NGRAM" "$MAX_BATCH" >"$yaml"
+  log "llamafleet serve, speculation $mode: edit workload at $LEVELS"
+  "$PY" -m llamafleet.cli serve --model "$MODEL" --config "$yaml" --port "$PORT" --replicas 1 --parallel "$SLOTS" \
+    --ctx "$CTX" "${threads[@]}" >"$REPORT/serve-llamafleet-$mode.log" 2>&1 & pid=$!
+  wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-llamafleet-$mode.log"; exit 1; }
+  bench_edit "llamafleet-spec-$mode"
+  curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^llamafleet_draft' >"$REPORT/metrics-$mode.txt" || true
+  stop $pid
+done
+
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  for mode in ngram off; do
+    spec=(); [ "$mode" = ngram ] && spec=(--spec-type ngram-simple --spec-ngram-simple-size-n "$NGRAM"
+                                           --spec-ngram-simple-size-m "$DRAFT")
+    log "llama-server, speculation $mode: edit workload at $LEVELS"
+    "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" -ngl "$NGL" -np "$SLOTS" -c $((SLOTS * CTX)) --no-webui \
+      --cache-ram 0 "${threads[@]}" "${spec[@]}" >"$REPORT/serve-llama-server-$mode.log" 2>&1 & pid=$!
+    wait_ready "http://127.0.0.1:$PORT/health" $pid || { tail -30 "$REPORT/serve-llama-server-$mode.log"; exit 1; }
+    bench_edit "llama-server-spec-$mode"
+    stop $pid
+  done
+fi
+
+reports=("$REPORT"/llamafleet-spec-off/bench.json "$REPORT"/llamafleet-spec-ngram/bench.json)
+[ -n "${LLAMA_SERVER:-}" ] && reports+=("$REPORT"/llama-server-spec-ngram/bench.json "$REPORT"/llama-server-spec-off/bench.json)
+"$PY" -m llamafleet.cli bench --compare "${reports[@]}" --out "$REPORT/compare" | tee -a "$REPORT/run.log"
+log "done: $REPORT"

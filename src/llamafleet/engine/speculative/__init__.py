@@ -1,0 +1,1 @@
+"""Speculative decoding inside continuous batching: draft sources, the per-step policy, verification."""
