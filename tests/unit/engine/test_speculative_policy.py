@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from llamafleet.config import load_config
+from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.speculative.policy import MAX_PAUSE, PROBE, PassCost, Track
@@ -142,6 +143,14 @@ def test_requests_that_opt_out_or_score_prompts_never_speculate() -> None:
         s = seq("x", 0, (1, 2, 1, 2), p)
         spec.admit(s)
         assert s.spec is None
+
+
+def test_an_answer_with_a_reasoning_budget_never_speculates() -> None:
+    spec = Speculator(CFG, n_ctx_per_seq=100)
+    s = seq("x", 0, (1, 2, 1, 2))
+    s.budget = ThinkBudget(limit=4, think=("<think>", "</think>"), close_ids=(7,))
+    spec.admit(s)
+    assert s.spec is None
 
 
 @pytest.mark.parametrize(("kw", "key"), [({"max_draft": 0}, "speculative.max_draft"),

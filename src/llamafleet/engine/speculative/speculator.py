@@ -53,7 +53,9 @@ class Speculator:
     def admit(self, s: Sequence) -> None:
         """``s`` has just taken its slot: it speculates from now on if its request allows it."""
         p = s.req.params
-        if p.speculative and not s.in_graph and not p.prompt_logprobs and p.max_tokens != 0:
+        # a reasoning budget forces its close marker through one row's logits at a time (engine/budget.py), which
+        # verified drafts would skip: a budgeted answer does not speculate
+        if p.speculative and not s.in_graph and not p.prompt_logprobs and p.max_tokens != 0 and s.budget is None:
             s.spec = Track(self.cfg.max_draft)
             self.source.start(s.slot, s.tokens)
 
