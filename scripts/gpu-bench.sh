@@ -14,6 +14,10 @@
 #   serve        HTTP, one GPU: llamafleet serve vs llama-server, same slots and context, concurrency 1..128
 #   multiturn    HTTP, one GPU: 32 conversations x 4 turns sharing a 1300-token system prompt (bench multiturn),
 #                llamafleet vs llama-server with its prompt cache on: TTFT per turn, wall time, cache hit rate
+#   sessions     HTTP, one GPU: sessions that outnumber the slots (scripts/sessions-bench.sh): SESSIONS_N (64)
+#                conversations x 4 turns, each with SESSIONS_PRIVATE (8192) private words, turn by turn, 16 at a
+#                time on 16 slots; llamafleet with its KV tiers (RAM + disk), without, and llama-server with
+#                --cache-ram (SESSIONS_RAM, 8192 MiB, both servers); not in the default phases
 #   fleet        several models on one GPU in a budget that cannot hold them all (scripts/fleet_probe.py): loads
 #                on demand, evictions, planned vs measured memory, /v1/embeddings alone and beside chats
 #   multi        (2+ GPUs) one llamafleet endpoint over one replica per GPU, against the one-GPU run
@@ -131,20 +135,12 @@ if has policy; then
 fi
 
 # --- HTTP, one GPU ------------------------------------------------------------------------------------------------
-wait_ready() {  # readiness url (llamafleet: /ready, 200 once every replica is up; llama-server: /health), pid
-  for _ in $(seq 1 300); do
-    curl -sf "$1" >/dev/null 2>&1 && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 1
-  done
-  return 1
-}
+. "$repo/scripts/bench-servers.sh"  # wait_ready, stop
 bench_http() {  # label, url, levels
   "$PY" -m llamafleet.cli bench --url "$2" --concurrency "$3" "${REQ_ARGS[@]}" --prompt-tokens 128 \
     --max-tokens 128 --label "$1" --out "$REPORT/$1" --no-progress >>"$REPORT/bench.log" 2>&1 \
     || echo "bench $1: some requests failed (see bench.log)" | tee -a "$REPORT/run.log"
 }
-stop() { kill -INT "$1" 2>/dev/null || true; for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null || true; }
 dmon() { nvidia-smi dmon -s um -d 1 >"$REPORT/dmon-$1.log" 2>&1 & echo $!; }
 
 BATCHES=${BATCHES:-2048}
@@ -199,6 +195,16 @@ fi
 if has multiturn && [ -f "$REPORT/llamafleet-multiturn/bench.json" ] && [ -f "$REPORT/llama-server-multiturn/bench.json" ]; then
   "$PY" -m llamafleet.cli bench --compare "$REPORT/llamafleet-multiturn/bench.json" \
     "$REPORT/llama-server-multiturn/bench.json" --out "$REPORT/multiturn-compare" >>"$REPORT/bench.log" 2>&1 || true
+fi
+
+# --- sessions that outnumber the slots, one GPU ---------------------------------------------------------------------
+if has sessions; then
+  log "sessions: ${SESSIONS_N:-64} x 4 turns, ${SESSIONS_PRIVATE:-8192} private words each, 16 slots (scripts/sessions-bench.sh)"
+  CUDA_VISIBLE_DEVICES=0 MODEL=$M7 LLAMA_SERVER=$BIN/llama-server DEVICE=gpu PYTHON=$PY PORT=$PORT \
+    SESSIONS=${SESSIONS_N:-64} TURNS=4 PRIVATE=${SESSIONS_PRIVATE:-8192} CONC=16 SLOTS=16 \
+    CTX=$(( (${SESSIONS_PRIVATE:-8192} + 4 * (25 + 48) + 511) / 256 * 256 )) MAX_TOKENS=48 \
+    CACHE_RAM=${SESSIONS_RAM:-8192} DISK_MIB=${SESSIONS_DISK_MIB:-40960} \
+    "$repo/scripts/sessions-bench.sh" "$REPORT/sessions" || log "sessions phase failed (see $REPORT/sessions/run.log)"
 fi
 
 # --- several models on one GPU, in a budget that does not hold them all -------------------------------------------

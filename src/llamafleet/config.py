@@ -163,6 +163,12 @@ class FleetConfig(BaseModel):
     backend_sampling: bool = Field(False, description="sample greedy requests inside llama.cpp's graph (GPU)")
     prefix_cache: bool = Field(True, description="start each prompt from KV already computed for its prefix "
                                "(see docs/OPERATIONS.md)")
+    cache_ram_mib: int | None = Field(None, ge=0, description="RAM tier of the KV cache per replica: slots' KV kept "
+                                      "when their slot is reused (0 = off; default: a quarter of the RAM the plan "
+                                      "leaves, at most 8192)")
+    cache_dir: str | None = Field(None, description="disk tier of the KV cache: states evicted from RAM and saved "
+                                  "at shutdown, kept across restarts (default: off)")
+    cache_disk_mib: int = Field(20480, ge=1, description="most disk the KV tier's files of one model take")
 
     # GPU placement (see placement/planner.py).
     gpus: list[int] | None = Field(None, description="GPU indices to use; default = all")

@@ -33,6 +33,7 @@ from llamafleet.fleet.metrics import Counter
 from llamafleet.fleet.models import ManagedModel
 from llamafleet.fleet.replicas import ReplicaState
 from llamafleet.fleet.telemetry import GpuSample
+from llamafleet.fleet.tier_metrics import tier_json
 
 log = logging.getLogger(__name__)
 routes = APIRouter()
@@ -108,6 +109,7 @@ def _replica(st: ReplicaState, model: ManagedModel, d: Dispatcher, svc: Service,
         "tokens_per_s": sampled["tokens_per_s"] if sampled else 0.0,
         "ttft_s": mean_of(m.ttft, rep), "itl_s": mean_of(m.token_gap, rep),
         "memory_pss_bytes": _pss_bytes(st.pid), "last_error": st.last_error,
+        "kv_tiers": tier_json(stats.tiers if stats else None),
     }
 
 

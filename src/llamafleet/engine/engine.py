@@ -30,7 +30,8 @@ from typing import Self
 import numpy as np
 
 from llamafleet.engine.embedding import Embedder
-from llamafleet.engine.llama import Batch, Context, Model, SamplerChain
+from llamafleet.engine.kv_tiers import KvTiers, first_origin
+from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model, SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
 from llamafleet.engine.scheduler import schedule
@@ -72,6 +73,7 @@ class Engine(TextSide):
         self._waiting: deque[Request] = deque()
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
+        self.tiers = KvTiers.of(cfg, self._slots.min_reuse, STATE_FORMAT)  # KV beyond the slots: RAM, disk
         self._steps = 0
         self._prompt_total = 0
         self._prompt_cached = 0
@@ -88,6 +90,8 @@ class Engine(TextSide):
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:
+        if getattr(self, "tiers", None) is not None and self.ctx.ptr:  # the slots' KV to disk, for the next start
+            self.tiers.flush(self.ctx, self._slots.contents())
         for s in self._running + self._deferred:
             if s.chain is not None:
                 s.chain.close()
@@ -134,6 +138,7 @@ class Engine(TextSide):
             step_seconds_total=self._step_s,
             sample_seconds_total=self._sample_s,
             prompt_tokens_cached_total=self._prompt_cached,
+            tiers=self.tiers.stats() if self.tiers.enabled else None,
         )
 
     # -- the loop body ----------------------------------------------------------------------------------------
@@ -204,9 +209,14 @@ class Engine(TextSide):
             self._running.append(s)
             self._start(s, place)
 
-    # -- prefix reuse (the choices are engine/prefix.py's; here they are applied) ----------------------------
+    # -- prefix reuse (the choices are engine/prefix.py's and engine/kv_tiers.py's; here they are applied) -------
     def _start(self, s: Sequence, place: Placement[Sequence]) -> None:
-        """Give the new sequence ``s`` the KV that ``place`` found for its prompt; only the rest is prefilled."""
+        """Give the new sequence ``s`` the KV that ``place`` (or a KV tier) found for its prompt; only the rest is
+        prefilled."""
+        restored = self.tiers.admit(self.ctx, s, place)
+        if restored:
+            self._reuse(s, restored)
+            return
         if place.wait and place.source is not None:
             self._reuse(s, 0)
             s.wait_for = (place.source, place.reuse)
@@ -339,7 +349,7 @@ class Engine(TextSide):
             text += tail + s.stops.flush()
         out = RequestOutput(s.request_id, text, [] if tok is None else [tok], lps, end is not None, end, s.n_prompt,
                             s.n_generated, cached_tokens=s.n_reused, top_logprobs=None if top is None else [top],
-                            prompt_logprobs=s.scores)
+                            prompt_logprobs=s.scores, cache=first_origin(s))
         s.scores = None
         return out
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from llamafleet.engine.text import Detokenizer, StopMatcher
-from llamafleet.engine.types import PromptLogprobs, Request
+from llamafleet.engine.types import CacheOrigin, PromptLogprobs, Request
 
 if TYPE_CHECKING:  # only a type here: the scheduler and its tests import this module without loading llama.cpp
     from llamafleet.engine.llama import SamplerChain
@@ -29,6 +29,7 @@ class Sequence:
     stops: StopMatcher = field(init=False)
     # with prompt_logprobs: the prompt's scores, filled as its prefill runs, sent with its first output (then None)
     scores: PromptLogprobs | None = None
+    origin: CacheOrigin | None = None  # what the KV tiers gave it (engine/kv_tiers.py), until its first output
 
     def __post_init__(self) -> None:
         self.tokens = list(self.req.prompt_tokens)

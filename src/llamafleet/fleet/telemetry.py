@@ -18,6 +18,7 @@ from typing import Literal, get_args
 from llamafleet.fleet.metrics import Counter, Gauge, Histogram, Registry
 from llamafleet.fleet.replicas import ReplicaState
 from llamafleet.fleet.router import Router
+from llamafleet.fleet.tier_metrics import TierMetrics
 
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 LOAD_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -79,6 +80,7 @@ class FleetMetrics:
                                       ("replica",)))
         self.hangs = r.add(Counter("llamafleet_replica_hangs_total",
                                    "replicas killed as hung (silent past heartbeat_timeout_s)", ("replica",)))
+        self.kv_tiers = TierMetrics(r)  # the KV cache tiers beyond the slots (fleet/tier_metrics.py)
         self.slots_total = r.add(Gauge("llamafleet_replica_slots", "sequence slots of a replica", ("replica",)))
         self.slots_busy = r.add(Gauge("llamafleet_replica_slots_busy", "slots running a sequence", ("replica",)))
         self.engine_waiting = r.add(Gauge("llamafleet_replica_waiting",
@@ -178,4 +180,5 @@ class FleetMetrics:
                 if stats.steps > seen:
                     self.steps.inc(rep, amount=stats.steps - seen)
                 self._steps_seen[rep] = (st.pid, max(seen, stats.steps))
+                self.kv_tiers.refresh(rep, st.pid, stats.tiers)
 

@@ -24,7 +24,7 @@ anything loads, with the numbers and what would make it fit. Policy (measured fa
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
@@ -34,6 +34,9 @@ from llamafleet.placement.autofit import fit_unset
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
 from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
+
+KV_TIER_MAX_MIB = 8192  # the RAM tier's default bound per replica (llama-server's --cache-ram default)
+KV_TIER_UNKNOWN_MIB = 1024  # ... when the host's memory is unknown
 
 __all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "launch_spec", "make_plan"]
 
@@ -144,6 +147,8 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
     _, host = replica_needs(model, ctx, "none", ())
     budget = Budget("CPU", "host memory", 0, mib(host.weights), mib(host.kv * n), mib(host.compute * n),
                     cfg.vram_margin_mib, inv.host_mem_mib)
+    tier = kv_tier_mib(cfg, None if inv.host_mem_mib is None else inv.host_mem_mib - budget.used_mib, n, notes)
+    budget = replace(budget, kv_tier_mib=tier * n)
     notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU sharing one mapping of the weights")
     if budget.capacity_mib is None:
         notes.warnings.append("available RAM is unknown; memory was not checked")
@@ -154,7 +159,23 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
         notes.reasons.extend(how_to_fit(model, ctx, cfg, [((budget.capacity_mib or 0) - cfg.vram_margin_mib) * MIB],
                                          n, host=True))
     replicas = tuple(ReplicaPlan((), "none", (), -1) for _ in range(n))
-    return _plan(fits, "cpu", replicas, ctx, cfg, (budget,), 0, notes, model)
+    return replace(_plan(fits, "cpu", replicas, ctx, cfg, (budget,), 0, notes, model), kv_tier_mib=tier)
+
+
+def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: _Notes) -> int:
+    """The RAM tier of the KV cache per replica: ``cache_ram_mib``, or unset, a quarter of the host memory
+    (``free_mib``) the plan leaves, shared by its ``n`` replicas, at most :data:`KV_TIER_MAX_MIB` each (1024 when
+    the memory is unknown). Off without the prefix cache."""
+    if not cfg.prefix_cache:
+        return 0
+    if cfg.cache_ram_mib is not None:
+        if free_mib is not None and cfg.cache_ram_mib * n > free_mib:
+            notes.warnings.append(f"cache_ram_mib {cfg.cache_ram_mib} x {n} replica(s) is more than the "
+                                  f"{max(0, free_mib)} MiB of RAM the plan leaves: lower cache_ram_mib")
+        return cfg.cache_ram_mib
+    tier = KV_TIER_UNKNOWN_MIB if free_mib is None else min(KV_TIER_MAX_MIB, max(0, free_mib) // 4 // max(1, n))
+    notes.reasons.append(f"KV cache RAM tier: {tier} MiB per replica (cache_ram_mib)")
+    return tier
 
 
 def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
@@ -182,7 +203,10 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
         usable = [max(usable)] if cfg.split_mode == "none" else usable
         notes.reasons.extend(how_to_fit(model, ctx, cfg, usable, max(1, len(groups)), host=False))
     replicas, budgets = _layout(groups, gpus, cfg)
-    return _plan(fits, "gpu", replicas, ctx, cfg, budgets, host.total, notes, model)
+    n = max(1, len(groups))
+    free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
+    tier = kv_tier_mib(cfg, free, n, notes)
+    return replace(_plan(fits, "gpu", replicas, ctx, cfg, budgets, host.total, notes, model), kv_tier_mib=tier)
 
 
 def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], one: DeviceNeed, cfg: FleetConfig,
@@ -395,6 +419,9 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
         flash_attn=cfg.flash_attn,
         backend_sampling=cfg.backend_sampling,
         prefix_cache=cfg.prefix_cache,
+        cache_ram_bytes=(plan.kv_tier_mib or cfg.cache_ram_mib or 0) * MIB,
+        cache_dir=cfg.cache_dir,
+        cache_disk_bytes=cfg.cache_disk_mib * MIB,
         llama_log_level=cfg.llama_log_level,
     )
     return env, engine
