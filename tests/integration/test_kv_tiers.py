@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from llamafleet.engine.engine import Engine  # isort: skip  (llama.cpp before numpy: see engine/llama.py)
 
 from scrape import metric, scrape
@@ -149,3 +151,9 @@ def test_turn_two_after_a_server_restart_comes_from_disk(
     from_disk = metric(text, "llamafleet_kv_tier_restored_tokens_total", replica=replica[1], tier="disk")
     assert from_disk >= 0.9 * prompt
     assert metric(text, "llamafleet_kv_tier_hits_total", replica=replica[1], tier="disk") == sessions
+    status = httpx.get(f"{server.url}/v1/status", timeout=30).json()
+    assert status["replicas"][0]["kv_tiers"]["disk"]["hits"] == sessions
+    recent = [e for e in status["recent"]["requests"] if e["route"] == "/v1/chat/completions"][:sessions]
+    assert len(recent) == sessions and all(e["cache"]["disk"] > 0.9 * e["prompt_tokens"] for e in recent)
+    assert all(e["cache"]["slot"] == e["cache"]["ram"] == 0 and e["cache"]["differs_at"] is not None
+               for e in recent)  # a new question follows what was cached
