@@ -119,3 +119,13 @@ def test_an_unwritable_folder_turns_the_tier_off_with_one_warning(tmp_path: Path
         assert not a.put(list(range(100, 140)), state(100))
     assert not a.on
     assert len([r for r in caplog.records if "turned off" in r.getMessage()]) == 2  # once per tier
+
+
+def test_a_replica_finds_what_another_replica_of_the_model_wrote(tmp_path: Path, model: Path) -> None:
+    a, b = tier(tmp_path, model), tier(tmp_path, model)
+    tokens = list(range(300, 400))
+    a.put(tokens, state(2000, 5))
+    name, n = b.best(tokens + [1], cap=100)  # the folder changed: b indexes a's new file
+    assert n == 100 and b.load(name or "") == state(2000, 5)
+    (b.dir / (name or "")).unlink()  # gone (a's bound, an operator): a forgets it at its next look
+    assert a.best(tokens + [1], cap=100) == (None, 0) and a.bytes == 0

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import struct
+import time
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ class DiskTier:
         self.evictions = 0
         self.dropped = 0  # files found damaged (truncated, wrong checksum) and deleted
         self._index: OrderedDict[str, DiskEntry] = OrderedDict()  # least recently used first
+        self._seen = 0  # the folder's modification time when it was last indexed
         self._seq = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -84,11 +86,23 @@ class DiskTier:
             self._off(e)
             return
         self._scan()
+        if self._index:
+            log.info("disk KV tier %s: %d states, %.1f MiB", self.dir, len(self._index), self.bytes / 2**20)
 
     # -- reading -------------------------------------------------------------------------------------------------
     def _scan(self) -> None:
+        """Index the folder's files: at start, and again whenever the folder changed (another replica of the model
+        wrote or deleted a file: its states serve this replica too, and the bound holds for all of them)."""
+        try:
+            self._seen = self.dir.stat().st_mtime_ns
+            names = {p.name for p in self.dir.glob("*.kv")}
+        except OSError:
+            return
+        for gone in [n for n in self._index if n not in names]:
+            self._forget(gone)
         found: list[tuple[float, str, DiskEntry]] = []
-        for path in self.dir.glob("*.kv"):
+        for name in names - set(self._index):
+            path = self.dir / name
             try:
                 st = path.stat()
                 with path.open("rb") as f:
@@ -96,15 +110,21 @@ class DiskTier:
                 if tokens is None:
                     self._drop(path, "its header is damaged or from another model or llama.cpp")
                     continue
-                found.append((st.st_mtime, path.name, DiskEntry(tokens, st.st_size)))
+                found.append((st.st_mtime, name, DiskEntry(tokens, st.st_size)))
             except OSError:
                 continue  # vanished (another replica evicted it) or unreadable: not ours to use
         for _, name, e in sorted(found, key=lambda x: x[0]):
             self._index[name] = e
             self.bytes += e.size
         self._evict()
-        if self._index:
-            log.info("disk KV tier %s: %d states, %.1f MiB", self.dir, len(self._index), self.bytes / 2**20)
+
+    def _refresh(self) -> None:
+        """Index again if the folder changed since: its modification time moved, or is too recent to tell (file
+        times advance in coarse ticks, so a change in the same tick as the last look would not show)."""
+        with contextlib.suppress(OSError):
+            changed = self.dir.stat().st_mtime_ns
+            if changed != self._seen or time.time_ns() - changed < 1_000_000_000:
+                self._scan()
 
     def _read_head(self, f: BinaryIO) -> list[int] | None:
         """The tokens of an open file, positioned after them; None if the header is not ours."""
@@ -129,6 +149,7 @@ class DiskTier:
 
     def best(self, prompt: list[int], cap: int) -> tuple[str | None, int]:
         """The file holding the longest prefix of ``prompt`` (at most ``cap`` tokens), and its length."""
+        self._refresh()
         best: tuple[str | None, int] = (None, 0)
         for name, e in self._index.items():
             n = common_prefix(prompt, e.tokens, cap)
