@@ -103,6 +103,7 @@ def test_the_disk_tier_takes_what_ram_evicts_and_survives_a_restart(model_path: 
         first, second = two_turns(eng)
         t = eng.stats().tiers
         assert t is not None and t.disk_on and t.hits["disk"] >= 2 and t.ram_entries == 0  # no state fits 1 MiB
+        assert eng.tiers.flush(eng.ctx, eng._slots.contents(), budget_s=0) == 0  # the shutdown's time bound
     # the slots were written at shutdown; a new engine finds every session's turn 2 on disk
     files = sorted(next(tmp_path.iterdir()).glob("*.kv"))
     assert len(files) >= SESSIONS
