@@ -8,15 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
-from synth_models import sparse_models
-from test_planner import ROOT, inventory
 
 from llamafleet.catalog import served_models
 from llamafleet.cli import main
 from llamafleet.config import ConfigError, load_config
 from llamafleet.model.header import ModelInfo
+from llamafleet.placement.gpus import load_inventory
 from llamafleet.placement.planner import make_plan
+from synth_models import sparse_models
 
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path("demo.gguf")
 
 
@@ -130,5 +131,5 @@ def test_a_lone_model_in_a_list_plans_like_the_single_model_keys(models: dict[st
     path = models["7b-q4_0"].path
     (lone,) = served_models(load_config(None, {"models": [{"name": "a", "path": path}]}), lambda: DEMO)
     single = load_config(None, {"model_path": path})
-    inv = inventory("2x24gb-pcie")
+    inv = load_inventory(ROOT / "examples" / "inventories" / "2x24gb-pcie.yaml")
     assert make_plan(models["7b-q4_0"], inv, lone.cfg) == make_plan(models["7b-q4_0"], inv, single)

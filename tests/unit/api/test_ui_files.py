@@ -8,7 +8,7 @@ from pathlib import Path
 
 from llamafleet.api import ui
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STATIC = ROOT / "src" / "llamafleet" / "api" / "static"
 
 

@@ -17,7 +17,7 @@ from llamafleet.model.header import read_model_info
 from llamafleet.placement.gpus import load_inventory
 from llamafleet.placement.planner import launch_spec, make_plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GiB = 2**30
 
 

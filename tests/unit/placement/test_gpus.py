@@ -16,7 +16,7 @@ from llamafleet.placement.gpus import (
     uniform_links,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "inventories"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "inventories"
 
 
 def write(tmp_path: Path, text: str) -> Path:

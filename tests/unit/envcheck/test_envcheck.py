@@ -32,7 +32,7 @@ from llamafleet.envcheck.gather import elf_needed, gather, model_facts, resolve_
 from llamafleet.envcheck.run import exit_code, format_json, format_text, run_checks
 from llamafleet.model.demo import default_model_path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HAS_GPU = Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from synth_models import sparse_models
 
 from llamafleet.cli import main
 from llamafleet.config import FleetConfig, load_config
@@ -18,8 +17,9 @@ from llamafleet.model.header import ModelInfo
 from llamafleet.placement.autofit import auto_shapes
 from llamafleet.placement.gpus import Inventory, load_inventory
 from llamafleet.placement.planner import Plan, launch_spec, make_plan
+from synth_models import sparse_models
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 INVENTORIES = ("1x24gb", "2x24gb-pcie", "2x141gb-nvlink", "4x80gb-nvlink", "80gb-24gb-mixed", "24gb-12gb-mixed")
 # 8 slots x 4096 tokens set explicitly (the defaults), f16 KV, 1 GiB margin. "!" = refused; replicas as "gpus/mode".
 DP2, DP4 = "0/none 1/none", "0/none 1/none 2/none 3/none"

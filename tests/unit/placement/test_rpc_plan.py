@@ -7,14 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from synth_models import sparse_models
 
 from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import Inventory, RemoteDevice, load_inventory
 from llamafleet.placement.planner import launch_spec, make_plan
+from synth_models import sparse_models
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 A, B = "10.0.0.2:50052", "10.0.0.3:50052"
 REMOTE = (RemoteDevice(A, 0, 24576, 24000, 0.2), RemoteDevice(B, 0, 24576, 24000, 0.3))
 RPC = {"rpc_servers": [A, B], "rpc_trusted_network": True, "parallel": 8, "context_length": 4096}

@@ -23,7 +23,7 @@ from llamafleet.model.demo import default_model_path
 from llamafleet.model.header import ModelInfo, read_model_info
 from llamafleet.placement.gpus import Inventory, empty_inventory, load_inventory
 
-INVENTORIES = Path(__file__).resolve().parents[2] / "examples" / "inventories"
+INVENTORIES = Path(__file__).resolve().parents[3] / "examples" / "inventories"
 
 
 @pytest.fixture(scope="module")

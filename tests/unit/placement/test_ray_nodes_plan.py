@@ -8,13 +8,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from synth_models import sparse_models
 from test_planner import inventory
 
 from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import Inventory
 from llamafleet.placement.nodes import Node, plan_nodes
+from synth_models import sparse_models
 
 CPU_ONLY = Inventory(gpus=(), links=(), source="none", note="no GPU", host_mem_mib=64_000)
 PATH = "/models/llama.gguf"

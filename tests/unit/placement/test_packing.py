@@ -7,7 +7,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from synth_models import sparse_models
 from test_planner import inventory
 
 from llamafleet.config import FleetConfig
@@ -25,6 +24,7 @@ from llamafleet.placement.packing import (
     usage,
 )
 from llamafleet.placement.planner import make_plan
+from synth_models import sparse_models
 
 TWO = inventory("2x24gb-pcie")
 

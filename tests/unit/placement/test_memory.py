@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from synth_models import sparse_models
 
 from llamafleet.model.header import ModelInfo, read_model_info
 from llamafleet.placement.memory import (
@@ -17,6 +16,7 @@ from llamafleet.placement.memory import (
     pad_ctx,
     replica_needs,
 )
+from synth_models import sparse_models
 
 GIB = 2**30
 
