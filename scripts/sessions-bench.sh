@@ -12,7 +12,10 @@
 #
 # Environment (defaults: the CPU workload): SESSIONS 6, TURNS 3, PRIVATE 870 (one-token words of each session's own
 # context), SYSTEM 0 (shared system prompt words), CONC 2 (turns in flight), SLOTS 2, CTX 4096 (per slot),
-# MAX_TOKENS 32, CACHE_RAM 2048 (MiB, both servers), DISK_MIB 20480, SEED 7, THREADS (default: every core),
+# MAX_TOKENS 32, CACHE_RAM 2048 (MiB, llama-server's and llamafleet's RAM tier), FLEET_CACHE_RAM (llamafleet's
+# alone; default CACHE_RAM), DISK_MIB 20480 (llamafleet's disk tier), BY_TURN 1 (0: each of the CONC workers runs
+# one conversation's turns back to back; with CONC above SLOTS, sessions still outnumber the slots), SEED 7,
+# THREADS (default: every core),
 # DEVICE cpu|gpu (gpu: llama-server gets -ngl 99 -fa on; llamafleet places itself), PORT 18090, PYTHON python3,
 # SERVERS "llamafleet-tiers llamafleet-no-tiers llama-server" (a subset to run fewer).
 set -euo pipefail
@@ -22,15 +25,17 @@ OUT=${1:?usage: MODEL=FILE LLAMA_SERVER=BIN scripts/sessions-bench.sh OUT_DIR}
 SESSIONS=${SESSIONS:-6} TURNS=${TURNS:-3} PRIVATE=${PRIVATE:-870} SYSTEM=${SYSTEM:-0} CONC=${CONC:-2}
 SLOTS=${SLOTS:-2} CTX=${CTX:-4096} MAX_TOKENS=${MAX_TOKENS:-32} CACHE_RAM=${CACHE_RAM:-2048} SEED=${SEED:-7}
 DISK_MIB=${DISK_MIB:-20480} THREADS=${THREADS:-$(nproc)} DEVICE=${DEVICE:-cpu} PORT=${PORT:-18090}
+FLEET_CACHE_RAM=${FLEET_CACHE_RAM:-$CACHE_RAM} BY_TURN=${BY_TURN:-1}
+order=(); [ "$BY_TURN" = 1 ] && order=(--by-turn)
 PY=${PYTHON:-python3}
 SERVERS=${SERVERS:-llamafleet-tiers llamafleet-no-tiers llama-server}
 mkdir -p "$OUT"
 log() { printf '=== %s  %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$OUT/run.log"; }
 . "$repo/scripts/bench-servers.sh"  # wait_ready, stop
 replay() {  # label
-  log "replay $1: $SESSIONS sessions x $TURNS turns, $PRIVATE private words each, $CONC at a time; uptime: $(uptime)"
+  log "replay $1: $SESSIONS sessions x $TURNS turns, $PRIVATE private words each, $CONC at a time ${order[*]}; uptime: $(uptime)"
   "$PY" -m llamafleet.cli bench multiturn --url "http://127.0.0.1:$PORT" --conversations "$SESSIONS" \
-    --turns "$TURNS" --system-tokens "$SYSTEM" --private-tokens "$PRIVATE" --concurrency "$CONC" --by-turn \
+    --turns "$TURNS" --system-tokens "$SYSTEM" --private-tokens "$PRIVATE" --concurrency "$CONC" "${order[@]}" \
     --max-tokens "$MAX_TOKENS" --seed "$SEED" --label "$1" --out "$OUT/$1" --no-progress >>"$OUT/bench.log" 2>&1 \
     || log "replay $1: some requests failed (see bench.log)"
   log "replay $1 done; uptime: $(uptime)"
@@ -52,7 +57,7 @@ log "model $MODEL on $DEVICE; $(nproc) cores; uptime: $(uptime)"
 if has llamafleet-tiers; then
   rm -rf "$OUT/kv-cache"
   printf 'cache_disk_mib: %s\n' "$DISK_MIB" >"$OUT/tiers.yaml"
-  fleet llamafleet-tiers --config "$OUT/tiers.yaml" --cache-ram "$CACHE_RAM" --cache-dir "$OUT/kv-cache"
+  fleet llamafleet-tiers --config "$OUT/tiers.yaml" --cache-ram "$FLEET_CACHE_RAM" --cache-dir "$OUT/kv-cache"
 fi
 has llamafleet-no-tiers && fleet llamafleet-no-tiers --cache-ram 0
 if has llama-server; then
