@@ -108,12 +108,23 @@ class KvTiers:
         if len(tokens) < self.min_reuse or self._covered(tokens):
             return
         t0 = time.perf_counter()
+        tokens = list(tokens)
+        self._drop_prefixes_of(tokens)
+        size = ctx.sequence_state_size(slot)
+        if size <= self.ram_limit:
+            self._make_room(size)  # before the copy: the tier never holds more than its bound
+        elif self.disk is None or not self.disk.on:
+            return  # larger than the whole RAM tier, and no disk to take it
         state = ctx.save_sequence(slot)
         self.save_s += time.perf_counter() - t0
         if state is None:
             return
         self.saves += 1
-        self._keep(list(tokens), state)
+        if len(state) > self.ram_limit:  # straight to disk
+            self._spill(tokens, state)
+            return
+        self._ram[entry_name(tokens)] = _State(tokens, state)
+        self.ram_bytes += len(state)
 
     def _covered(self, tokens: list[int]) -> bool:
         n = len(tokens)
@@ -121,16 +132,15 @@ class KvTiers:
             return True
         return self.disk is not None and self.disk.on and self.disk.covers(tokens)
 
-    def _keep(self, tokens: list[int], state: bytearray) -> None:
+    def _drop_prefixes_of(self, tokens: list[int]) -> None:
+        """A state that ``tokens``' state extends is served by it: out of the RAM tier."""
         for key in [k for k, e in self._ram.items() if len(e.tokens) < len(tokens)
                     and tokens[:len(e.tokens)] == e.tokens]:
             self.ram_bytes -= len(self._ram.pop(key).state)
-        if len(state) > self.ram_limit:  # larger than the whole RAM tier: straight to disk, if there is one
-            self._spill(tokens, state)
-            return
-        self._ram[entry_name(tokens)] = _State(tokens, state)
-        self.ram_bytes += len(state)
-        while self.ram_bytes > self.ram_limit:
+
+    def _make_room(self, size: int) -> None:
+        """Evict the least recently used states (to disk, when on) until ``size`` more bytes fit the bound."""
+        while self._ram and self.ram_bytes + size > self.ram_limit:
             _, old = self._ram.popitem(last=False)
             self.ram_bytes -= len(old.state)
             self.evictions["ram"] += 1

@@ -443,10 +443,14 @@ class Context(_Native):
         lc.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         self.copy_sources.add(src)  # its data must not change before that decode: see restore_sequence
 
+    def sequence_state_size(self, seq: int) -> int:
+        """Bytes of :meth:`save_sequence`'s copy of sequence ``seq``'s state."""
+        return int(lc.llama_state_seq_get_size_ext(self.ptr, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
+
     def save_sequence(self, seq: int) -> bytearray | None:
         """Sequence ``seq``'s state (its KV cells, in llama.cpp's per-sequence state format), copied to host memory;
         None if llama.cpp wrote less than it announced."""
-        n = int(lc.llama_state_seq_get_size_ext(self.ptr, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
+        n = self.sequence_state_size(seq)
         buf = bytearray(n)
         arr = (ctypes.c_uint8 * n).from_buffer(buf)
         got = int(lc.llama_state_seq_get_data_ext(self.ptr, arr, n, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
