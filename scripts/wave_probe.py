@@ -29,7 +29,7 @@ def quantile(xs: list[float], q: float) -> float:
 
 def run(model: str, streams: int, total: int, n_batch: int, n_prefill: int | None) -> str:
     cfg = EngineConfig(model_path=model, n_seq=streams, n_ctx_per_seq=1024, n_batch=n_batch, n_ubatch=512,
-                       flash_attn=True, prefix_cache=False, n_prefill=n_prefill)
+                       flash_attn=True, prefix_cache=False, prefill_tokens=n_prefill)
     with Engine(cfg) as engine:
         prompts = [tuple(engine.tokenize(f"{i} " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(126))))
                    for i in range(total + streams)]

@@ -52,7 +52,7 @@ class RemoteEntry(BaseModel):
     max_concurrency: int = Field(8, ge=1, le=1024, description="sequences sent to it at once (its slots)")
     timeout_s: float = Field(60.0, gt=0, description="longest wait for its next byte (then 504)")
     llama_cpp: bool = Field(True, description="it is llamafleet or llama-server: it takes llama.cpp's fields "
-                            "(top_k, min_p, repeat_penalty, grammar, ignore_eos); false for other providers")
+                            "(its sampling extensions, grammar, ignore_eos); false for other providers")
 
     @model_validator(mode="after")
     def _checked(self) -> RemoteEntry:
@@ -225,6 +225,14 @@ class FleetConfig(BaseModel):
         "off: only method, route, status, latency and token counts"
     )
 
+    # Stored responses (POST /v1/responses with store, previous_response_id; see docs/API.md).
+    responses_store_max: int = Field(1024, ge=0, description="most responses kept for previous_response_id and GET "
+                                     "/v1/responses/{id}, oldest dropped first (0 = none are kept)")
+    responses_store_mib: int = Field(64, ge=1, description="most memory the stored responses' conversations take in "
+                                     "the API process, oldest dropped first")
+    responses_ttl_s: float = Field(86400.0, gt=0, description="a stored response is dropped this long after it "
+                                   "was stored")
+
     # Watchdog.
     watchdog_interval_s: float = Field(2.0, gt=0, description="how often GPU memory and slots are checked")
     vram_warn_fraction: float = Field(0.85, gt=0, le=1, description="GPU memory use that logs a warning")
@@ -237,6 +245,11 @@ class FleetConfig(BaseModel):
     )
     heartbeat_timeout_s: float = Field(
         60.0, gt=0, description="a loaded worker that sends nothing for this long is killed as hung"
+    )
+    suspect_after_s: float = Field(
+        2.0, gt=0, description="a loaded worker silent this long (or 5x its recent p99 step time, if longer) is "
+        "suspect: it gets no new work while another replica can take it, and its sequences not yet started move "
+        "elsewhere, until it speaks again"
     )
 
     # Logging.

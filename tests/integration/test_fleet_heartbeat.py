@@ -1,5 +1,6 @@
-"""A hung worker on a real 2-replica server: frozen with SIGSTOP, it falls silent, and within the heartbeat timeout the
-API process stops routing to it, fails what it held with 503, kills it, restarts it, and counts it in /metrics.
+"""A hung worker on a real 2-replica server: frozen with SIGSTOP, it falls silent; within seconds it is suspect (new
+work goes to the other replica, see test_fleet_suspect.py), and within the heartbeat timeout the API process fails
+what it still held (its running stream) with 503, kills it, restarts it, and counts it in /metrics.
 
 Without the heartbeat a frozen worker stayed "ready" and kept receiving about half the requests, which waited for it
 until their own timeout (10 minutes by default).
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from stream_thread import HEADER, StreamThread
 
 from conftest import FleetServer
 
-HEADER = "x-llamafleet-replicas"
-TIMEOUT_S = 3.0  # the server's heartbeat_timeout_s in this test
+TIMEOUT_S = 6.0  # the server's heartbeat_timeout_s in this test (suspect_after_s stays 2)
 
 
 def _worker_pids(server: FleetServer) -> set[int]:
@@ -54,7 +55,7 @@ def _complete(server: FleetServer, n: int = 1) -> httpx.Response:
 
 
 class _StatusWatch(threading.Thread):
-    """Polls /ready and keeps every replica status it sees."""
+    """Polls /ready and keeps every replica status it sees ("suspect" for a ready one that is)."""
 
     def __init__(self, server: FleetServer) -> None:
         super().__init__(daemon=True)
@@ -64,7 +65,7 @@ class _StatusWatch(threading.Thread):
     def run(self) -> None:
         while not self.done.is_set():
             with contextlib.suppress(httpx.HTTPError):
-                self.seen.update(r["status"] for r in self.server.ready()[1]["replicas"])
+                self.seen.update("suspect" if r["suspect"] else r["status"] for r in self.server.ready()[1]["replicas"])
             time.sleep(0.05)
 
 
@@ -80,16 +81,22 @@ def test_a_frozen_worker_is_noticed_routed_around_killed_and_restarted(
     time.sleep(2 * TIMEOUT_S)  # idle, healthy workers are not mistaken for hung ones
     assert _metric(server, "llamafleet_replica_hangs_total") == {"0": 0, "1": 0}
 
-    victim = min(pids)
+    stream = StreamThread(server.url, server.model(), max_tokens=400)
+    stream.start()
+    assert stream.started.wait(120) and stream.status == 200
+    hung_index = int(stream.replica)
+    victim = next(r["pid"] for r in server.ready()[1]["replicas"] if r["index"] == hung_index)
+    assert victim in pids
     watch = _StatusWatch(server)
     watch.start()
     os.kill(victim, signal.SIGSTOP)
     t0 = time.monotonic()
-    r = _complete(server, n=2)  # one choice per replica: the frozen one's fails the request
+    r = _complete(server, n=2)  # whatever was routed to the frozen replica moves once it is suspect
+    assert r.status_code == 200 and r.headers[HEADER] == f"{1 - hung_index},{1 - hung_index}", r.text
+    stream.join(TIMEOUT_S + 30)  # the stream it was running stays there, and fails when it is found hung
     noticed = time.monotonic() - t0
-    assert r.status_code == 503, r.text
-    message = r.json()["error"]["message"]
-    assert "heartbeat_timeout_s" in message and "retry" in message
+    message = stream.error or ""
+    assert "heartbeat_timeout_s" in message and "retry" in message, (stream.error, stream.finish)
     assert noticed < TIMEOUT_S + 3, f"the frozen worker was noticed after {noticed:.1f}s"
 
     served = [_complete(server) for _ in range(5)]  # while the hung replica restarts, the other serves everything
@@ -99,7 +106,7 @@ def test_a_frozen_worker_is_noticed_routed_around_killed_and_restarted(
     server.wait_all_ready(timeout=120)
     watch.done.set()
     watch.join(10)
-    assert "unresponsive" in watch.seen, watch.seen
+    assert {"suspect", "unresponsive"} <= watch.seen, watch.seen
     after = _worker_pids(server)
     assert victim not in after and len(after) == 2
     with pytest.raises(ProcessLookupError):  # killed and reaped
@@ -107,6 +114,7 @@ def test_a_frozen_worker_is_noticed_routed_around_killed_and_restarted(
     hangs = _metric(server, "llamafleet_replica_hangs_total")
     assert sorted(hangs.values()) == [0, 1], hangs
     hung = next(k for k, v in hangs.items() if v)
+    assert hung == str(hung_index) and _metric(server, "llamafleet_replica_suspect_total")[hung] == 1
     assert _metric(server, "llamafleet_replica_restarts_total")[hung] == 1
     assert f"replica {hung} worker" in message
 

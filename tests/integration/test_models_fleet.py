@@ -1,8 +1,9 @@
 """Several models behind one real server, on the CPU: the demo model (pinned) and three synthetic tiny models of
 different sizes, placed on a described 400 MiB GPU that cannot hold them all, so that loads evict. Concurrent
 requests for every model (and an alias) while they load and evict: all answered by the right model, nothing lost,
-never two loads at once; the idle TTL; the bounded wait for a load (503 + Retry-After); the admin routes and their
-keys; ``/v1/models`` and the per-model metrics; ``--models-dir``."""
+never two loads at once; the idle TTL; llama-server's token routes and ``/props`` by model name; the bounded wait
+for a load (503 + Retry-After); the admin routes and their keys; ``/v1/models`` and the per-model metrics;
+``--models-dir``."""
 
 from __future__ import annotations
 
@@ -167,6 +168,21 @@ def test_an_idle_model_unloads_after_its_ttl(server: FleetServer) -> None:
     assert models(server)["short-lived"]["state"] == "unloaded"
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert metric(text, "llamafleet_model_evictions_total", model="short-lived", reason="idle") == 1
+
+
+def test_the_token_routes_and_props_pick_the_named_model(server: FleetServer) -> None:
+    """llama-server's routes take a ``model``: the tiny LLaMA-2-tokenizer model adds its BOS (id 1), the demo model
+    (the first configured, also the default) has none to add; ``/props`` describes the one named."""
+    def tokens(**model: str) -> list[int]:
+        r = httpx.post(f"{server.url}/tokenize", json={"content": "Hello", "add_special": True, **model}, timeout=120)
+        assert r.status_code == 200, r.text
+        return list(r.json()["tokens"])
+
+    assert tokens(model="small")[0] == 1 and tokens(model="demo") == tokens() != tokens(model="q4")
+    props = httpx.get(f"{server.url}/props", params={"model": "q4"}, timeout=120).json()
+    assert props["model_alias"] == "q4" and props["model_path"].endswith("tiny-q4_0.gguf")
+    assert props["bos_token"] == "<s>" and props["total_slots"] == 2
+    assert httpx.get(f"{server.url}/props", timeout=30).json()["model_alias"] == "demo"
 
 
 def test_admin_routes_need_an_admin_key(server: FleetServer) -> None:

@@ -99,7 +99,12 @@ def hostile_requests(model: str, good: dict[str, str]) -> Iterator[tuple[str, st
             for v in values:
                 yield "POST", path, {"json": {**base, field: v}, "headers": good}
     paths = ["/v1/chat/completions", "/v1/completions", "/api/generate", "/v1/messages", "/v1/messages/count_tokens",
-             "/v1/responses"]
+             "/v1/responses", "/tokenize", "/detokenize", "/apply-template", "/infill"]
+    for rid in ("resp_unknown", "x" * 3000, "%00", "resp_unknown/input_items?limit=0", "resp_x/input_items?order=up"):
+        for method in ("GET", "DELETE"):  # stored responses that are not there, or asked for wrongly
+            yield method, f"/v1/responses/{rid}", {"headers": good}
+    yield "POST", "/v1/responses", {"json": {"model": model, "input": "hi", "previous_response_id": "resp_x"},
+                                    "headers": good}
     for _ in range(N_RANDOM):
         path = rng.choice(paths)
         roll = rng.random()
@@ -188,3 +193,20 @@ def test_hostile_requests_get_4xx_json_errors_and_the_server_keeps_serving(locke
         text = client.get("/metrics", headers=good).text
     assert _server_errors(text) == errors_before
     assert metric(text, "llamafleet_http_requests_total", route="other", method="POST", status="401") > 0
+
+
+def test_a_stored_response_is_the_creating_keys_alone(locked: FleetServer) -> None:
+    """With API keys on, a response stored under one key is a 404 for every other valid key, as an unknown id is."""
+    with httpx.Client(base_url=locked.url, timeout=60) as client:
+        mine, theirs = ({"authorization": f"Bearer {KEY_FILE_KEY}"}, {"x-api-key": ENV_KEY})
+        r = client.post("/v1/responses", headers=mine, json={"model": locked.model(), "input": "hi",
+                                                             "max_output_tokens": 2})
+        assert r.status_code == 200 and r.json()["store"] is True, r.text
+        rid = r.json()["id"]
+        for method, path in (("GET", rid), ("GET", f"{rid}/input_items"), ("DELETE", rid)):
+            r = client.request(method, f"/v1/responses/{path}", headers=theirs)
+            assert r.status_code == 404 and r.json()["error"]["message"] == f"Response with id '{rid}' not found."
+        r = client.post("/v1/responses", headers=theirs, json={"model": locked.model(), "input": "hi",
+                                                               "previous_response_id": rid, "max_output_tokens": 2})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "previous_response_not_found"
+        assert client.get(f"/v1/responses/{rid}", headers=mine).json()["id"] == rid

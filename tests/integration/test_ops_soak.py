@@ -75,6 +75,8 @@ def test_soak_2000_short_requests_no_errors_and_memory_returns(fleet: FleetServe
     assert metric(metrics_after, "llamafleet_queue_depth") == 0
     assert metric(metrics_after, "llamafleet_replica_outstanding", replica="0") == 0
     assert all(metric(metrics_after, "llamafleet_replica_slots_busy", replica=str(i)) == 0 for i in (0, 1))
+    # a busy replica is never taken for a frozen one (the shared server's count: every test before this one too)
+    assert all(metric(metrics_after, "llamafleet_replica_suspect_total", replica=str(i)) == 0 for i in (0, 1))
     for name in pids:
         assert after[name] <= before[name] * (1 + RSS_SLACK), f"{name}: RSS grew from {before[name]} to " \
                                                               f"{after[name]} KiB"

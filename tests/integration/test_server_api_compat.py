@@ -181,11 +181,11 @@ def test_responses_stream(served: tuple[OpenAI, str]) -> None:
     assert last.response.output_text == text and last.response.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
 
 
-def test_responses_is_stateless(served: tuple[OpenAI, str]) -> None:
+def test_an_unknown_previous_response_is_not_found(served: tuple[OpenAI, str]) -> None:
     client, model = served
-    with pytest.raises(openai.BadRequestError) as caught:
+    with pytest.raises(openai.NotFoundError) as caught:
         client.responses.create(model=model, input="And Germany?", previous_response_id="resp_123")
-    assert caught.value.param == "previous_response_id" and "stateless" in caught.value.message
+    assert caught.value.param == "previous_response_id" and caught.value.code == "previous_response_not_found"
 
 
 def test_prefix_cache_reads_show_in_each_dialects_usage(claude: anthropic.Anthropic,

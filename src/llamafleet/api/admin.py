@@ -12,7 +12,8 @@ from pydantic import BaseModel
 from llamafleet.api.errors import ApiError
 from llamafleet.api.protocol import ModelCard
 from llamafleet.api.service import Service, ServiceDep
-from llamafleet.fleet.models import ManagedModel, ModelUnavailable, NotUnloadable
+from llamafleet.fleet.models import ModelUnavailable, NotUnloadable
+from llamafleet.fleet.snapshot import ModelView
 
 routes = APIRouter()
 
@@ -35,23 +36,21 @@ class FleetModelList(BaseModel):
     data: list[FleetModelCard]
 
 
-def card(service: Service, m: ManagedModel) -> FleetModelCard:
-    states = m.dispatcher.replicas.states if m.dispatcher else []
-    progress = sum(1.0 if st.status == "ready" else st.load_fraction for st in states) / len(states) if states else 0
+def card(service: Service, m: ModelView) -> FleetModelCard:
     return FleetModelCard(id=m.name, created=service.created, aliases=list(m.aliases), state=m.state, pinned=m.pinned,
-                          where=m.where, context_length=m.n_ctx_per_seq, waiting=m.waiting,
-                          load_progress=round(progress, 3) if m.state == "loading" else None,
+                          where=list(m.where), context_length=m.n_ctx_per_seq, waiting=m.waiting,
+                          load_progress=round(m.load_progress, 3) if m.state == "loading" else None,
                           last_error=m.last_error)
 
 
 @routes.get("/v1/models")
 async def list_models(service: ServiceDep) -> FleetModelList:
-    return FleetModelList(data=[card(service, m) for m in service.models.models])
+    return FleetModelList(data=[card(service, m) for m in service.snapshot().models])
 
 
 @routes.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, service: ServiceDep) -> FleetModelCard:
-    return card(service, service.find_model(model_id))
+    return card(service, service.snapshot().model(service.find_model(model_id).name))
 
 
 @routes.post("/admin/models/{name}/load")
@@ -62,7 +61,7 @@ async def load(name: str, service: ServiceDep) -> FleetModelCard:
         await service.models.load(m)
     except ModelUnavailable as e:
         raise ApiError(503, str(e), code="service_unavailable") from None
-    return card(service, m)
+    return card(service, service.snapshot().model(m.name))
 
 
 @routes.post("/admin/models/{name}/unload")
@@ -73,4 +72,4 @@ async def unload(name: str, service: ServiceDep) -> FleetModelCard:
         await service.models.unload(m)
     except NotUnloadable as e:
         raise ApiError(409, str(e), code="model_pinned") from None
-    return card(service, m)
+    return card(service, service.snapshot().model(m.name))

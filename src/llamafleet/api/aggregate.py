@@ -129,6 +129,11 @@ def client_error(failure: Failure, request_id: str,
     return ApiError(failure.status, failure.message, code="service_unavailable" if failure.status == 503 else None)
 
 
+def replicas_header(group: Group) -> dict[str, str]:
+    """The header that names the replica of each of ``group``'s sequences, in input order."""
+    return {REPLICAS_HEADER: ",".join(map(str, group.replicas))}
+
+
 async def collect(group: Group, request: Request,
                   overflow: Callable[[ContextOverflow], ApiError] = plain_overflow) -> list[Choice]:
     """Wait for every sequence of ``group``; the first failure fails the request (the caller closes the group)."""
@@ -144,13 +149,13 @@ async def collect(group: Group, request: Request,
 
 async def respond(group: Group, render: Renderer, request: Request, stream: bool, n: int) -> Response:
     """Answer an HTTP request from ``group``: one JSON body, or an SSE stream started once the first output is in
-    (so a request rejected by its replica still gets a plain 4xx)."""
-    headers = {REPLICAS_HEADER: ",".join(map(str, group.replicas))}
+    (so a request rejected by its replica still gets a plain 4xx). Its replicas header names where its sequences are
+    then (one moved off a suspect replica before it started is named where it ran)."""
     try:
         if not stream:
             choices = await collect(group, request, render.overflow)
             return JSONResponse(render.whole(choices, usage([c.generation for c in choices], n)).model_dump(),
-                                headers=headers)
+                                headers=replicas_header(group))
         with _watching(group, request):
             first = await group.next()
         if isinstance(first[1], Failure):
@@ -159,7 +164,7 @@ async def respond(group: Group, render: Renderer, request: Request, stream: bool
         group.close()
         raise
     return StreamingResponse(_events(group, first, render, n), media_type="text/event-stream",
-                             headers=headers, background=BackgroundTask(group.close))
+                             headers=replicas_header(group), background=BackgroundTask(group.close))
 
 
 async def _events(group: Group, first: Event, render: Renderer, n: int) -> AsyncIterator[str]:

@@ -6,7 +6,8 @@ runs through the model's own chat template. Its answer is a text block, then a `
 (parsed out by :mod:`~llamafleet.api.tool_calls`, whole or held back while streaming), with Anthropic's
 ``stop_reason``; a stream sends Anthropic's named events (``message_start`` ... ``message_stop``). Errors on these
 routes use Anthropic's body (:mod:`llamafleet.api.errors` picks it by path). ``count_tokens`` asks a replica to
-tokenize the conversation through the real template without generating anything.
+tokenize the conversation through the real template without generating anything, as ``/tokenize`` does
+(:func:`~llamafleet.api.tokens.tokenized`).
 
 Which stop sequence ended an answer is found from the tokens' bytes (the engine cuts the stop string from the text):
 a request with ``stop_sequences`` therefore asks for its tokens' pieces, at the cost of a logprob per token.
@@ -24,13 +25,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from llamafleet.api.aggregate import Choice, collect, respond
+from llamafleet.api.aggregate import Choice, respond
 from llamafleet.api.anthropic_requests import CountTokensRequest, MessagesRequest
 from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.protocol import Event, NamedEvents, Usage, sse_event
 from llamafleet.api.service import ServiceDep
+from llamafleet.api.tokens import tokenized
 from llamafleet.api.tool_calls import CallStreams, ParsedCall, parse
-from llamafleet.engine.types import ContextOverflow, FinishReason, SamplingParams
+from llamafleet.engine.types import ContextOverflow, FinishReason
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
 
@@ -203,10 +205,5 @@ async def messages(body: MessagesRequest, request: Request, service: ServiceDep)
 async def count_tokens(body: CountTokensRequest, request: Request, service: ServiceDep) -> TokenCount:
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
-    group = service.submit([Submit(f"count-{uuid.uuid4().hex}", SamplingParams(), chat=body.turns(),
-                                   tools=body.tool_chat(), count_only=True)])
-    try:
-        (choice,) = await collect(group, request)
-    finally:
-        group.close()
-    return TokenCount(input_tokens=choice.generation.prompt_tokens)
+    counted = await tokenized(service, request, chat=body.turns(), tools=body.tool_chat())
+    return TokenCount(input_tokens=counted.prompt_tokens)

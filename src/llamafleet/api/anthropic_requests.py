@@ -20,7 +20,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.openai_requests import ChatMessage, chat_turns, tool_chat
-from llamafleet.api.protocol import Block, check_stops, check_unicode
+from llamafleet.api.protocol import DEFAULTS, Block, check_stops, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
     MAX_TOOLS,
@@ -204,9 +204,9 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] = []
     stream: bool = False
-    temperature: float = Field(1.0, ge=0.0, le=1.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(40, ge=0, lt=2**31)  # llama.cpp's default, as on the OpenAI routes
+    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=1.0)
+    top_p: float = Field(DEFAULTS.top_p, gt=0.0, le=1.0)
+    top_k: int = Field(DEFAULTS.top_k, ge=0, lt=2**31)
     # accepted, ignored
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
@@ -221,6 +221,6 @@ class MessagesRequest(CountTokensRequest):
         """The engine's parameters; with stop sequences, the tokens' pieces too (to tell which one matched)."""
         many = self.tool_choice.type == "any" and not self.tool_choice.disable_parallel_tool_use
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, min_p=0.05, stop=tuple(self.stop_sequences),
+                              top_k=self.top_k, stop=tuple(self.stop_sequences),
                               logprobs=bool(self.stop_sequences),
                               grammar=calls_grammar(self.callable, many) if self.forced else None)

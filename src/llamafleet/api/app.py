@@ -4,7 +4,7 @@ Every request passes, outermost first: :class:`~llamafleet.api.middleware.HttpMe
 answer), :class:`~llamafleet.api.middleware.InternalErrors` (a crash becomes a 500 with an error id), CORS (only when
 ``cors_origins`` is set), :class:`~llamafleet.api.middleware.Gate` (API keys, body size limit), then the routes.
 Below them all, each connection is a :class:`~llamafleet.api.http_limits.GuardedHttp` (head size, read and write
-timeouts). The :class:`~llamafleet.api.watchdog.Watchdog` and the dashboard's sampler
+timeouts). The :class:`~llamafleet.fleet.watchdog.Watchdog` and the dashboard's sampler
 (:class:`~llamafleet.api.status.Dashboard`) run alongside while the server is up.
 
 :func:`run_server` serves on an already bound socket while the replicas load in the background (``/ready`` says 503
@@ -34,14 +34,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import admin, anthropic, embeddings, generate, openai, responses, status, ui
+from llamafleet.api import admin, anthropic, embeddings, generate, infill, openai, props, responses, status, tokens, ui
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
 from llamafleet.api.service import Service, ServiceDep
-from llamafleet.api.watchdog import Watchdog
 from llamafleet.fleet.metrics import CONTENT_TYPE
 from llamafleet.fleet.replicas import LoadError
+from llamafleet.fleet.snapshot import FleetSnapshot, publish
 
 log = logging.getLogger(__name__)
 
@@ -83,21 +83,18 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     return ApiError(400, f"invalid '{param}': {reason} (got {sent})", param=param)
 
 
-def _replica_report(service: Service, detail: bool) -> list[dict[str, Any]]:
+def _replica_report(snap: FleetSnapshot, detail: bool) -> list[dict[str, Any]]:
     """Each replica as a load balancer needs it; with ``detail`` (an operator), also pids, loads and last errors.
     With several models, each loaded model's replicas, their index prefixed by the model ("chat/0")."""
     report = []
-    for prefix, dispatcher in service.dispatchers():
-        router = dispatcher.router
-        for st in dispatcher.replicas.states:
-            replica: dict[str, Any] = {"index": f"{prefix}{st.index}" if prefix else st.index, "where": st.label,
-                                       "status": st.status, "restarts": st.restarts, "slots": st.slots,
-                                       "slots_busy": st.stats.slots_busy if st.stats else 0}
+    for m in snap.models:
+        for r in m.replicas:
+            replica: dict[str, Any] = {"index": r.id if m.prefix else r.index, "where": r.where, "status": r.status,
+                                       "suspect": r.suspect, "restarts": r.restarts, "slots": r.slots,
+                                       "slots_busy": r.slots_busy}
             if detail:
-                replica |= {"pid": st.pid, "load_fraction": st.load_fraction,
-                            "outstanding": router.outstanding(st.index),
-                            "generated_tokens": st.stats.generated_tokens_total if st.stats else 0,
-                            "last_error": st.last_error}
+                replica |= {"pid": r.pid, "load_fraction": r.load_fraction, "outstanding": r.outstanding,
+                            "generated_tokens": r.generated_tokens, "last_error": r.last_error}
             report.append(replica)
     return report
 
@@ -117,7 +114,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(load())
-        watching = asyncio.create_task(Watchdog(service).run())
+        watching = asyncio.create_task(service.watchdog.run())
         sampling = asyncio.create_task(dashboard.run())
         yield
         loading.cancel()
@@ -134,13 +131,16 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(generate.routes)
     app.include_router(admin.routes)
     app.include_router(embeddings.routes)
+    app.include_router(tokens.routes)
+    app.include_router(props.routes)
+    app.include_router(infill.routes)
     app.include_router(status.routes)
     app.include_router(ui.routes)
     cfg = service.config
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
                        admin_keys=service.admin_keys)
     if cfg.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
     app.add_middleware(InternalErrors)
     app.add_middleware(HttpMetrics, metrics=service.metrics, recent=dashboard.recent)
@@ -172,17 +172,18 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
         without a valid key sees what a load balancer needs (no pids, error texts or why the server is overloaded).
         """
         detail = authenticated(request.scope)
-        state = svc.readiness
+        snap = svc.snapshot()
+        state = snap.readiness(svc.loaded)
         ok = state in ("ready", "degraded")
-        body = {"status": state, "model": svc.model_name, "replicas": _replica_report(svc, detail)}
-        if svc.overloaded is not None and detail:
-            body["overloaded"] = svc.overloaded
+        body = {"status": state, "model": svc.model_name, "replicas": _replica_report(snap, detail)}
+        if snap.overloaded is not None and detail:
+            body["overloaded"] = snap.overloaded
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics(svc: ServiceDep) -> Response:
         """Prometheus text format; see docs/OPERATIONS.md for what each metric means."""
-        svc.refresh_metrics()
+        publish(svc.snapshot(), svc.metrics)
         return Response(svc.metrics.registry.render(), media_type=CONTENT_TYPE)
 
     return app

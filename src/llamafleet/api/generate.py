@@ -14,7 +14,6 @@ from fastapi import APIRouter, Request, Response
 from llamafleet.api.aggregate import REPLICAS_HEADER, collect, usage
 from llamafleet.api.protocol import GenerateRequest, GenerateResponse, Timings
 from llamafleet.api.service import ServiceDep
-from llamafleet.engine.types import SamplingParams
 from llamafleet.fleet.messages import Submit
 
 routes = APIRouter()
@@ -24,15 +23,13 @@ routes = APIRouter()
 async def generate(body: GenerateRequest, request: Request, response: Response,
                    service: ServiceDep) -> GenerateResponse:
     t0 = time.perf_counter()
-    params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature, seed=body.seed,
-                            stop=tuple(body.stop or ()))
     service = await service.for_model(service.model_name)  # no 'model' field: the first configured model
-    group = service.submit([Submit(f"gen-{uuid.uuid4().hex}", params, prompt=body.prompt)])
-    response.headers[REPLICAS_HEADER] = str(group.replicas[0])
+    group = service.submit([Submit(f"gen-{uuid.uuid4().hex}", body.sampling(), prompt=body.prompt)])
     try:
         (choice,) = await collect(group, request)
     finally:
         group.close()
+    response.headers[REPLICAS_HEADER] = str(group.replicas[0])  # where it ran (it may have moved, see Dispatcher)
     t_end = time.perf_counter()
     done = choice.generation
     first = choice.first_token_at or t_end

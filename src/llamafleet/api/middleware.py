@@ -70,6 +70,15 @@ def _digest(key: str | bytes) -> bytes:
     return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
 
 
+def presented_key(scope: Scope) -> bytes:
+    """The API key a request carries (``Authorization: Bearer`` first, then ``x-api-key``); empty if none."""
+    headers: dict[bytes, bytes] = dict(scope["headers"])
+    scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+    if scheme.lower() != b"bearer" or not token.strip():
+        token = headers.get(b"x-api-key", b"")
+    return token.strip()
+
+
 class Gate:
     """ASGI middleware: API key check (when keys are set; admin keys on ``/admin/``), then the body size limit."""
 
@@ -104,14 +113,11 @@ class Gate:
                                  f"or {ADMIN_KEYS_ENV}", code="admin_disabled")
         if not digests:
             return None
-        headers = dict(scope["headers"])
-        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-        if scheme.lower() != b"bearer" or not token.strip():
-            token = headers.get(b"x-api-key", b"")
-        if not token.strip():
+        token = presented_key(scope)
+        if not token:
             return ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-        given = _digest(token.strip())
+        given = _digest(token)
         if not any([hmac.compare_digest(given, d) for d in digests]):  # every key compared: constant time
             what = "invalid admin API key" if admin else "invalid API key"
             return ApiError(401, what, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

@@ -4,7 +4,7 @@ The kinds of parameters, as docs/API.md lists them:
 
 * honoured: validated with OpenAI's ranges and turned into the engine's
   :class:`~llamafleet.engine.types.SamplingParams` in one place, :meth:`SamplingRequest.sampling` (llama.cpp's
-  extra knobs ``top_k``, ``min_p``, ``repeat_penalty`` too);
+  extra knobs ``top_k``, ``min_p``, ``typical_p``, ``repeat_penalty`` too);
 * ignored: standard parameters that mean nothing to this server (``user``, ``store``, ``metadata``, ...), and
   any parameter sent as ``null`` or with its "off" value (``echo: false``, ``tools: []``);
 * structured output: ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's ``grammar`` (GBNF)
@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.protocol import SEED_LIMIT, Request, TextPart, check_stops, check_unicode
+from llamafleet.api.protocol import DEFAULTS, SEED_LIMIT, Request, TextPart, check_stops, check_unicode
 from llamafleet.api.tools import (
     MAX_TOOLS,
     Tool,
@@ -165,20 +165,21 @@ class SamplingRequest(Request):
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=2.0)
+    top_p: float = Field(DEFAULTS.top_p, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(DEFAULTS.presence_penalty, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(DEFAULTS.frequency_penalty, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] = {}
-    # llama.cpp's sampling extensions, with its defaults
-    top_k: int = Field(40, ge=0, lt=2**31)
-    min_p: float = Field(0.05, ge=0.0, le=1.0)
-    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    # llama.cpp's sampling extensions (LLAMA_CPP_KNOBS)
+    top_k: int = Field(DEFAULTS.top_k, ge=0, lt=2**31)
+    min_p: float = Field(DEFAULTS.min_p, ge=0.0, le=1.0)
+    typical_p: float = Field(DEFAULTS.typical_p, gt=0.0, le=1.0)
+    repeat_penalty: float = Field(DEFAULTS.repeat_penalty, gt=0.0, le=10.0)
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
     grammar: str | None = None  # GBNF, start rule "root"
     # accepted, ignored
@@ -247,6 +248,7 @@ class SamplingRequest(Request):
             top_k=self.top_k,
             top_p=self.top_p,
             min_p=self.min_p,
+            typical_p=self.typical_p,
             repeat_penalty=self.repeat_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,

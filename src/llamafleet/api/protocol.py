@@ -22,10 +22,11 @@ from pydantic import (
 )
 
 from llamafleet.api.errors import SURROGATE, ApiError
-from llamafleet.engine.types import FinishReason
+from llamafleet.engine.types import FinishReason, SamplingParams
 
 MAX_STOPS = 16
 SEED_LIMIT = 2**32
+DEFAULTS = SamplingParams()  # what every route's sampling parameters default to: the engine's, written once
 
 
 # -- requests --------------------------------------------------------------------------------------------------
@@ -97,7 +98,7 @@ class GenerateRequest(Request):
 
     prompt: str
     max_tokens: int = Field(128, ge=1)
-    temperature: float = Field(0.8, ge=0.0, le=2.0)
+    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=2.0)
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     stop: list[str] | None = None
 
@@ -112,6 +113,10 @@ class GenerateRequest(Request):
     def _prompt(cls, v: str) -> str:
         check_unicode([v])
         return v
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
+                              stop=tuple(self.stop or ()))
 
 
 # -- responses -------------------------------------------------------------------------------------------------

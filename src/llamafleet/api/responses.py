@@ -6,27 +6,30 @@ is a ``response`` object whose ``output`` holds an assistant message (its text a
 one ``function_call`` item per tool call; a stream sends the API's named events, each with its ``sequence_number``.
 With tools the message item is opened only once there is text to send (a call may come first, and a forced answer
 has none), and each call follows as its own item when the answer ends (``response.output_item.added``, one
-``response.function_call_arguments.delta`` with the whole arguments, ``.done``, ``response.output_item.done``). The
-server is stateless: nothing is stored, so ``previous_response_id`` (and ``conversation``) are refused with a 400 that
-says so, and ``store`` is accepted and ignored. Logprobs (``include: ["message.output_text.logprobs"]``,
-``top_logprobs``) go on the ``output_text`` part, and on each text delta for the tokens its text came from.
+``response.function_call_arguments.delta`` with the whole arguments, ``.done``, ``response.output_item.done``).
+A finished response is kept (unless ``store`` is false) for ``previous_response_id`` and the ``GET``/``DELETE``
+routes, by its API key (:mod:`~llamafleet.api.response_store`); ``conversation`` objects are refused. Logprobs
+(``include: ["message.output_text.logprobs"]``, ``top_logprobs``) go on the ``output_text`` part, and on each text
+delta for the tokens its text came from.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
 from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.logprobs import chat_logprobs
 from llamafleet.api.protocol import Event, NamedEvents, TokenLogprob, Usage, sse_event
+from llamafleet.api.response_store import owner_of
 from llamafleet.api.responses_requests import ResponsesRequest, Status
 from llamafleet.api.service import ServiceDep
 from llamafleet.api.tool_calls import CallStreams, ParsedCall, call_id, parse
@@ -94,8 +97,8 @@ class ResponseObject(BaseModel):
     model: str
     output: list[OutputItem]
     parallel_tool_calls: bool
-    previous_response_id: None = None
-    store: bool = False
+    previous_response_id: str | None = None
+    store: bool = True
     temperature: float
     top_p: float
     text: dict[str, Any] = {"format": {"type": "text"}}
@@ -121,6 +124,7 @@ class ResponseRenderer(NamedEvents):
     model: str
     created: int
     calls: CallStreams | None = None  # the tools whose calls are parsed out of the answer (None: no tools)
+    keep: Callable[[ResponseObject], None] | None = None  # stores the finished response (None: store is false)
     text: str = ""  # streamed so far (the ``done`` events repeat it whole)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # streamed so far, likewise
     unsent: int = 0  # how many of them no text delta has carried yet (their text is held back)
@@ -145,6 +149,7 @@ class ResponseRenderer(NamedEvents):
             id=self.rid, created_at=self.created, status=_status(finish), instructions=b.instructions,
             incomplete_details={"reason": "max_output_tokens"} if finish == "length" else None,
             max_output_tokens=b.max_output_tokens, model=self.model, output=items, temperature=b.temperature,
+            previous_response_id=b.previous_response_id, store=self.keep is not None,
             top_p=b.top_p, parallel_tool_calls=b.parallel_tool_calls, top_logprobs=b.top_logprobs,
             tool_choice=b.model_dump(include={"tool_choice"})["tool_choice"],
             tools=[t.model_dump(exclude_none=True) for t in b.tools],
@@ -220,10 +225,15 @@ class ResponseRenderer(NamedEvents):
                 events += self._call_events(FunctionCallOut.of(call))
         return events
 
+    def _kept(self, response: ResponseObject) -> ResponseObject:
+        if self.keep is not None:
+            self.keep(response)
+        return response
+
     def closing(self, usage: Usage) -> list[Event]:
         kind = "response.incomplete" if self.finish == "length" else "response.completed"
         output = self._output(self.text if self.opened else None, self.items, self.finish, self.logprobs)
-        return [self._event(kind, response=self._response(output, self.finish, usage))]
+        return [self._event(kind, response=self._kept(self._response(output, self.finish, usage)))]
 
     def whole(self, choices: list[Choice], usage: Usage) -> ResponseObject:
         (choice,) = choices
@@ -232,7 +242,7 @@ class ResponseRenderer(NamedEvents):
         lps = chat_logprobs(choice.pieces, gen)
         output = self._output(text, [FunctionCallOut.of(c) for c in calls], gen.finish_reason,
                               [] if lps is None else lps.content)
-        return self._response(output, gen.finish_reason, usage)
+        return self._kept(self._response(output, gen.finish_reason, usage))
 
     def failed(self, error: ApiError) -> str:
         return sse_event(self._event("error", code=error.code, message=error.message, param=error.param))
@@ -242,8 +252,52 @@ class ResponseRenderer(NamedEvents):
 async def create_response(body: ResponsesRequest, request: Request, service: ServiceDep) -> Response:
     service = await service.for_model(body.model)
     refuse_unbuilt(body.not_yet())
+    store, owner = service.responses, owner_of(request.scope)
+    previous = body.previous_response_id
+    history = () if previous is None else store.get(previous, owner, "previous_response_id").conversation
+    inputs = (*history, *body.input_items())
+    body = body.continuing(inputs) if history else body
     rid = f"resp_{uuid.uuid4().hex}"
+
+    def keep(response: ResponseObject) -> None:
+        store.put(rid, owner, response.model_dump(), inputs)
+
     group = service.submit([Submit(rid, body.sampling(), chat=body.turns(), tools=body.tool_chat())])
     calls = CallStreams.over(body.callable, body.forced)
-    render = ResponseRenderer(body, rid, service.model_name, int(time.time()), calls)
+    render = ResponseRenderer(body, rid, service.model_name, int(time.time()), calls, keep if body.stored else None)
     return await respond(group, render, request, body.stream, 1)
+
+
+@routes.get("/v1/responses/{rid}", response_model=ResponseObject)
+async def get_response(rid: str, request: Request, service: ServiceDep, stream: bool = False) -> JSONResponse:
+    """A stored response as it finished (``stream=true`` would replay its events: not kept, so refused)."""
+    if stream:
+        raise ApiError(400, "'stream': stored responses are kept whole, not as their events; retrieve without "
+                            "stream", param="stream", code="unsupported_parameter")
+    return JSONResponse(service.responses.get(rid, owner_of(request.scope)).response)
+
+
+@routes.delete("/v1/responses/{rid}")
+async def delete_response(rid: str, request: Request, service: ServiceDep) -> dict[str, Any]:
+    service.responses.delete(rid, owner_of(request.scope))
+    return {"id": rid, "object": "response.deleted", "deleted": True}
+
+
+@routes.get("/v1/responses/{rid}/input_items")
+async def input_items(rid: str, request: Request, service: ServiceDep, limit: int = Query(20, ge=1, le=100),
+                      order: Literal["asc", "desc"] = "desc", after: str | None = None,
+                      before: str | None = None) -> dict[str, Any]:
+    """The items a stored response was generated from (the conversation it continued first), a page at a time:
+    ``limit`` items after the item ``after`` (or before ``before``) in ``order``."""
+    items = list(service.responses.get(rid, owner_of(request.scope)).inputs)
+    if order == "desc":
+        items.reverse()
+    ids = [item["id"] for item in items]
+    for cursor, param in ((after, "after"), (before, "before")):
+        if cursor is not None and cursor not in ids:
+            raise ApiError(400, f"'{param}': no input item '{cursor}' in response '{rid}'", param=param)
+    start = 0 if after is None else ids.index(after) + 1
+    end = len(items) if before is None else ids.index(before)
+    page = items[start:end][:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": start + len(page) < end}

@@ -8,18 +8,25 @@ a ``function_call_output`` item becomes a ``role: "tool"`` message. Function too
 ``parameters`` beside ``type``) become chat's :class:`~llamafleet.api.tools.Tool`, ``tool_choice`` chat's, so the
 tools are shown, forced and parsed exactly as on ``/v1/chat/completions``. Hosted tools (web search, file search,
 computer use, ...) need services this server does not run, and are refused by their type.
+
+A request that continues a stored response (``previous_response_id``, see :mod:`~llamafleet.api.response_store`)
+becomes one whose input is that response's conversation followed by its own items
+(:meth:`ResponsesRequest.continuing`); each item is kept in the canonical shape ``GET /v1/responses/{id}/input_items``
+lists (:meth:`ResponsesRequest.input_items`).
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator
 
 from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.openai_requests import ChatMessage, FormatType, chat_turns, format_grammar, tool_chat
-from llamafleet.api.protocol import Block, check_unicode
+from llamafleet.api.protocol import DEFAULTS, Block, check_unicode
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.tools import (
     MAX_TOOLS,
@@ -40,9 +47,14 @@ from llamafleet.fleet.messages import ChatTurn
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 LOGPROBS = "message.output_text.logprobs"  # the ``include`` value that asks for logprobs
-STATELESS = ("this server is stateless: it stores no responses or conversations, so send the whole conversation in "
-             "'input' (and null here)")
+NOT_KEPT = ("conversation objects and stored items are not kept here: continue a stored response with "
+            "'previous_response_id', or send the whole conversation in 'input'")
 Status = Literal["in_progress", "completed", "incomplete"]
+JsonItem = dict[str, Any]
+
+
+def _item_id(prefix: str, given: str | None) -> str:
+    return given or f"{prefix}_{uuid.uuid4().hex}"
 
 
 def _text(content: str | list[Block], where: str) -> str:
@@ -67,6 +79,15 @@ class MessageItem(Body):
     def message(self, where: str) -> ChatMessage:
         return ChatMessage(role=self.role, content=_text(self.content, f"{where}.content"))
 
+    def stored(self, where: str) -> JsonItem:
+        """The item as ``input_items`` lists it: its text as one part (the assistant's as ``output_text``)."""
+        text = _text(self.content, f"{where}.content")
+        part = {"type": "output_text", "text": text, "annotations": []} if self.role == "assistant" \
+            else {"type": "input_text", "text": text}
+        given = (self.model_extra or {}).get("id")
+        return {"id": _item_id("msg", given if isinstance(given, str) else None), "type": "message",
+                "role": self.role, "content": [part], "status": "completed"}
+
 
 class FunctionCallItem(Body):
     """A call the model made earlier (an output item sent back as input)."""
@@ -85,6 +106,10 @@ class FunctionCallItem(Body):
         return ToolCall(id=self.call_id, type="function", function=CalledFunction(name=self.name,
                                                                                   arguments=self.arguments))
 
+    def stored(self, where: str) -> JsonItem:
+        return {"id": _item_id("fc", self.id), "type": "function_call", "call_id": self.call_id, "name": self.name,
+                "arguments": self.arguments, "status": self.status or "completed"}
+
 
 class FunctionCallOutputItem(Body):
     """The result of an earlier call: a ``role: "tool"`` message answering ``call_id``."""
@@ -102,6 +127,10 @@ class FunctionCallOutputItem(Body):
     def message(self, where: str) -> ChatMessage:
         return ChatMessage(role="tool", tool_call_id=self.call_id, content=_text(self.output, f"{where}.output"))
 
+    def stored(self, where: str) -> JsonItem:
+        return {"id": _item_id("fco", self.id), "type": "function_call_output", "call_id": self.call_id,
+                "output": _text(self.output, f"{where}.output"), "status": self.status or "completed"}
+
 
 class OtherItem(Body):
     """Any other item kind, accepted here so that the refusal can name it."""
@@ -112,7 +141,7 @@ class OtherItem(Body):
 
     def refusal(self, where: str) -> ApiError:
         if self.type == "item_reference":
-            return ApiError(400, f"'{where}': item references need stored items; {STATELESS}", param=where)
+            return ApiError(400, f"'{where}': item references are not supported: {NOT_KEPT}", param=where)
         return ApiError(400, f"'{where}': {self.type} items are not supported; send messages, function_call and "
                              "function_call_output items", param=where)
 
@@ -125,6 +154,7 @@ def _item_kind(v: Any) -> str:
 Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
                  | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[OtherItem, Tag("other")],
                  Discriminator(_item_kind)]
+ITEMS: TypeAdapter[list[Item]] = TypeAdapter(list[Item])
 
 
 def chat_messages(items: list[Item]) -> list[ChatMessage]:
@@ -208,8 +238,8 @@ class ResponsesRequest(Body):
     input: str | list[Item]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=2.0)
+    top_p: float = Field(DEFAULTS.top_p, gt=0.0, le=1.0)
     stream: bool = False
     tools: list[AnyTool] = Field([], max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | dict[str, Any] = Field(
@@ -219,12 +249,12 @@ class ResponsesRequest(Body):
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
     include: list[str] = []
     previous_response_id: str | None = None
+    store: bool | None = None  # null = true, OpenAI's default: the response is kept for previous_response_id
     conversation: str | dict[str, Any] | None = None
     background: bool = False
     prompt: dict[str, Any] | None = None
-    # accepted, ignored: nothing is stored or billed here, the model does not reason apart from its answer, and
+    # accepted, ignored: nothing is billed here, the model does not reason apart from its answer, and
     # max_tool_calls bounds calls of hosted tools, none of which run here
-    store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
     service_tier: str | None = None
@@ -245,11 +275,30 @@ class ResponsesRequest(Body):
     def not_yet(self) -> NotYet:
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
         return [
-            ("previous_response_id", self.previous_response_id is not None, STATELESS),
-            ("conversation", self.conversation is not None, STATELESS),
+            ("conversation", self.conversation is not None, NOT_KEPT),
             ("background", self.background, "every response is answered while the request waits"),
             ("prompt", self.prompt is not None, "stored prompt templates are not kept here; send the text"),
         ]
+
+    @property
+    def stored(self) -> bool:
+        """Whether the response is to be kept (``store`` true or left out)."""
+        return self.store is not False
+
+    def input_items(self) -> tuple[JsonItem, ...]:
+        """This request's input as the items ``input_items`` lists (a string input is one user message); 400 naming
+        the first item or part that cannot be read."""
+        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        stored = []
+        for i, item in enumerate(items):
+            if isinstance(item, OtherItem):
+                raise item.refusal(f"input[{i}]")
+            stored.append(item.stored(f"input[{i}]"))
+        return tuple(stored)
+
+    def continuing(self, conversation: Sequence[JsonItem]) -> ResponsesRequest:
+        """This request with ``conversation`` (stored items, this request's own last) as its whole input."""
+        return self.model_copy(update={"input": ITEMS.validate_python(list(conversation))})
 
     @property
     def logprobs(self) -> bool:
@@ -312,5 +361,4 @@ class ResponsesRequest(Body):
                                     "combined with a JSON 'text.format'; send one", param="tool_choice")
             grammar = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls)
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=40, min_p=0.05, grammar=grammar, logprobs=self.logprobs,
-                              top_logprobs=self.top_logprobs)
+                              grammar=grammar, logprobs=self.logprobs, top_logprobs=self.top_logprobs)

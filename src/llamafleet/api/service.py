@@ -18,20 +18,22 @@ from typing import Annotated, cast
 from fastapi import Depends, Request
 
 from llamafleet.api.errors import ApiError
+from llamafleet.api.response_store import ResponseStore
 from llamafleet.config import FleetConfig
-from llamafleet.fleet.dispatch import Dispatcher, Group, Unservable
+from llamafleet.fleet.dispatch import Group, Unservable
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
 from llamafleet.fleet.router import NoReplicaError, QueueFullError
-from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
-from llamafleet.placement.plan import Plan
+from llamafleet.fleet.snapshot import FleetSnapshot, take
+from llamafleet.fleet.telemetry import FleetMetrics
+from llamafleet.fleet.watchdog import Watchdog
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
 
 
 @dataclass
 class _Shared:
-    """What every view of one service shares: configuration, keys, models, and the state the watchdog sets."""
+    """What every view of one service shares: configuration, keys, models, and their watchdog."""
 
     config: FleetConfig
     api_keys: frozenset[str]
@@ -39,32 +41,24 @@ class _Shared:
     models: ModelManager
     created: int = field(default_factory=lambda: int(time.time()))
     loaded: bool = False  # set once the first load of every pinned model finished
-    overloaded: str | None = None  # set by the watchdog: why new work is refused (GPU memory)
-    gpus: list[GpuSample] = field(default_factory=list)  # the watchdog's latest GPU samples
+    watchdog: Watchdog = field(init=False)  # GPU memory and slot leaks (run by the app while it serves)
+    responses: ResponseStore = field(init=False)  # stored responses, for previous_response_id
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.watchdog = Watchdog(self.models, c)
+        self.responses = ResponseStore(c.responses_store_max, c.responses_store_mib << 20, c.responses_ttl_s)
 
 
 class Service:
     """The served models, the way to them, and the limits on the way in; bound to one model (the first configured
     one, unless :meth:`for_model` gave this view)."""
 
-    def __init__(self, dispatcher: Dispatcher, model_name: str, n_ctx_per_seq: int,
-                 config: FleetConfig | None = None, api_keys: frozenset[str] = frozenset(),
-                 admin_keys: frozenset[str] = frozenset(), plan: Plan | None = None) -> None:
-        """A service of one model whose replicas ``dispatcher`` reaches, placed by ``plan`` (None: not planned
-        here)."""
-        cfg = config or FleetConfig.model_validate({})
-        models = ModelManager.single(model_name, dispatcher, n_ctx_per_seq, cfg, plan)
-        self._shared = _Shared(cfg, api_keys, admin_keys, models)
+    def __init__(self, models: ModelManager, api_keys: frozenset[str] = frozenset(),
+                 admin_keys: frozenset[str] = frozenset()) -> None:
+        """A service of ``models`` (one pinned model, or several), configured as the manager is."""
+        self._shared = _Shared(models.cfg, api_keys, admin_keys, models)
         self.model = models.models[0]
-
-    @classmethod
-    def of_models(cls, models: ModelManager, config: FleetConfig, api_keys: frozenset[str] = frozenset(),
-                  admin_keys: frozenset[str] = frozenset()) -> Service:
-        """A service of several models, loaded on demand."""
-        service = cls.__new__(cls)
-        service._shared = _Shared(config, api_keys, admin_keys, models)
-        service.model = models.models[0]
-        return service
 
     # -- what every view shares ----------------------------------------------------------------------------------
     @property
@@ -84,6 +78,10 @@ class Service:
         return self._shared.models
 
     @property
+    def responses(self) -> ResponseStore:
+        return self._shared.responses
+
+    @property
     def metrics(self) -> FleetMetrics:
         return self._shared.models.metrics
 
@@ -100,20 +98,13 @@ class Service:
         self._shared.loaded = value
 
     @property
-    def overloaded(self) -> str | None:
-        return self._shared.overloaded
-
-    @overloaded.setter
-    def overloaded(self, value: str | None) -> None:
-        self._shared.overloaded = value
+    def watchdog(self) -> Watchdog:
+        return self._shared.watchdog
 
     @property
-    def gpus(self) -> list[GpuSample]:
-        return self._shared.gpus
-
-    @gpus.setter
-    def gpus(self, value: list[GpuSample]) -> None:
-        self._shared.gpus = value
+    def overloaded(self) -> str | None:
+        """Why the watchdog refuses new work (GPU memory), or None."""
+        return self._shared.watchdog.overloaded
 
     # -- the bound model -----------------------------------------------------------------------------------------
     @property
@@ -169,33 +160,10 @@ class Service:
         code = "rate_limit_exceeded" if status == 429 else "service_unavailable"
         return ApiError(status, message, code=code, headers={"Retry-After": str(retry_after_s)})
 
-    # -- the whole fleet, for probes and metrics -----------------------------------------------------------------
-    def dispatchers(self) -> list[tuple[str, Dispatcher]]:
-        """Each model with replicas now and its replica label prefix ("" for a lone model; "chat/" for several)."""
-        return [(m.dispatcher.replica_prefix, m.dispatcher) for m in self.models.loaded() if m.dispatcher is not None]
-
-    def serving(self) -> tuple[bool, bool]:
-        """Whether requests are served now (a replica of a pinned model is up; with none pinned, models load on
-        demand), and whether every replica of every pinned or loaded model is up."""
-        pinned = [m for m in self.models.models if m.pinned]
-        kept = [m.dispatcher for m in self.models.models if m.pinned or m.state == "loaded"]
-        up = any(m.dispatcher is not None and m.dispatcher.replicas.ready_count() for m in pinned)
-        return up or not pinned, all(d is not None and d.replicas.all_ready for d in kept)
-
-    @property
-    def readiness(self) -> str:
-        """``loading`` (first load), ``overloaded`` (GPU memory), ``ready`` (every replica of every pinned or loaded
-        model), ``degraded`` (requests are served, not by every replica), ``down`` (none are)."""
-        serving, all_ready = self.serving()
-        return ("loading" if not self.loaded else "overloaded" if self.overloaded is not None
-                else "ready" if serving and all_ready else "degraded" if serving else "down")
-
-    def refresh_metrics(self) -> None:
-        """Copy replica, queue, model and GPU state into the metrics' gauges (just before a scrape)."""
-        fleets = [(prefix, d.replicas.states, d.router) for prefix, d in self.dispatchers()]
-        self.metrics.refresh(fleets, self.gpus, self.overloaded is not None)
-        self.metrics.refresh_models((m.name, m.state, m.waiting, m.dispatcher.router.queue_depth() if m.dispatcher
-                                     else 0) for m in self.models.models)
+    # -- the whole fleet, for probes, metrics and status ---------------------------------------------------------
+    def snapshot(self) -> FleetSnapshot:
+        """Every model and replica now, the GPUs as the watchdog last saw them (:mod:`llamafleet.fleet.snapshot`)."""
+        return take(self.models, self.watchdog.gpus, self.overloaded)
 
 
 def get_service(request: Request) -> Service:

@@ -27,11 +27,9 @@ from llamafleet import __version__
 from llamafleet.api.errors import ApiError
 from llamafleet.api.recent import RecentRequests
 from llamafleet.api.service import Service
-from llamafleet.fleet.dispatch import Dispatcher
 from llamafleet.fleet.history import INTERVAL_S, History, mean_of, utilization
 from llamafleet.fleet.metrics import Counter
-from llamafleet.fleet.models import ManagedModel
-from llamafleet.fleet.replicas import ReplicaState
+from llamafleet.fleet.snapshot import FleetSnapshot, ReplicaView
 from llamafleet.fleet.telemetry import GpuSample
 from llamafleet.fleet.tier_metrics import tier_json
 
@@ -58,15 +56,13 @@ class Dashboard:
             await asyncio.sleep(INTERVAL_S)
 
     def sample(self) -> None:
-        svc = self.service
-        fleets = svc.dispatchers()
-        self.history.sample([(prefix, d.replicas.states, d.router) for prefix, d in fleets], svc.gpus, time.time())
-        for prefix, d in fleets:
-            for st in d.replicas.states:
-                rep, seen = f"{prefix}{st.index}", (st.restarts + st.hangs, st.last_error)
-                if st.last_error is not None and self._stops.get(rep, (0, None)) != seen:
-                    self.recent.replica_error(rep, st.last_error)
-                self._stops[rep] = seen
+        snap = self.service.snapshot()
+        self.history.sample(snap, time.time())
+        for r in snap.replicas():
+            seen = (r.restarts + r.hangs, r.last_error)
+            if r.last_error is not None and self._stops.get(r.id, (0, None)) != seen:
+                self.recent.replica_error(r.id, r.last_error)
+            self._stops[r.id] = seen
 
 
 def _pss_bytes(pid: int | None) -> int | None:
@@ -89,26 +85,25 @@ def _ratio(part: float, whole: float) -> float | None:
     return part / whole if whole else None
 
 
-def _replica(st: ReplicaState, model: ManagedModel, d: Dispatcher, svc: Service,
-             latest: dict[str, Any] | None) -> dict[str, Any]:
-    m, router, stats, rep = svc.metrics, d.router, st.stats, f"{d.replica_prefix}{st.index}"
+def _replica(r: ReplicaView, svc: Service, latest: dict[str, Any] | None) -> dict[str, Any]:
+    m, stats = svc.metrics, r.stats
     cached = stats.prompt_tokens_cached_total if stats else 0
     computed = stats.prompt_tokens_total if stats else 0
-    sampled = next((r for r in latest["replicas"] if r["id"] == rep), None) if latest else None
+    sampled = next((x for x in latest["replicas"] if x["id"] == r.id), None) if latest else None
     return {
-        "id": rep, "index": st.index, "model": model.name, "where": st.label,
-        "gpus": list(d.replicas.specs[st.index].gpus), "status": st.status, "pid": st.pid,
-        "load_fraction": st.load_fraction, "restarts": st.restarts, "hangs": st.hangs,
-        "up_since": None if st.up_since is None else time.time() - (time.monotonic() - st.up_since),
-        "slots": st.slots, "slots_busy": stats.slots_busy if stats else 0, "waiting": stats.waiting if stats else 0,
-        "outstanding": router.outstanding(st.index), "queued": router.queued(st.index),
+        "id": r.id, "index": r.index, "model": r.model, "where": r.where,
+        "gpus": list(r.gpus), "status": r.status, "suspect": r.suspect, "pid": r.pid,
+        "load_fraction": r.load_fraction, "restarts": r.restarts, "hangs": r.hangs, "suspicions": r.suspicions,
+        "up_since": None if r.up_since is None else time.time() - (time.monotonic() - r.up_since),
+        "slots": r.slots, "slots_busy": r.slots_busy, "waiting": r.waiting,
+        "outstanding": r.outstanding, "queued": r.queued,
         "kv_tokens_used": stats.kv_tokens_used if stats else 0, "kv_tokens": stats.kv_tokens_total if stats else 0,
-        "generated_tokens": stats.generated_tokens_total if stats else 0,
+        "generated_tokens": r.generated_tokens,
         "prompt_tokens_computed": computed, "prompt_tokens_cached": cached,
         "cache_hit_rate": _ratio(cached, cached + computed),
         "tokens_per_s": sampled["tokens_per_s"] if sampled else 0.0,
-        "ttft_s": mean_of(m.ttft, rep), "itl_s": mean_of(m.token_gap, rep),
-        "memory_pss_bytes": _pss_bytes(st.pid), "last_error": st.last_error,
+        "ttft_s": mean_of(m.ttft, r.id), "itl_s": mean_of(m.token_gap, r.id),
+        "memory_pss_bytes": _pss_bytes(r.pid), "last_error": r.last_error,
         "kv_tiers": tier_json(stats.tiers if stats else None),
     }
 
@@ -118,16 +113,16 @@ def _gpu_index(device: str) -> int | None:
     return int(device.removeprefix("GPU ")) if device.startswith("GPU ") else None
 
 
-def _devices(svc: Service, replicas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _devices(snap: FleetSnapshot, replicas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each device's memory: every placed model's parts (weights, KV cache, compute buffers, margin) and what is
     measured."""
-    measured: dict[int, GpuSample] = {g.index: g for g in svc.gpus}
+    measured: dict[int, GpuSample] = {g.index: g for g in snap.gpus}
     devices: dict[str, dict[str, Any]] = {}
-    for model in svc.models.models:
-        if model.placed is None:
+    for model in snap.models:
+        if model.plan is None:
             continue
         on_model = [r for r in replicas if r["model"] == model.name]
-        for b in model.placed.plan.budgets:
+        for b in model.plan.budgets:
             index = _gpu_index(b.device)
             d = devices.setdefault(b.device, {"device": b.device, "index": index, "name": b.name,
                                               "capacity_mib": b.capacity_mib, "planned": [], "measured": None})
@@ -137,7 +132,7 @@ def _devices(svc: Service, replicas: list[dict[str, Any]]) -> list[dict[str, Any
             on_it = [r["id"] for r in on_model if (index in r["gpus"] if index is not None else not r["gpus"])]
             d["planned"].append({"model": model.name, "replicas": on_it, "weights_mib": b.weights_mib,
                                  "kv_mib": b.kv_mib, "compute_mib": b.compute_mib, "margin_mib": b.margin_mib})
-    for g in svc.gpus:  # a GPU no plan lists (planned elsewhere, or no plan): measured only
+    for g in snap.gpus:  # a GPU no plan lists (planned elsewhere, or no plan): measured only
         devices.setdefault(f"GPU {g.index}", {"device": f"GPU {g.index}", "index": g.index, "name": g.name,
                                               "capacity_mib": None, "planned": [], "measured": None})
     for d in devices.values():
@@ -150,47 +145,43 @@ def _devices(svc: Service, replicas: list[dict[str, Any]]) -> list[dict[str, Any
     return list(devices.values())
 
 
-def _totals(svc: Service, replicas: list[dict[str, Any]], latest: dict[str, Any] | None) -> dict[str, Any]:
+def _totals(svc: Service, snap: FleetSnapshot, replicas: list[dict[str, Any]],
+            latest: dict[str, Any] | None) -> dict[str, Any]:
     m = svc.metrics
     labels = [r["id"] for r in replicas]
     prompt, cached = m.prompt_tokens.total(), m.prompt_cached.total()
-    routers = [d.router for _, d in svc.dispatchers()]
-    routing: dict[str, int] = {}
-    for router in routers:
-        for decision, n in router.decisions.items():
-            routing[decision] = routing.get(decision, 0) + n
 
     def pooled(h: Any) -> float | None:
         n = sum(h.count(i) for i in labels)
         return sum(h.total(i) for i in labels) / n if n else None
 
     return {
-        "http_requests": m.http_requests.total(), "queue_depth": sum(r.queue_depth() for r in routers),
+        "http_requests": m.http_requests.total(), "queue_depth": snap.queue_depth(),
         "prompt_tokens": prompt, "prompt_tokens_cached": cached, "generated_tokens": m.generated_tokens.total(),
         "cache_hit_rate": _ratio(cached, prompt),
         "tokens_per_s": latest["tokens_per_s"] if latest else 0.0,
         "ttft_s": pooled(m.ttft), "itl_s": pooled(m.token_gap),
         "sequences": _labelled(m.sequences), "refused": _labelled(m.refused),
-        "routing": routing,
+        "routing": dict(snap.decisions()),
     }
 
 
 def status(dash: Dashboard, since: float) -> dict[str, Any]:
     """The whole document; see the module docstring and docs/API.md."""
     svc = dash.service
+    snap = svc.snapshot()
     samples = dash.history.samples
     latest = samples[-1] if samples else None
-    replicas = [_replica(st, model, model.dispatcher, svc, latest) for model in svc.models.models
-                if model.dispatcher is not None for st in model.dispatcher.replicas.states]
+    replicas = [_replica(r, svc, latest) for r in snap.replicas()]
     return {
         "version": __version__, "time": time.time(), "started": svc.created, "pid": os.getpid(),
-        "status": svc.readiness, "overloaded": svc.overloaded,
+        "status": snap.readiness(svc.loaded), "overloaded": snap.overloaded,
         "models": [{"name": m.name, "state": m.state, "pinned": m.pinned, "n_ctx_per_seq": m.n_ctx_per_seq,
-                    "replicas": [r["id"] for r in replicas if r["model"] == m.name]} for m in svc.models.models],
-        "totals": _totals(svc, replicas, latest),
+                    "replicas": [r.id for r in m.replicas]} for m in snap.models],
+        "totals": _totals(svc, snap, replicas, latest),
         "replicas": replicas,
-        "devices": _devices(svc, replicas),
-        "plans": [m.placed.plan.to_json() | {"model": m.name} for m in svc.models.models if m.placed is not None],
+        "devices": _devices(snap, replicas),
+        "plans": [m.plan.to_json() | {"model": m.name} for m in snap.models if m.plan is not None],
         "history": {"interval_s": dash.history.interval_s, "span_s": dash.history.span_s,
                     "samples": dash.history.since(since)},
         "recent": {"contents": dash.recent.contents,

@@ -26,10 +26,13 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llamafleet.config import ConfigError, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.flags import add_flags, overrides
+
+if TYPE_CHECKING:
+    from llamafleet.engine.types import EngineConfig
 
 # The HTTP form's flags (dest -> flag), refused with --compare (which only reads reports) and before `engine`;
 # SWEEP_FLAGS are those of a concurrency sweep only, refused before `multiturn`.
@@ -200,6 +203,16 @@ def run(args: argparse.Namespace) -> int:
     return _run_compare(args) if args.compare else _run_http(args)
 
 
+def engine_settings(cfg: FleetConfig, model_path: str, n: int, max_tokens: int, kv_unified: bool = False,
+                    overlap: bool = True) -> EngineConfig:
+    """``bench engine``'s engine: ``serve``'s settings for ``cfg`` (one mapping, :func:`engine_config`), with ``n``
+    slots of context enough for ``max_tokens`` after a built-in prompt (a few dozen tokens; 128 hold any of them)."""
+    from llamafleet.placement.planner import engine_config
+
+    return engine_config(cfg, model_path, n_seq=n, n_ctx_per_seq=max_tokens + 128, kv_unified=kv_unified,
+                         overlap=overlap)
+
+
 def run_engine(args: argparse.Namespace) -> int:
     """``llamafleet bench engine``."""
     before = {k: v for k, v in HTTP_FLAGS.items() if k not in ("requests", "max_tokens")}  # engine has its own
@@ -207,7 +220,6 @@ def run_engine(args: argparse.Namespace) -> int:
                        "they were given before 'engine' and belong to the HTTP form")):
         return _fail(err)
     from llamafleet.bench import engine as enginebench  # loads llama.cpp: only this form needs it
-    from llamafleet.engine.types import EngineConfig
     from llamafleet.model.demo import ModelFetchError, default_model_path
 
     try:
@@ -217,13 +229,9 @@ def run_engine(args: argparse.Namespace) -> int:
         return _fail(str(e))
     if not model.is_file():
         return _fail(f"--model: no GGUF file at {model}")
-    n, max_tokens = args.requests, args.max_tokens
-    # the built-in prompts are a few dozen tokens; 128 tokens of headroom per sequence holds any of them
-    engine_cfg = EngineConfig(model_path=str(model), n_seq=n, n_ctx_per_seq=max_tokens + 128, n_threads=cfg.threads,
-                              n_batch=cfg.batch_size, n_ubatch=cfg.n_ubatch, n_prefill=cfg.prefill_tokens,
-                              backend_sampling=cfg.backend_sampling, kv_unified=bool(args.kv_unified),
-                              overlap=not args.no_overlap)
-    result = enginebench.run(engine_cfg, n_requests=n, max_tokens=max_tokens)
+    engine_cfg = engine_settings(cfg, str(model), args.requests, args.max_tokens, kv_unified=bool(args.kv_unified),
+                                 overlap=not args.no_overlap)
+    result = enginebench.run(engine_cfg, n_requests=args.requests, max_tokens=args.max_tokens)
     print(enginebench.to_json(result) if args.json else enginebench.markdown(result))
     return 0
 

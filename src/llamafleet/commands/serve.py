@@ -21,9 +21,10 @@ from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_confi
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
-    from llamafleet.api.service import Service
+    from llamafleet.fleet.models import ManagedModel
     from llamafleet.fleet.ray_cluster import RayFleet
     from llamafleet.fleet.replicas import ReplicaSpec
+    from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.placement.gpus import Inventory
     from llamafleet.placement.plan import Plan
 
@@ -93,9 +94,9 @@ def _banner(cfg: FleetConfig, model_name: str, what: str) -> str:
 
 def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> tuple[Plan, list[ReplicaSpec]] | None:
     """Plan the model onto this machine: the plan and its replicas; None (after printing why) if it cannot fit."""
-    from llamafleet.fleet.replicas import ReplicaSpec
+    from llamafleet.fleet.specs import plan_specs
     from llamafleet.model.header import read_model_info
-    from llamafleet.placement.planner import launch_spec, make_plan
+    from llamafleet.placement.planner import make_plan
 
     plan = make_plan(read_model_info(model_path), inventory, cfg)
     out = sys.stdout if plan.fits else sys.stderr
@@ -107,11 +108,7 @@ def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> 
         print(f"error: {model_path.name} does not fit this machine with this configuration; nothing was loaded.",
               file=sys.stderr)
         return None
-    specs = []
-    for i, replica in enumerate(plan.replicas):
-        env, engine_cfg = launch_spec(plan, i, cfg, str(model_path))
-        specs.append(ReplicaSpec(env, engine_cfg, replica.label, replica.gpus))
-    return plan, specs
+    return plan, plan_specs(plan, cfg, str(model_path))
 
 
 def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:
@@ -140,16 +137,12 @@ def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:
     return fleet
 
 
-def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
-                   ) -> Service | None:
-    """Place several models (printing the placement); their service, or None (after printing why) if the fleet
-    cannot be served."""
-    from llamafleet.api.service import Service
+def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) -> list[ManagedModel] | None:
+    """Place several models (printing the placement); None (after printing why) if the fleet cannot be served."""
     from llamafleet.catalog import demands, served_models
     from llamafleet.commands.plan import fleet_json, format_fleet
-    from llamafleet.fleet.models import ManagedModel, ModelManager, remote_only, replica_prefix
+    from llamafleet.fleet.models import ManagedModel, remote_only, replica_prefix
     from llamafleet.fleet.remote import members
-    from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
     from llamafleet.placement.packing import pack
@@ -164,7 +157,7 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
     if not packing.fits:
         print("error: these models cannot all be served on this machine; nothing was loaded.", file=sys.stderr)
         return None
-    metrics, demand = FleetMetrics(), {d.name: d for d in fixed}
+    demand = {d.name: d for d in fixed}
     models = []
     for m in served:
         remote = members(list(m.remote), f"models[{m.name}].remote")
@@ -172,16 +165,15 @@ def _fleet_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset
             models.append(remote_only(m.name, m.aliases, remote, m.cfg, metrics,
                                       replica_prefix(m.name, len(served) > 1)))
         else:
-            models.append(ManagedModel(m.name, m.aliases, m.pinned, m.idle_ttl_s,
-                                       packing.shapes[m.name].n_ctx_per_seq, demand[m.name], remote=remote))
-    return Service.of_models(ModelManager(models, cfg, metrics, inventory), cfg, *keys)
+            models.append(ManagedModel(m.name, aliases=m.aliases, pinned=m.pinned, idle_ttl_s=m.idle_ttl_s,
+                                       n_ctx_per_seq=packing.shapes[m.name].n_ctx_per_seq, demand=demand[m.name],
+                                       remote=remote))
+    return models
 
 
-def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[frozenset[str], frozenset[str]]
-                       ) -> Service | None:
-    """Plan the one model (printing why); its service, or None if it does not fit."""
-    from llamafleet.api.service import Service
-    from llamafleet.fleet.models import new_dispatcher
+def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) -> list[ManagedModel] | None:
+    """Plan the one model (printing why): a pinned model placed now; None if it does not fit."""
+    from llamafleet.fleet.models import placed_model
     from llamafleet.fleet.remote import member_specs, members, remote_context
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
@@ -209,14 +201,16 @@ def _one_model_service(cfg: FleetConfig, inventory: Inventory, keys: tuple[froze
             plan, local = planned
         model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
-    return Service(new_dispatcher(specs, cfg, None, model_name, launcher=launcher), model_name, n_ctx, cfg, *keys,
-                   plan=plan)
+    return [placed_model(model_name, specs, n_ctx, cfg, metrics, plan=plan, launcher=launcher)]
 
 
 def run(args: argparse.Namespace) -> int:
     # Heavy modules (FastAPI, uvicorn, the fleet, the planner) load in here, when serve runs, so that building the
     # parser for another command never loads them.
     from llamafleet.api.middleware import ADMIN_KEYS_ENV, ApiKeysError, load_api_keys
+    from llamafleet.api.service import Service
+    from llamafleet.fleet.models import ModelManager
+    from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import ModelFetchError
     from llamafleet.model.header import GgufError
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
@@ -238,17 +232,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for line in inapplicable(cfg, inventory, None if args.inventory else os.cpu_count()):
         print(f"  warning: {line}", file=sys.stderr)
-    several = cfg.models is not None or cfg.models_dir is not None
+    several, metrics = cfg.models is not None or cfg.models_dir is not None, FleetMetrics()
     try:
-        service = (_fleet_service if several else _one_model_service)(cfg, inventory, keys)
+        served = (_fleet_models if several else _one_model)(cfg, inventory, metrics)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (GgufError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if service is None:
+    if served is None:
         return 1
+    service = Service(ModelManager(served, cfg, metrics, inventory), *keys)
     try:
         sock = _listen(cfg.host, cfg.port)
     except OSError as e:
@@ -267,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
               f"others load on their first request; {_url(cfg)}/ready answers 200 once the pinned ones are up",
               flush=True)
     else:
-        n = sum(len(d.replicas) for _, d in service.dispatchers())
+        n = len(service.snapshot().replicas())
         what = f"'{service.model_name}' with {n} replica(s)"
         print(f"llamafleet: loading '{service.model_name}' as {n} replica(s), one at a time; "
               f"{_url(cfg)}/ready answers 200 once all are up", flush=True)

@@ -17,7 +17,7 @@ Configurations (``--configs``):
 * ``layer`` / ``tensor``: one replica whose weights are split over every GPU by layer or by tensor. GPU only.
 
 Placement comes from the planner (:func:`~llamafleet.placement.planner.make_plan` and
-:func:`~llamafleet.placement.planner.launch_spec`), as for ``serve``: on GPUs the reference and its single-replica
+:func:`~llamafleet.fleet.specs.plan_specs`), as for ``serve``: on GPUs the reference and its single-replica
 variants go where the planner puts one replica (the main GPU), replicas one per GPU, splits over every selected GPU. The
 GPU splits are skipped, with the reason, where fewer than two GPUs can be used (no GPU, or a CPU-only build of
 llama.cpp). Every worker gets the same thread count.
@@ -40,9 +40,10 @@ from llamafleet.consistency.report import ConfigResult, Report
 from llamafleet.engine.types import EngineConfig, Generation, SamplingParams
 from llamafleet.fleet.messages import Ready, StepOutputs, Submit
 from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.fleet.specs import plan_specs
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import Inventory, empty_inventory
-from llamafleet.placement.planner import launch_spec, make_plan
+from llamafleet.placement.planner import make_plan
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +139,7 @@ def place(opts: CheckOptions, model: ModelInfo, inventory: Inventory, kind: str,
     plan = make_plan(model, inventory, cfg)
     if not plan.fits:
         return "the planner cannot place it here: " + "; ".join(plan.reasons)
-    specs = []
-    for i, r in enumerate(plan.replicas):
-        env, engine = launch_spec(plan, i, cfg, opts.model_path)
-        specs.append(ReplicaSpec(env, engine, r.label, r.gpus))
-    return specs
+    return plan_specs(plan, cfg, opts.model_path)
 
 
 def setups(opts: CheckOptions, model: ModelInfo, inventory: Inventory) -> tuple[list[Setup], list[ConfigResult]]:
@@ -197,6 +194,9 @@ class _Collector:
     def replica_down(self, replica: int, reason: str) -> None:
         for rid in [rid for rid, (r, _, _) in self._pending.items() if r == replica]:
             self._fail(rid, reason)
+
+    def replica_suspect(self, replica: int, suspect: bool) -> None:
+        pass  # each replica answers its own prompts: there is nowhere else to send them
 
     def replica_output(self, replica: int, msg: StepOutputs) -> None:
         for rej in msg.rejected:
@@ -261,7 +261,7 @@ def _engine_facts(cfg: EngineConfig) -> dict[str, object]:
     facts: dict[str, object] = {"n_seq": cfg.n_seq, "n_batch": cfg.n_batch, "n_ubatch": cfg.n_ubatch,
                                 "split_mode": cfg.split_mode, "n_gpu_layers": cfg.n_gpu_layers,
                                 "flash_attn": "auto" if cfg.flash_attn is None else cfg.flash_attn,
-                                "kv_type": cfg.kv_type, "n_threads": cfg.n_threads}
+                                "kv_type": cfg.kv_cache_type, "n_threads": cfg.n_threads}
     if cfg.tensor_split:
         facts["tensor_split"] = list(cfg.tensor_split)
     return facts

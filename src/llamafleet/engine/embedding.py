@@ -211,8 +211,8 @@ class Embedder:
         self._queue = deque(i for i in self._queue if i.job is not job)
         self._active = [i for i in self._active if i.job is not job]
         vectors = [job.vectors[i] for i in range(job.n_inputs)] if reason == "stop" else None
-        return RequestOutput(job.request_id, "", [], None, True, reason, job.n_tokens, 0, error=error,
-                             embeddings=vectors)
+        return RequestOutput(job.request_id, finished=True, finish_reason=reason, prompt_tokens=job.n_tokens,
+                             error=error, embeddings=vectors)
 
     def _open(self) -> str | None:
         """Create the context on first use; why it could not be, if it could not."""

@@ -153,7 +153,7 @@ class Engine(TextSide):
         fresh = self._collect() if self._inflight is not None else []
         self._admit()
         ready = [s for s in self._running if s.wait_for is None]
-        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.n_prefill)
+        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens)
         error = None
         if plan:
             error = self._launch(plan)
@@ -181,7 +181,8 @@ class Engine(TextSide):
             for req in self._waiting:
                 if req.request_id == rid:
                     self._waiting.remove(req)
-                    outs.append(RequestOutput(rid, "", [], None, True, "cancelled", len(req.prompt_tokens), 0))
+                    outs.append(RequestOutput(rid, finished=True, finish_reason="cancelled",
+                                              prompt_tokens=len(req.prompt_tokens)))
                     break
             for s in self._running:
                 if s.request_id == rid:
@@ -347,17 +348,19 @@ class Engine(TextSide):
         elif end is not None:
             tail, _ = s.stops.feed(s.detok.flush())
             text += tail + s.stops.flush()
-        out = RequestOutput(s.request_id, text, [] if tok is None else [tok], lps, end is not None, end, s.n_prompt,
-                            s.n_generated, cached_tokens=s.n_reused, top_logprobs=None if top is None else [top],
-                            prompt_logprobs=s.scores, cache=first_origin(s))
+        out = RequestOutput(s.request_id, text=text, token_ids=[] if tok is None else [tok], logprobs=lps,
+                            finished=end is not None, finish_reason=end, prompt_tokens=s.n_prompt,
+                            completion_tokens=s.n_generated, cached_tokens=s.n_reused,
+                            top_logprobs=None if top is None else [top], prompt_logprobs=s.scores,
+                            cache=first_origin(s))
         s.scores = None
         return out
 
     def _finish(self, s: Sequence, reason: FinishReason) -> RequestOutput:
         """End ``s`` without a new token (cancelled, or a failed decode)."""
         self._retire(s)
-        return RequestOutput(s.request_id, "", [], None, True, reason, s.n_prompt, s.n_generated,
-                             cached_tokens=s.n_reused)
+        return RequestOutput(s.request_id, finished=True, finish_reason=reason, prompt_tokens=s.n_prompt,
+                             completion_tokens=s.n_generated, cached_tokens=s.n_reused)
 
     def _retire(self, s: Sequence) -> None:
         """Take ``s`` out of the batch. Its slot and KV are freed now, or, while a pass is running (it may hold one

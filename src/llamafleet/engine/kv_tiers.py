@@ -79,7 +79,7 @@ class KvTiers:
         """The tiers ``cfg`` asks for (both off: :attr:`enabled` is False, and only the diagnostics work)."""
         disk = None
         if cfg.cache_dir and cfg.prefix_cache:
-            shape = f"kv {cfg.kv_type}, streams {1 if cfg.kv_unified else cfg.n_seq}, flash {cfg.flash_attn}"
+            shape = f"kv {cfg.kv_cache_type}, streams {1 if cfg.kv_unified else cfg.n_seq}, flash {cfg.flash_attn}"
             fp = fingerprint(cfg.model_path, shape, state_format)
             disk = DiskTier(cfg.cache_dir, cfg.model_path, fp, state_format, cfg.cache_disk_bytes)
         return cls(cfg.cache_ram_bytes if cfg.prefix_cache else 0, disk, min_reuse)

@@ -245,14 +245,31 @@ class Model(_Native):
         tmpl = lc.llama_model_chat_template(self.ptr, None if name is None else name.encode())
         return tmpl.decode("utf-8", errors="replace") if tmpl else None
 
+    @property
+    def bos(self) -> int:
+        """The BOS token's id (-1 when the model has none)."""
+        return int(lc.llama_vocab_bos(self.vocab))
+
+    def fim_tokens(self) -> tuple[int, int, int, int, int]:
+        """The fill-in-the-middle token ids (prefix, suffix, middle, repository, file separator); -1 for none."""
+        v = self.vocab
+        return (int(lc.llama_vocab_fim_pre(v)), int(lc.llama_vocab_fim_suf(v)), int(lc.llama_vocab_fim_mid(v)),
+                int(lc.llama_vocab_fim_rep(v)), int(lc.llama_vocab_fim_sep(v)))
+
+    def special_piece(self, token: int) -> bytes:
+        """The bytes of ``token`` with control tokens written out as their text (``<|im_start|>``), as a prompt's
+        text shows them."""
+        if self.pieces[token]:
+            return self.pieces[token]
+        buf = ctypes.create_string_buffer(256)
+        n = lc.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+        return buf.raw[:n] if n > 0 else b""
+
     def special_texts(self) -> tuple[str, str]:
         """The text of the BOS and EOS tokens, as chat templates write them (empty when the model has none)."""
-        buf = ctypes.create_string_buffer(256)
-        texts = []
-        for t in (lc.llama_vocab_bos(self.vocab), lc.llama_vocab_eos(self.vocab)):
-            n = lc.llama_token_to_piece(self.vocab, t, buf, 256, 0, True) if t >= 0 else 0
-            texts.append(buf.raw[:n].decode("utf-8", errors="replace") if n > 0 else "")
-        return texts[0], texts[1]
+        bos, eos = (self.special_piece(t).decode("utf-8", errors="replace") if t >= 0 else ""
+                    for t in (self.bos, int(lc.llama_vocab_eos(self.vocab))))
+        return bos, eos
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Format ``messages`` with the GGUF's own template (llama.cpp recognises the common families)."""
@@ -341,8 +358,8 @@ class Context(_Native):
         if threads > 0:
             p.n_threads = threads
             p.n_threads_batch = threads
-        p.type_k = _KV_TYPE[cfg.kv_type]
-        p.type_v = _KV_TYPE[cfg.kv_type]
+        p.type_k = _KV_TYPE[cfg.kv_cache_type]
+        p.type_v = _KV_TYPE[cfg.kv_cache_type]
         p.flash_attn_type = _FLASH[cfg.flash_attn]
         # False: one KV stream per sequence, so every slot is guaranteed its n_ctx_per_seq and attends only to
         # its own cells; True: one shared cache (what llama-server uses by default).
@@ -492,7 +509,7 @@ def _greedy_chain() -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Sampler chains (CPU): [grammar] -> penalties -> top_k -> top_p -> min_p -> temperature -> seeded draw
+# Sampler chains (CPU): [grammar] -> penalties -> top_k -> typical_p -> top_p -> min_p -> temperature -> seeded draw
 # ---------------------------------------------------------------------------------------------------------------
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
@@ -544,6 +561,8 @@ class SamplerChain(_Native):
             return
         if params.top_k > 0:
             add(self.ptr, lc.llama_sampler_init_top_k(params.top_k))
+        if params.typical_p < 1.0:
+            add(self.ptr, lc.llama_sampler_init_typical(params.typical_p, 1))
         if params.top_p < 1.0:
             add(self.ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0.0:

@@ -14,9 +14,10 @@ from collections.abc import Sequence as Seq
 from functools import cached_property
 
 from llamafleet.engine.chat import chat_tokens, tool_chat_tokens
+from llamafleet.engine.infill import FimTokens, Infill, infill_tokens
 from llamafleet.engine.llama import Model
 from llamafleet.engine.template import ChatTemplate, ToolChat, tool_template
-from llamafleet.engine.types import ContextOverflow, EngineConfig, Request, check_token_ids
+from llamafleet.engine.types import ContextOverflow, EngineConfig, Request, RequestOutput, check_token_ids
 
 
 class TextSide:
@@ -38,6 +39,28 @@ class TextSide:
     def token_bytes(self, token: int) -> bytes:
         """The bytes one token stands for (part of a UTF-8 character for byte-fallback tokens)."""
         return self.model.pieces[token]
+
+    def tokenize_infill(self, req: Infill, max_tokens: int | None) -> list[int]:
+        """A fill-in-the-middle prompt (:mod:`~llamafleet.engine.infill`) cut to leave room for ``max_tokens`` (a
+        quarter of the context when unlimited); :class:`~llamafleet.engine.infill.NoFimTokens` (a ``ValueError``)
+        when the model has no FIM tokens."""
+        n_ctx = self.cfg.n_ctx_per_seq
+        budget = n_ctx - (n_ctx // 4 if max_tokens is None else max_tokens)
+        bos = self.model.bos if self.model.add_bos else None
+        return infill_tokens(req, FimTokens(*self.model.fim_tokens()), lambda t: self.tokenize(t, False, False),
+                             budget, bos)
+
+    def tokens_output(self, request_id: str, ids: list[int], chat: bool) -> RequestOutput:
+        """A request that is only tokenized, answered in one finished output: ``ids`` (``prompt_ids``), their count,
+        each distinct id's bytes (control tokens written out) and the whole as text. A chat's text leaves out the BOS
+        the tokenizer put first, so that tokenizing it again as a prompt (BOS added, special tokens parsed) gives
+        ``ids`` back. Ids outside the vocabulary (a client's) are a ``ValueError``."""
+        check_token_ids(tuple(ids), self.model.n_vocab)
+        pieces = {t: self.model.special_piece(t) for t in set(ids)}
+        skip = int(chat and self.model.add_bos and ids[:1] == [self.model.bos])
+        text = b"".join(pieces[t] for t in ids[skip:]).decode("utf-8", errors="replace")
+        return RequestOutput(request_id=request_id, text=text, token_ids=[], logprobs=None, finished=True,
+                             finish_reason="length", prompt_tokens=len(ids), token_bytes=pieces, prompt_ids=ids)
 
     def apply_chat_template(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.model.apply_chat_template(messages, add_generation_prompt)

@@ -5,7 +5,7 @@ These are the engine's whole public vocabulary; the worker, consistency checker 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Literal
 
 from llamafleet.engine.grammar import check_gbnf
@@ -22,6 +22,9 @@ MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 class SamplingParams:
     """Per-request sampling, with OpenAI's meanings. ``temperature == 0`` means greedy.
 
+    The defaults here are the only ones: every API route starts from them and passes on only what its client sets
+    (OpenAI's for OpenAI's parameters, llama.cpp's for its extensions, :data:`LLAMA_CPP_KNOBS`; docs/API.md).
+
     ``max_tokens=None`` (OpenAI's "not given") means: until the end of the context per sequence. This is the one
     place that meaning lives; the engine applies it, nothing upstream resolves it.
 
@@ -37,10 +40,11 @@ class SamplingParams:
     """
 
     max_tokens: int | None = None
-    temperature: float = 0.8
+    temperature: float = 1.0
     top_k: int = 40
-    top_p: float = 0.95
+    top_p: float = 1.0
     min_p: float = 0.05
+    typical_p: float = 1.0  # locally typical sampling: the tokens closest to the expected surprise; 1 = off
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -64,6 +68,7 @@ class SamplingParams:
             (self.top_k >= 0, "top_k must be >= 0 (0 = off)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
             (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (0.0 < self.typical_p <= 1.0, "typical_p must be in (0, 1] (1 = off)"),
             (self.repeat_penalty > 0.0, "repeat_penalty must be > 0 (1 = off)"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be between -2 and 2"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be between -2 and 2"),
@@ -86,6 +91,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def changed(self, names: tuple[str, ...]) -> list[str]:
+        """Those of the fields ``names`` that differ from their defaults (what a client set, since every route
+        starts from these defaults)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return [n for n in names if getattr(self, n) != defaults[n]]
+
+
+# Sampling knobs as other servers name them (a relay to another OpenAI-compatible server sends them by these names):
+OPENAI_KNOBS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")  # OpenAI's own parameters
+LLAMA_CPP_KNOBS = ("top_k", "min_p", "typical_p", "repeat_penalty")  # llama.cpp's extensions: its servers take them
 
 
 class ContextOverflow(ValueError):
@@ -153,28 +169,37 @@ class CacheOrigin:
 
 
 @dataclass
-class RequestOutput:
-    """What one step produced for one request: new text and tokens, and, on the last one, why it ended.
-
-    With logprobs asked for, ``top_logprobs`` holds the top alternatives of each token and the first output holds
-    ``prompt_logprobs``; the engine gives token ids, and the worker fills ``token_bytes`` with the bytes of every id
-    those two name (the API process has no vocabulary)."""
+class _Result:
+    """What a request's outputs and the :class:`Generation` gathered from them both hold; every field but the
+    request's id is given by name."""
 
     request_id: str
-    text: str  # new text since the previous output (never half a UTF-8 character, never part of a stop string)
-    token_ids: list[int]
-    logprobs: list[float] | None
-    finished: bool = False
+    _: KW_ONLY
+    text: str = ""  # in an output: new text since the previous one (never half a UTF-8 character or a stop string)
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    error: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, how many came from the prefix cache instead of being computed
-    top_logprobs: list[TopLogprobs] | None = None
+    error: str | None = None
     prompt_logprobs: PromptLogprobs | None = None
-    token_bytes: dict[int, bytes] | None = None
     embeddings: list[bytes] | None = None  # an embedding request's vectors, one per input (see EmbeddingRequest)
-    cache: CacheOrigin | None = None  # on a sequence's first output: where its prompt's cached KV came from
+    prompt_ids: list[int] | None = None  # a request only tokenized: its prompt's tokens (nothing is generated)
+    cache: CacheOrigin | None = None  # (from a sequence's first output) where its prompt's cached KV came from
+
+
+@dataclass(kw_only=True)
+class RequestOutput(_Result):
+    """What one step produced for one request: new text and tokens, and, on the last one, why it ended.
+
+    With logprobs asked for, ``logprobs`` holds each token's, ``top_logprobs`` the top alternatives of each token and
+    the first output ``prompt_logprobs``; the engine gives token ids, and the worker fills ``token_bytes`` with the
+    bytes of every id those two name (the API process has no vocabulary)."""
+
+    finished: bool = False
+    logprobs: list[float] | None = None
+    top_logprobs: list[TopLogprobs] | None = None
+    token_bytes: dict[int, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -200,14 +225,14 @@ class EngineConfig:
     n_ctx_per_seq: int = 4096
     n_batch: int = 2048  # most tokens per step: the running answers' tokens, then prompt chunks
     n_ubatch: int = 512
-    n_prefill: int | None = 512  # most prompt tokens per step; None = what the running answers leave of n_batch
+    prefill_tokens: int | None = 512  # most prompt tokens per step; None = what the running answers leave of n_batch
     n_threads: int | None = None
     n_gpu_layers: int = -1
     split_mode: SplitModeName = "none"
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()  # one share per device: the RPC servers' devices first, then local GPUs
     rpc_servers: tuple[str, ...] = ()  # host:port of llama.cpp RPC servers whose devices take part of the layers
-    kv_type: KvType = "f16"
+    kv_cache_type: KvType = "f16"
     flash_attn: bool | None = None
     kv_unified: bool = False
     backend_sampling: bool = False  # greedy requests sampled inside llama.cpp's graph (on the GPU); experimental
@@ -260,24 +285,13 @@ class EngineStats:
     tiers: TierStats | None = None  # the KV tiers beyond the slots, when on
 
 
-@dataclass
-class Generation:
+@dataclass(kw_only=True)
+class Generation(_Result):
     """A whole request's result, gathered from its outputs (see :func:`Generation.add`)."""
 
-    request_id: str
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None
-    cached_tokens: int = 0
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
-    prompt_logprobs: PromptLogprobs | None = None
     token_bytes: dict[int, bytes] = field(default_factory=dict)
-    embeddings: list[bytes] | None = None
-    cache: CacheOrigin | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
@@ -289,6 +303,7 @@ class Generation:
         self.prompt_logprobs = out.prompt_logprobs or self.prompt_logprobs
         self.token_bytes.update(out.token_bytes or {})
         self.embeddings = out.embeddings or self.embeddings
+        self.prompt_ids = self.prompt_ids if out.prompt_ids is None else out.prompt_ids
         self.prompt_tokens = out.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens

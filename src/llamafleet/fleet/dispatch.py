@@ -5,6 +5,11 @@ An HTTP request becomes a :class:`Group` of sequences (``n`` choices x prompts);
 step per replica; the dispatcher hands each output to its group's queue tagged with the sequence's index in the
 group, so handlers aggregate in input order however the replicas interleave.
 
+A sequence that has not started (no output yet) on a replica that becomes suspect
+(:mod:`llamafleet.fleet.suspicion`) is moved: aborted there and sent to another replica, never back to one it left.
+Whatever the suspect replica still says of it later (the abort's "cancelled", or tokens of a step it was frozen in) is
+ignored, so it runs once for its client and leaves no slot behind. Sequences already streaming stay where they are.
+
 Every sequence ends with exactly one final event: its last output, or a :class:`Failure` (rejected by the worker,
 its replica died, the server is stopping, the request ran past its timeout). Closing a group early (client gone)
 aborts its unfinished sequences on the replicas that run them.
@@ -18,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llamafleet.engine.types import ContextOverflow, RequestOutput
 from llamafleet.fleet.messages import Abort, Ready, StepOutputs, Submit
@@ -57,11 +62,14 @@ Event = tuple[int, Delta | Failure]  # (index of the sequence in its group, what
 
 @dataclass
 class _Route:
-    """Where a sequence's events go, and its timing so far."""
+    """Where a sequence's events go, its timing so far, and what moving it needs until it starts."""
 
     group: Group
     index: int
     submitted: float  # time.perf_counter()
+    msg: Submit | None  # until its first output: what to send to another replica if it moves
+    able: list[int] | None  # the replicas that can serve it (None: all)
+    left: list[int] = field(default_factory=list)  # replicas it was moved off
     last_token: float | None = None
 
 
@@ -144,7 +152,7 @@ class Dispatcher:
         if the queues are full (then nothing was sent)."""
         able = [self._able(m) for m in msgs]  # before anything is assigned: a refusal leaves nothing behind
         try:
-            placed = [self.router.assign(m.request_id, m.prompt if m.chat is None else m.chat, a)
+            placed = [self.router.assign(m.request_id, m.routing_prompt, a)
                       for m, a in zip(msgs, able, strict=True)]
         except BaseException:
             for m in msgs:
@@ -154,8 +162,8 @@ class Dispatcher:
             self.metrics.model_requests.inc(self.model)
         group = Group(self, [m.request_id for m in msgs], placed, timeout_s)
         now = time.perf_counter()
-        for index, m in enumerate(msgs):
-            self._routes[m.request_id] = _Route(group, index, now)
+        for index, (m, a) in enumerate(zip(msgs, able, strict=True)):
+            self._routes[m.request_id] = _Route(group, index, now, msg=m, able=a)
         # Routes first: a replica found gone while sending is reported down, which fails all of its sequences
         for replica, m in zip(placed, msgs, strict=True):
             self.replicas.send(replica, m)
@@ -198,6 +206,34 @@ class Dispatcher:
     def replica_up(self, replica: int, ready: Ready) -> None:
         self.router.set_up(replica, ready.n_seq)
 
+    def replica_suspect(self, replica: int, suspect: bool) -> None:
+        """``replica`` fell silent past its bound (or spoke again): route around it, and move what has not started."""
+        self.router.set_suspect(replica, suspect)
+        if suspect:
+            self._move_off(replica)
+
+    def _move_off(self, replica: int) -> None:
+        """Move ``replica``'s sequences that have not started to other replicas with room (see the module
+        docstring); those that find none stay, and are tried again when a sequence ends elsewhere."""
+        moved = 0
+        for rid, route in list(self._routes.items()):  # oldest first
+            if route.msg is None or self.router.replica_of(rid) != replica:
+                continue
+            avoid = [*route.left, *(r for r in range(len(self.replicas)) if route.able is not None
+                                    and r not in route.able)]
+            target = self.router.move(rid, route.msg.prompt if route.msg.chat is None else route.msg.chat, avoid)
+            if target is None:
+                continue
+            route.left.append(replica)
+            self.replicas.send(replica, Abort(rid))  # if it ever wakes up: nothing runs twice, no slot stays taken
+            self.replicas.send(target, route.msg)
+            route.group.replicas[route.index] = target
+            moved += 1
+        if moved:
+            self.metrics.moved.inc(amount=moved)
+            log.warning("moved %d sequence(s) that had not started off suspect replica %s%d", moved,
+                        self.replica_prefix, replica)
+
     def replica_down(self, replica: int, reason: str) -> None:
         lost = self.router.set_down(replica)
         if lost:
@@ -208,14 +244,21 @@ class Dispatcher:
             self._deliver(rid, Failure(503, f"{reason}, while running this request; retry it"), final=True)
 
     def replica_output(self, replica: int, msg: StepOutputs) -> None:
+        mine = self.router.replica_of  # a sequence moved off this replica is no longer its business
         for rej in msg.rejected:
+            if mine(rej.request_id) != replica:
+                continue
             self.router.release(rej.request_id)
             self.metrics.sequences.inc("rejected")
             self._deliver(rej.request_id, Failure(rej.status, rej.message, rej.overflow), final=True)
+        ended = bool(msg.rejected)
         for out in msg.outputs:
             rid = out.request_id
+            if mine(rid) != replica:
+                continue
             self._observe(replica, out)
             if out.finished:
+                ended = True
                 self.router.release(rid)
             item: Delta | Failure
             if out.finish_reason == "error":
@@ -225,10 +268,16 @@ class Dispatcher:
             else:
                 item = Delta(out, msg.pieces.get(rid))
             self._deliver(rid, item, final=out.finished)
+        for suspect in self.router.suspects() if ended else ():  # room may have come free for what waits there
+            self._move_off(suspect)
 
     def _observe(self, replica: int, out: RequestOutput) -> None:
         """Time the sequence's new tokens (by the replica that made them); count its tokens and outcome when it ends."""
+        if out.prompt_ids is not None:  # a request only tokenized: nothing was computed or generated
+            return
         route = self._routes.get(out.request_id)
+        if route is not None:
+            route.msg = None  # started: it stays where it is
         if route is not None and out.token_ids:
             now = time.perf_counter()
             label = f"{self.replica_prefix}{replica}"

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamafleet.fleet.metrics import Histogram
-from llamafleet.fleet.replicas import ReplicaState
-from llamafleet.fleet.router import Router
+from llamafleet.fleet.snapshot import FleetSnapshot, ReplicaView
 from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
 
 INTERVAL_S = 1.0
@@ -49,10 +48,9 @@ class _Totals:
     gap: tuple[float, int]
 
     @classmethod
-    def of(cls, rep: str, st: ReplicaState, metrics: FleetMetrics) -> _Totals:
-        return cls(st.pid, st.stats.generated_tokens_total if st.stats else 0,
-                   (metrics.ttft.total(rep), metrics.ttft.count(rep)),
-                   (metrics.token_gap.total(rep), metrics.token_gap.count(rep)))
+    def of(cls, r: ReplicaView, metrics: FleetMetrics) -> _Totals:
+        return cls(r.pid, r.generated_tokens, (metrics.ttft.total(r.id), metrics.ttft.count(r.id)),
+                   (metrics.token_gap.total(r.id), metrics.token_gap.count(r.id)))
 
 
 def _interval_mean(now: tuple[float, int], before: tuple[float, int]) -> float | None:
@@ -78,43 +76,34 @@ class History:
         self._before: dict[str, _Totals] = {}  # by replica label
         self._before_t: float | None = None
 
-    def sample(self, fleets: Iterable[tuple[str, Iterable[ReplicaState], Router]], gpus: Iterable[GpuSample],
-               now: float) -> dict[str, Any]:
-        """Record the fleet at ``now`` (Unix time) and return the sample. ``fleets``: each model's replica label
-        prefix ("" for a lone model, "chat/" for several: the labels ``/metrics`` uses), replica states and router."""
+    def sample(self, snap: FleetSnapshot, now: float) -> dict[str, Any]:
+        """Record the fleet of ``snap`` at ``now`` (Unix time) and return the sample; replicas are named by the labels
+        ``/metrics`` uses ("0" for a lone model, "chat/0" with several)."""
         dt = None if self._before_t is None else now - self._before_t
         replicas: list[dict[str, Any]] = []
         ttfts, gaps = [], []
-        queued = 0
-        for prefix, states, router in fleets:
-            queued += router.queue_depth()
-            for st in states:
-                rep = f"{prefix}{st.index}"
-                totals = _Totals.of(rep, st, self.metrics)
-                before = self._before.get(rep, totals)
-                # a restarted worker (new pid) counts its tokens from 0 again
-                fresh = totals.generated - (before.generated if before.pid == totals.pid else 0)
-                ttft = _interval_mean(totals.ttft, before.ttft)
-                gap = _interval_mean(totals.gap, before.gap)
-                ttfts.append((ttft, totals.ttft[1] - before.ttft[1]))
-                gaps.append((gap, totals.gap[1] - before.gap[1]))
-                replicas.append({
-                    "id": rep, "index": st.index, "status": st.status,
-                    "slots_busy": st.stats.slots_busy if st.stats else 0,
-                    "waiting": st.stats.waiting if st.stats else 0,
-                    "outstanding": router.outstanding(st.index),
-                    "tokens_per_s": fresh / dt if dt else 0.0,
-                    "ttft_s": ttft, "itl_s": gap,
-                })
-                self._before[rep] = totals
+        for r in snap.replicas():
+            totals = _Totals.of(r, self.metrics)
+            before = self._before.get(r.id, totals)
+            # a restarted worker (new pid) counts its tokens from 0 again
+            fresh = totals.generated - (before.generated if before.pid == totals.pid else 0)
+            ttft = _interval_mean(totals.ttft, before.ttft)
+            gap = _interval_mean(totals.gap, before.gap)
+            ttfts.append((ttft, totals.ttft[1] - before.ttft[1]))
+            gaps.append((gap, totals.gap[1] - before.gap[1]))
+            replicas.append({
+                "id": r.id, "index": r.index, "status": r.status, "slots_busy": r.slots_busy, "waiting": r.waiting,
+                "outstanding": r.outstanding, "tokens_per_s": fresh / dt if dt else 0.0, "ttft_s": ttft, "itl_s": gap,
+            })
+            self._before[r.id] = totals
         self._before_t = now
         sample = {
             "t": round(now, 3),
-            "queue_depth": queued,
+            "queue_depth": snap.queue_depth(),
             "tokens_per_s": sum(r["tokens_per_s"] for r in replicas),
             "ttft_s": _pooled(ttfts), "itl_s": _pooled(gaps),
             "replicas": replicas,
-            "gpus": [{"index": g.index, "used_bytes": g.used_bytes, "utilization": utilization(g)} for g in gpus],
+            "gpus": [{"index": g.index, "used_bytes": g.used_bytes, "utilization": utilization(g)} for g in snap.gpus],
         }
         self.samples.append(sample)
         return sample

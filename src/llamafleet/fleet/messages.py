@@ -8,13 +8,15 @@ Messages are frozen dataclasses sent whole, pickled in length-prefixed frames, o
   handshake), then one :class:`StepOutputs` per engine step that produced anything: every sequence's new tokens of
   that step travel together, with the engine's stats riding along (never one message per token per request), and a
   :class:`Heartbeat` whenever the engine loop has sent nothing for its beat interval: silence past the server's
-  ``heartbeat_timeout_s`` means the worker is hung.
+  ``heartbeat_timeout_s`` means the worker is hung; and a :class:`Pulse` from another thread while the engine is in a
+  step longer than that interval: a worker silent even of pulses is suspect (``suspect_after_s``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llamafleet.engine.infill import Infill
 from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import ContextOverflow, EngineStats, RequestOutput, SamplingParams
 
@@ -24,13 +26,19 @@ ChatTurn = tuple[str, str]  # (role, content)
 # -- API process -> worker -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Submit:
-    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``;
-    ``prompt_ids`` (a client's token-id prompt) is taken as it is, no tokenizing, nothing added. A chat with tools
-    carries them in ``tools`` too, for a model whose own template shows tools (``chat`` is their generic rendering,
-    the tools in the system prompt, used otherwise: see :meth:`~llamafleet.engine.engine.Engine.tokenize_chat`).
+    """Generate one sequence. The worker tokenizes: ``chat`` (through the model's chat template) or ``prompt``
+    (with the model's BOS and such when ``add_special``, special-token spellings parsed when ``parse_special``);
+    ``prompt_ids`` (a client's token-id prompt) is taken as it is, no tokenizing, nothing added; ``infill`` (code
+    around a cursor) becomes the model's fill-in-the-middle prompt (a 400 for a model without FIM tokens). A chat
+    with tools carries them in ``tools`` too, for a model whose own template shows tools (``chat`` is their generic
+    rendering, the tools in the system prompt, used otherwise: see
+    :meth:`~llamafleet.engine.engine.Engine.tokenize_chat`).
 
-    With ``count_only`` nothing is generated: the answer is one finished output of no tokens whose ``prompt_tokens``
-    is the prompt's length (finish reason ``length``, as a limit of zero tokens would end it), context or not.
+    With ``tokenize_only`` nothing is generated: the answer is one finished output (finish reason ``length``, as a
+    limit of zero tokens would end it), context or not, that carries the prompt's tokens: ``prompt_ids``, their count
+    in ``prompt_tokens``, each distinct id's bytes in ``token_bytes`` and the whole as ``text``, control tokens written
+    out (``<|im_start|>``); a chat's text leaves out the BOS the tokenizer adds (see
+    :meth:`~llamafleet.engine.textside.TextSide.tokens_output`).
 
     With ``embed`` nothing is generated either: each input (a text, tokenized with the model's special tokens, or
     token ids taken as they are) is embedded, and the one finished output carries the vectors in order
@@ -43,8 +51,23 @@ class Submit:
     chat: tuple[ChatTurn, ...] | None = None
     tools: ToolChat | None = None
     prompt_ids: tuple[int, ...] | None = None
-    count_only: bool = False
+    infill: Infill | None = None
+    add_special: bool = True
+    parse_special: bool = False
+    tokenize_only: bool = False
     embed: tuple[str | tuple[int, ...], ...] | None = None
+
+    @property
+    def routing_prompt(self) -> str | tuple[ChatTurn, ...]:
+        """What prefix routing compares (:mod:`~llamafleet.fleet.affinity`): a chat's messages, an infill's text in
+        the order its prompt lays it out (other files, then the code up to the cursor, then after it), or the
+        prompt."""
+        if self.chat is not None:
+            return self.chat
+        if self.infill is not None:
+            i = self.infill
+            return "".join(f"{name}\n{text}\x1e" for name, text in i.extra) + f"\x1d{i.prefix}{i.prompt}\x1d{i.suffix}"
+        return self.prompt
 
 
 @dataclass(frozen=True)
@@ -119,4 +142,11 @@ class Heartbeat:
     """The engine loop is alive and has had nothing else to send for one beat interval."""
 
 
-FromWorker = LoadProgress | Ready | LoadFailed | StepOutputs | Heartbeat
+@dataclass(frozen=True)
+class Pulse:
+    """The worker process is alive, though nothing was sent for one beat interval (its engine is in a long step):
+    sent by a thread beside the engine's, it keeps a replica from being suspected (:mod:`llamafleet.fleet.suspicion`),
+    never from being found hung."""
+
+
+FromWorker = LoadProgress | Ready | LoadFailed | StepOutputs | Heartbeat | Pulse

@@ -3,7 +3,7 @@
 Every configured model is a :class:`ManagedModel`. While loaded it has its own
 :class:`~llamafleet.fleet.replicas.ReplicaSet`, :class:`~llamafleet.fleet.router.Router` and
 :class:`~llamafleet.fleet.dispatch.Dispatcher`, built from the plan placement gave it; the one-model server is the
-same thing with one pinned model. The rules:
+same thing with one pinned model, placed before the server starts (:func:`placed_model`). The rules:
 
 * **Pinned** models load at start and never unload; a request finds them loaded (or restarting: 503, as ever).
 * Any other model loads on its **first request**. The request waits meanwhile, bounded twice: at most
@@ -19,7 +19,7 @@ same thing with one pinned model. The rules:
 * A model idle (no request in flight) for its ``idle_ttl_s`` is unloaded.
 * A model's replicas may include remote members (other servers, :mod:`llamafleet.fleet.remote`): they start and
   stop with its load and unload. A model served by remote members only places and loads nothing here: it is pinned,
-  its dispatcher built up front (:func:`remote_only`).
+  its dispatcher built up front (:func:`placed_model`).
 * Loads of all models share one lock, so two loads never run on one GPU at once (concurrent CUDA context creation
   is a known crash), as the replicas of one model already did.
 """
@@ -29,18 +29,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher
 from llamafleet.fleet.remote import RemoteMember, member_specs, remote_context
 from llamafleet.fleet.replicas import Launcher, LoadError, ReplicaSet, ReplicaSpec
 from llamafleet.fleet.router import Router
+from llamafleet.fleet.specs import plan_specs
 from llamafleet.fleet.telemetry import FleetMetrics, ModelState
 from llamafleet.placement.gpus import Inventory
 from llamafleet.placement.packing import Demand, Placed, evictions, usage
 from llamafleet.placement.plan import Plan
-from llamafleet.placement.planner import launch_spec
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class ManagedModel:
     """One configured model and, while loaded, the dispatcher in front of its replicas."""
 
     name: str
+    _: KW_ONLY
     aliases: tuple[str, ...]
     pinned: bool
     idle_ttl_s: float | None
@@ -99,19 +100,30 @@ def new_dispatcher(specs: list[ReplicaSpec], cfg: FleetConfig, metrics: FleetMet
     """The replica set of ``specs`` behind a router and a dispatcher, as ``cfg`` sets them; ``replica_prefix``
     starts its replicas' metric labels ("" for a lone model, "chat/" for several); ``launcher`` starts its workers
     (default: child processes here)."""
-    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, load_lock, launcher)
+    replicas = ReplicaSet(specs, cfg.log_level, cfg.heartbeat_timeout_s, load_lock, launcher, cfg.suspect_after_s)
     router = Router(len(specs), cfg.routing, cfg.max_queue_per_replica, cfg.max_queue)
     return Dispatcher(replicas, router, metrics, model=model, replica_prefix=replica_prefix)
 
 
+def placed_model(name: str, specs: list[ReplicaSpec], n_ctx_per_seq: int, cfg: FleetConfig, metrics: FleetMetrics,
+                 *, aliases: tuple[str, ...] = (), plan: Plan | None = None, launcher: Launcher | None = None,
+                 replica_prefix: str = "") -> ManagedModel:
+    """A model whose replicas are decided before the server starts: the one model of a one-model server (planned
+    here, on a Ray cluster's nodes, or served by remote members), or a model of a fleet served by remote members only
+    (nothing to place or load here). It is pinned, its dispatcher built now (``launcher`` starts its workers, default
+    child processes here); ``plan``: where it was placed on this host, if it was."""
+    dispatcher = new_dispatcher(specs, cfg, metrics, name, replica_prefix=replica_prefix, launcher=launcher)
+    return ManagedModel(name, aliases=aliases, pinned=True, idle_ttl_s=None, n_ctx_per_seq=n_ctx_per_seq,
+                        dispatcher=dispatcher, state="loading",
+                        placed=None if plan is None else Placed(name, plan, usage(plan)))
+
+
 def remote_only(name: str, aliases: tuple[str, ...], remote: list[RemoteMember], cfg: FleetConfig,
                 metrics: FleetMetrics, replica_prefix: str = "") -> ManagedModel:
-    """A model served by remote members only: nothing to place or load here, so it is pinned (always there, its
-    members joining as their upstreams answer) and its dispatcher is built now."""
+    """A model served by remote members only: always there, its members joining as their upstreams answer."""
     n_ctx = remote_context(cfg)
-    dispatcher = new_dispatcher(member_specs(remote, n_ctx, f"{name} on "), cfg, metrics, name,
-                                replica_prefix=replica_prefix)
-    return ManagedModel(name, aliases, True, None, n_ctx, dispatcher=dispatcher, remote=remote)
+    return placed_model(name, member_specs(remote, n_ctx, f"{name} on "), n_ctx, cfg, metrics, aliases=aliases,
+                        replica_prefix=replica_prefix)
 
 
 def is_loaded(m: ManagedModel) -> bool:
@@ -129,27 +141,20 @@ class ModelManager:
     """The fleet's models: who is loaded, loads and unloads, and the wait of requests for a load."""
 
     def __init__(self, models: list[ManagedModel], cfg: FleetConfig, metrics: FleetMetrics,
-                 inventory: Inventory | None = None) -> None:
+                 inventory: Inventory | None = None, launcher: Launcher | None = None) -> None:
+        """``launcher`` starts the workers of the models placed at load (default: child processes here)."""
         if not models:
             raise ValueError("a fleet needs at least one model")
         self.models = models
         self.cfg = cfg
         self.metrics = metrics
         self.inventory = inventory
+        self.launcher = launcher
         self._names = {n: m for m in models for n in (m.name, *m.aliases)}
         self._changed = asyncio.Event()
         self._load_lock = asyncio.Lock()  # one load at a time on the whole machine
         self._waiting = 0
         self._reaper: asyncio.Task[None] | None = None
-
-    @classmethod
-    def single(cls, name: str, dispatcher: Dispatcher, n_ctx_per_seq: int, cfg: FleetConfig,
-               plan: Plan | None = None) -> ModelManager:
-        """One pinned model whose dispatcher is already built (the one-model server), placed by ``plan`` if known."""
-        placed = Placed(name, plan, usage(plan)) if plan is not None else None
-        model = ManagedModel(name, (), True, None, n_ctx_per_seq, dispatcher=dispatcher, state="loading",
-                             placed=placed)
-        return cls([model], cfg, dispatcher.metrics)
 
     @property
     def several(self) -> bool:
@@ -328,14 +333,10 @@ class ModelManager:
 
     def _build(self, m: ManagedModel, plan: Plan) -> Dispatcher:
         assert m.demand is not None
-        cfg, path = m.demand.cfg, m.demand.model.path
-        specs = []
-        for i, replica in enumerate(plan.replicas):
-            env, engine = launch_spec(plan, i, cfg, path)
-            specs.append(ReplicaSpec(env, engine, f"{m.name} on {replica.label}", replica.gpus))
+        specs = plan_specs(plan, m.demand.cfg, m.demand.model.path, f"{m.name} on ")
         specs += member_specs(m.remote, m.n_ctx_per_seq, f"{m.name} on ")
         return new_dispatcher(specs, self.cfg, self.metrics, m.name, self._load_lock,
-                              replica_prefix=replica_prefix(m.name, self.several))
+                              replica_prefix=replica_prefix(m.name, self.several), launcher=self.launcher)
 
     async def _reap_idle(self) -> None:
         """Unload models idle past their ``idle_ttl_s``; a model with requests in flight counts as used now."""

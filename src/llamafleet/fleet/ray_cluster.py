@@ -20,10 +20,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from llamafleet.config import ConfigError, FleetConfig
 from llamafleet.fleet.ray_workers import Placement, RayLauncher, WorkerListener
 from llamafleet.fleet.replicas import ReplicaSpec
+from llamafleet.fleet.specs import plan_specs
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import Inventory, detect_inventory
 from llamafleet.placement.nodes import ClusterPlan, Node, plan_nodes
-from llamafleet.placement.planner import launch_spec
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +84,14 @@ def ray_fleet(model: ModelInfo, cfg: FleetConfig, model_path: str) -> RayFleet:
     """Plan ``model`` over the cluster's nodes and make one spec and placement per replica; the plan says where
     (``plan.fits`` False: no node can run a replica)."""
     plan = plan_nodes(model, gather(model_path), cfg, model_path)
-    specs, placements = [], []
+    specs: list[ReplicaSpec] = []
+    placements: list[Placement] = []
     for node_plan in plan.nodes:
         node, p = node_plan.node, node_plan.plan
-        for i, replica in enumerate(p.replicas):
-            env, engine = launch_spec(p, i, node_plan.cfg, model_path)
-            # no GPUs named: the API process's watchdog reads *this* host's GPUs, and the replica's are elsewhere
-            specs.append(ReplicaSpec(env, engine, f"node {node.address}, {replica.label}"))
-            placements.append(Placement(node.node_id, node.address, 0 if replica.gpus else float(engine.n_threads or 1),
-                                        len(replica.gpus)))
+        node_specs = plan_specs(p, node_plan.cfg, model_path, f"node {node.address}, ", here=False)
+        specs += node_specs
+        placements += [Placement(node.node_id, node.address, 0 if r.gpus else float(s.engine.n_threads or 1),
+                                 len(r.gpus)) for r, s in zip(p.replicas, node_specs, strict=True)]
     host = ray.util.get_node_ip_address()
     try:
         listener = WorkerListener(host, cfg.ray_port)

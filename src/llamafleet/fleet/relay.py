@@ -17,24 +17,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llamafleet.engine.types import FinishReason, RequestOutput
+from llamafleet.engine.types import LLAMA_CPP_KNOBS, OPENAI_KNOBS, FinishReason, RequestOutput
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.remote import RemoteMember
 
 PLACEHOLDER_TOKEN = -1  # the token id of a relayed chunk: the front only counts and times them
+# Sampling knobs go upstream when they differ from the defaults (an upstream at its defaults samples as ours do, and
+# an older one need not know a knob added since), except these, whose defaults differ between servers
+ALWAYS_SENT = ("temperature", "top_p")  # llama-server's are 0.8 and 0.95
 
 
 def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str, dict[str, Any]]:
     """The path and JSON body that ask ``member`` (whose name of the model is ``model``) for ``msg``'s sequence."""
     p = msg.params
+    knobs = {*ALWAYS_SENT, *p.changed(OPENAI_KNOBS + (LLAMA_CPP_KNOBS if member.llama_cpp else ()))}
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                            "temperature": p.temperature, "top_p": p.top_p}
+                            **{k: getattr(p, k) for k in (*OPENAI_KNOBS, *LLAMA_CPP_KNOBS) if k in knobs}}
     if p.max_tokens is not None:
         body["max_tokens"] = p.max_tokens
-    if p.presence_penalty:
-        body["presence_penalty"] = p.presence_penalty
-    if p.frequency_penalty:
-        body["frequency_penalty"] = p.frequency_penalty
     if p.seed is not None:
         body["seed"] = p.seed
     if p.stop:
@@ -45,12 +45,10 @@ def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str
         body |= {"logprobs": True, "top_logprobs": p.top_logprobs}
     elif p.logprobs:
         body["logprobs"] = p.top_logprobs  # the legacy form: how many alternatives (0: the chosen token's only)
-    if member.llama_cpp:
-        body |= {"top_k": p.top_k, "min_p": p.min_p, "repeat_penalty": p.repeat_penalty}
-        if p.grammar is not None:
-            body["grammar"] = p.grammar
-        if p.ignore_eos:
-            body["ignore_eos"] = True
+    if member.llama_cpp and p.grammar is not None:
+        body["grammar"] = p.grammar
+    if member.llama_cpp and p.ignore_eos:
+        body["ignore_eos"] = True
     if msg.chat is not None:
         body["messages"] = [{"role": role, "content": content} for role, content in msg.chat]
         return "/v1/chat/completions", body
@@ -137,12 +135,14 @@ class StreamReader:
             return None
         self.chunks += 1
         if not self.logprobs:
-            return RequestOutput(self.request_id, text, [PLACEHOLDER_TOKEN], None, completion_tokens=self.chunks), []
+            return RequestOutput(self.request_id, text=text, token_ids=[PLACEHOLDER_TOKEN],
+                                 completion_tokens=self.chunks), []
         self.tokens += len(scored)
         ids = [self._id(b) for b, _, _ in scored]
         top = [[(self._id(b), lp) for b, lp in alts] for _, _, alts in scored]
         words = {i: b for b, i in self.ids.items() if i in {*ids, *(t for alts in top for t, _ in alts)}}
-        return RequestOutput(self.request_id, text, ids, [lp for _, lp, _ in scored], completion_tokens=self.tokens,
+        return RequestOutput(self.request_id, text=text, token_ids=ids, logprobs=[lp for _, lp, _ in scored],
+                             completion_tokens=self.tokens,
                              top_logprobs=top if any(top) else None, token_bytes=words), [b for b, _, _ in scored]
 
     def _id(self, word: bytes) -> int:
@@ -153,7 +153,8 @@ class StreamReader:
         assert self.finish is not None
         usage = self.usage or {}
         details = usage.get("prompt_tokens_details") or {}
-        return RequestOutput(self.request_id, "", [], [] if self.logprobs else None, True, self.finish,
+        return RequestOutput(self.request_id, logprobs=[] if self.logprobs else None, finished=True,
+                             finish_reason=self.finish,
                              prompt_tokens=int(usage.get("prompt_tokens") or 0),
                              completion_tokens=int(usage.get("completion_tokens") or self.tokens or self.chunks),
                              cached_tokens=int(details.get("cached_tokens") or 0))

@@ -25,13 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamafleet.config import ConfigError, FleetConfig, RemoteEntry
-from llamafleet.engine.types import EngineConfig, SamplingParams
+from llamafleet.engine.types import LLAMA_CPP_KNOBS, EngineConfig
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.replicas import ReplicaSpec
 
 NO_CONTEXT_LIMIT = 2**31 - 1  # a member's context is the upstream's business; it refuses what does not fit (400)
-_DEFAULTS = SamplingParams()
-LLAMA_CPP_FIELDS = ("top_k", "min_p", "repeat_penalty")  # sampling fields only llama.cpp servers take
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class RemoteMember:
     model: str | None  # the upstream's name of the model; None: the first one its /v1/models lists
     max_concurrency: int = 8  # sequences it is given at once: its slots in the router
     timeout_s: float = 60.0  # the longest wait for the upstream's next byte (connect, first token, between chunks)
-    llama_cpp: bool = True  # it takes llama.cpp's extra fields (top_k, min_p, repeat_penalty, grammar, ignore_eos)
+    llama_cpp: bool = True  # it takes llama.cpp's extra fields (LLAMA_CPP_KNOBS, grammar, ignore_eos)
     api_key: str | None = field(default=None, repr=False)
 
     @property
@@ -98,15 +96,17 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
     """Why ``member`` cannot serve ``msg`` as asked, worded for the client; None if it can.
 
     What this relay does not carry: embeddings (they go to local replicas). What an OpenAI-compatible upstream cannot
-    express: counting tokens (it needs the model's tokenizer), scoring the
+    express: tokenizing and fill-in-the-middle (they need the model's tokenizer), scoring the
     prompt (echo with logprobs) and, for an upstream that is not a llama.cpp server, a grammar, ``ignore_eos`` and
     llama.cpp's sampling fields set to other than their defaults (at their defaults they are left out: the
     upstream's own sampler applies)."""
     p = msg.params
     if msg.embed is not None:
         return "embeddings are not relayed to remote members"
-    if msg.count_only:
-        return "counting tokens needs the model's tokenizer, which a remote member does not expose"
+    if msg.infill is not None:
+        return "fill-in-the-middle needs the model's own FIM tokens, which a remote member does not expose"
+    if msg.tokenize_only:
+        return "tokenizing needs the model's tokenizer, which a remote member does not expose"
     if p.prompt_logprobs:
         return "prompt logprobs (echo with logprobs) are not relayed to remote members"
     if member.llama_cpp:
@@ -116,7 +116,6 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
                 "llama.cpp upstream (set llama_cpp: true only for llamafleet or llama-server members)")
     if p.ignore_eos:
         return "ignore_eos needs a llama.cpp upstream"
-    changed = [f for f in LLAMA_CPP_FIELDS if getattr(p, f) != getattr(_DEFAULTS, f)]
-    if changed:
+    if changed := p.changed(LLAMA_CPP_KNOBS):
         return f"{', '.join(changed)} need a llama.cpp upstream; leave them at their defaults"
     return None

@@ -164,7 +164,7 @@ class _Relays:
                 finally:
                     self.running -= 1
         except asyncio.CancelledError:  # aborted by the API process, or the upstream is gone
-            self.emit(RequestOutput(rid, "", [], None, True, "cancelled") if self.down is None
+            self.emit(RequestOutput(rid, finished=True, finish_reason="cancelled") if self.down is None
                       else Rejected(rid, f"{self.down}, while relaying this request; retry it", 503))
         except Exception as e:  # a bug here must fail this request alone
             log.exception("relaying %s failed", rid)

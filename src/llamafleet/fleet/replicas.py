@@ -14,6 +14,9 @@
 * A loaded worker that sends nothing (no step output, no heartbeat) for ``heartbeat_timeout_s`` is hung (frozen, or
   stuck in one step): it is taken out of routing, shown as "unresponsive", its work failed with 503, and it is killed
   and restarted like a crashed one. Loading is exempt: it reports its own progress and may take minutes.
+* Well before that, a loaded worker that sends nothing at all (not even a pulse) for longer than its own recent steps
+  explain is *suspect* (:mod:`llamafleet.fleet.suspicion`): the listener is told at once, and again the moment it
+  speaks.
 * A replica may be a remote member (``ReplicaSpec.remote``, :mod:`llamafleet.fleet.remote`): its worker relays to an
   upstream server instead of loading a model, and is supervised the same way. It takes no load lock (no GPU), and
   it loads in the background: an upstream that does not answer at start is retried with backoff, it never stops the
@@ -36,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from llamafleet.engine.types import EngineConfig, EngineStats
-from llamafleet.fleet.messages import Heartbeat, LoadFailed, LoadProgress, Ready, Shutdown, StepOutputs, ToWorker
+from llamafleet.fleet.messages import Heartbeat, LoadFailed, LoadProgress, Pulse, Ready, Shutdown, StepOutputs, ToWorker
 from llamafleet.fleet.pipe import AsyncPipe
+from llamafleet.fleet.suspicion import SUSPECT_AFTER_S, Silence
 from llamafleet.fleet.worker import worker_main
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0  # a replica that stayed up this long restarts without backoff
 PROGRESS_LOG_S = 5.0  # at most one loading-progress log line per replica this often
 BEAT_MAX_S = 1.0  # a worker beats (and the API process checks) at least this often, and 4 times per timeout
+SUSPECT_CHECK_S = 0.25  # how often silences are checked against their bounds
 
 
 class LoadError(RuntimeError):
@@ -78,6 +83,8 @@ class ReplicaListener(Protocol):
     def replica_down(self, replica: int, reason: str) -> None: ...
 
     def replica_output(self, replica: int, msg: StepOutputs) -> None: ...
+
+    def replica_suspect(self, replica: int, suspect: bool) -> None: ...
 
 
 class WorkerHandle(Protocol):
@@ -141,6 +148,8 @@ class ReplicaState:
     pid: int | None = None
     restarts: int = 0
     hangs: int = 0  # times killed for silence past the heartbeat timeout
+    suspect: bool = False  # silent past its bound (fleet/suspicion.py), not yet hung
+    suspicions: int = 0  # times it became suspect
     load_fraction: float = 0.0
     slots: int | None = None
     up_since: float | None = None
@@ -153,8 +162,9 @@ class ReplicaState:
 class _Worker:
     process: WorkerHandle
     pipe: AsyncPipe
+    silence: Silence  # since its last message of any kind (pulses too)
     loaded: asyncio.Future[Ready] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    heard_at: float = field(default_factory=time.monotonic)  # when its last message arrived
+    heard_at: float = field(default_factory=time.monotonic)  # when its engine loop's last message arrived
 
     @property
     def up(self) -> bool:
@@ -183,7 +193,8 @@ class ReplicaSet:
     """The worker processes of all replicas: start, watch, restart, stop."""
 
     def __init__(self, specs: list[ReplicaSpec], log_level: str, heartbeat_timeout_s: float,
-                 load_lock: asyncio.Lock | None = None, launcher: Launcher | None = None) -> None:
+                 load_lock: asyncio.Lock | None = None, launcher: Launcher | None = None,
+                 suspect_after_s: float = SUSPECT_AFTER_S) -> None:
         if not specs:
             raise ValueError("a replica set needs at least one replica")
         if heartbeat_timeout_s <= 0:
@@ -191,6 +202,7 @@ class ReplicaSet:
         self.specs = specs
         self.states = [ReplicaState(i, s.label) for i, s in enumerate(specs)]
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.suspect_after_s = suspect_after_s
         self._beat_s = min(BEAT_MAX_S, heartbeat_timeout_s / 4)
         self._log_level = log_level
         self._workers: dict[int, _Worker] = {}
@@ -204,13 +216,6 @@ class ReplicaSet:
 
     def __len__(self) -> int:
         return len(self.specs)
-
-    @property
-    def all_ready(self) -> bool:
-        return all(s.status == "ready" for s in self.states)
-
-    def ready_count(self) -> int:
-        return sum(s.status == "ready" for s in self.states)
 
     async def start(self, listener: ReplicaListener) -> None:
         """Load every replica, one after another; :class:`LoadError` if one fails (then call :meth:`stop`)."""
@@ -295,7 +300,8 @@ class ReplicaSet:
             raise
         process, parent, state.label = launched.handle, launched.sock, launched.label
         worker = _Worker(process, AsyncPipe(lambda msg: self._handle(i, worker, msg),
-                                            lambda why: self._on_closed(i, worker, why)))
+                                            lambda why: self._on_closed(i, worker, why)),
+                         Silence(self.suspect_after_s, time.monotonic()))
         self._workers[i] = worker
         state.status, state.pid, state.load_fraction, state.last_error = "loading", process.pid, 0.0, None
         state.stats = None
@@ -324,11 +330,18 @@ class ReplicaSet:
     def _handle(self, i: int, worker: _Worker, msg: object) -> None:
         if self._workers.get(i) is not worker:
             return  # forgotten (killed) while its last messages were on the way
-        worker.heard_at = time.monotonic()
+        now = time.monotonic()
+        silent = worker.silence.heard(now)
+        if silent is not None:
+            self._suspect(i, False, f"it spoke again after {silent:.1f}s of silence; back in rotation")
+        if isinstance(msg, Pulse):
+            return  # the process is alive; its engine loop has not spoken (see the hang check)
+        worker.heard_at = now
         if isinstance(msg, Heartbeat):
             pass
         elif isinstance(msg, StepOutputs):
             self.states[i].stats = msg.stats
+            worker.silence.stepped(msg.stats)
             assert self._listener is not None
             self._listener.replica_output(i, msg)
         elif isinstance(msg, LoadProgress):
@@ -351,13 +364,15 @@ class ReplicaSet:
             log.error("replica %d sent an unexpected message %r; ignored", i, msg)
 
     async def _watch_heartbeats(self) -> None:
-        """Kill loaded workers silent for longer than the heartbeat timeout (see :meth:`recycle`)."""
-        checked = time.monotonic()
+        """Suspect loaded workers silent past their bound; kill those silent past the heartbeat timeout (see
+        :meth:`recycle`)."""
+        checked, tick = time.monotonic(), min(self._beat_s, SUSPECT_CHECK_S)
         while not self._stopping:
-            await asyncio.sleep(self._beat_s)
+            await asyncio.sleep(tick)
+            await asyncio.sleep(0)  # what arrived meanwhile is read first (uvloop runs timers before reading)
             now = time.monotonic()
-            late, checked = now - checked > 2 * self._beat_s, now
-            if late:  # this event loop was held up: let it read what the workers sent meanwhile, check next time
+            lag, checked = now - checked - tick, now
+            if lag > 2 * self._beat_s - tick:  # this event loop was held up: let it read what came, check next time
                 continue
             for i, worker in list(self._workers.items()):
                 silent = now - worker.heard_at
@@ -365,6 +380,9 @@ class ReplicaSet:
                     self.states[i].hangs += 1
                     self.recycle(i, f"it sent nothing for {silent:.1f}s (heartbeat_timeout_s is "
                                     f"{self.heartbeat_timeout_s:g}): hung", status="unresponsive")
+                elif worker.up and lag < tick and (found := worker.silence.check(now)) is not None:
+                    self._suspect(i, True, f"suspect: it sent nothing for {found[0]:.1f}s, past its bound of "
+                                           f"{found[1]:.1f}s ({worker.silence.describe()})")
 
     def _on_exit(self, i: int, worker: _Worker, why: str, status: ReplicaStatus = "down") -> None:
         """``worker`` is gone: fail its work now, then restart the replica (unless stopping or still loading)."""
@@ -372,6 +390,7 @@ class ReplicaSet:
             return
         self._forget(i)
         state = self.states[i]
+        state.suspect = False  # down now: the router forgets it whole
         reason = f"replica {i} worker (pid {worker.process.pid}) stopped: {why}"
         if not worker.up:  # died while loading (or after LoadFailed): whoever awaits the load handles it
             if not worker.loaded.done():
@@ -383,6 +402,13 @@ class ReplicaSet:
         if not self._stopping:
             log.error("%s", reason)
             self._restarts[i] = asyncio.get_running_loop().create_task(self._restart(i, worker.process))
+
+    def _suspect(self, i: int, suspect: bool, why: str) -> None:
+        state = self.states[i]
+        state.suspect, state.suspicions = suspect, state.suspicions + suspect
+        (log.warning if suspect else log.info)("replica %d/%d (%s): %s", i + 1, len(self), state.label, why)
+        if self._listener is not None:
+            self._listener.replica_suspect(i, suspect)
 
     def _report_down(self, i: int, reason: str) -> None:
         if self._listener is not None:

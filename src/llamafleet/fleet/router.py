@@ -18,6 +18,10 @@ Three policies:
   the first one (which computes it once for all of them) until it is clearly busier, then spread.
 * ``round_robin``: each replica that is up in turn, regardless of load.
 
+A *suspect* replica (silent past its bound, :mod:`~llamafleet.fleet.suspicion`) gets no new sequence while another
+replica that can serve it has room; with none, it gets them as before (they wait for it, as they would have to anyway).
+:meth:`Router.move` takes a sequence that has not started off such a replica and onto another.
+
 Backpressure: a replica takes at most ``max_queue_per_replica`` sequences beyond its slots, and all replicas together
 at most ``max_queue`` beyond theirs; past that :meth:`Router.assign` raises :class:`QueueFullError` (an HTTP 429).
 
@@ -68,6 +72,7 @@ class Router:
         self._slots: list[int | None] = [None] * n_replicas  # None: the replica is down
         self._load = [0] * n_replicas
         self._where: dict[str, int] = {}
+        self._suspect: set[int] = set()
         self._cursor = 0  # where the round-robin turn starts
         self._prefixes = PrefixIndex(n_replicas) if policy == "prefix" else None
         self.decisions: Counter[Reason] = Counter()  # sequences routed, by why they went where they went
@@ -98,17 +103,26 @@ class Router:
         if slots < 1:
             raise ValueError(f"replica {replica} reports {slots} slots; it needs at least one")
         self._slots[replica] = slots
+        self._suspect.discard(replica)
         if self._prefixes is not None:
             self._prefixes.forget(replica)  # a new engine (first start or restart): its prefix cache is empty
 
     def set_down(self, replica: int) -> list[str]:
         """``replica`` is gone: forget its sequences and return their ids (their callers must be told)."""
         self._slots[replica] = None
+        self._suspect.discard(replica)
         lost = [rid for rid, r in self._where.items() if r == replica]
         for rid in lost:
             del self._where[rid]
         self._load[replica] = 0
         return lost
+
+    def set_suspect(self, replica: int, suspect: bool) -> None:
+        """``replica`` is suspect (no new work while another can take it) or no longer."""
+        (self._suspect.add if suspect else self._suspect.discard)(replica)
+
+    def suspects(self) -> list[int]:
+        return sorted(self._suspect)
 
     def assign(self, request_id: str, prompt: Prompt = "", able: Collection[int] | None = None) -> int:
         """Choose a replica for ``request_id`` (whose ``prompt`` is text or chat messages) and record it there;
@@ -122,12 +136,28 @@ class Router:
         candidates = [r for r in up if self._has_room(r)]
         if not candidates:
             raise QueueFullError(f"the server is at capacity ({self.queue_depth()} sequence(s) already waiting)")
-        chosen, reason = self._choose(candidates, prompt)
+        chosen, reason = self._choose([r for r in candidates if r not in self._suspect] or candidates, prompt)
         self.decisions[reason] += 1
+        self._place(request_id, chosen)
+        return chosen
+
+    def move(self, request_id: str, prompt: Prompt, avoid: Collection[int]) -> int | None:
+        """Put ``request_id`` (not started on its replica) on another replica that is up, not suspect, not in
+        ``avoid`` and has room, as :meth:`assign` would choose it; None (nothing changes) if there is none."""
+        source = self._where.get(request_id)
+        options = [r for r in self._rotation() if r != source and r not in avoid and r not in self._suspect
+                   and self._has_room(r)]
+        if source is None or not options:
+            return None
+        chosen, _ = self._choose(options, prompt)
+        self._load[source] -= 1
+        self._place(request_id, chosen)
+        return chosen
+
+    def _place(self, request_id: str, chosen: int) -> None:
         self._cursor = (chosen + 1) % self.n_replicas
         self._where[request_id] = chosen
         self._load[chosen] += 1
-        return chosen
 
     def release(self, request_id: str) -> int | None:
         """``request_id`` finished; returns the replica it ran on (None if unknown, e.g. its replica died)."""

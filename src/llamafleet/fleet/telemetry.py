@@ -1,22 +1,20 @@
-"""The fleet's metrics: what they are, how HTTP traffic is counted, and how replica and GPU state is read at scrape.
+"""The fleet's metrics: what they are, and how HTTP traffic is counted.
 
 Only the API process exports metrics. Workers report their engine's stats inside every
 :class:`~llamafleet.fleet.messages.StepOutputs` (kept on each :class:`~llamafleet.fleet.replicas.ReplicaState`); the
 dispatcher times every sequence (time to first token, time between tokens) and counts tokens and outcomes; the
 :class:`~llamafleet.api.middleware.HttpMetrics` middleware counts every HTTP answer, including those refused before
-routing (401, 413); the watchdog records GPU memory. :meth:`FleetMetrics.refresh` copies the state-like values into
-gauges just before ``GET /metrics`` renders them.
+routing (401, 413); the watchdog records GPU memory. :func:`~llamafleet.fleet.snapshot.publish` copies the state-like
+values of a fleet snapshot into gauges just before ``GET /metrics`` renders them.
 """
 
 from __future__ import annotations
 
 from collections import Counter as CounterOf
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from llamafleet.fleet.metrics import Counter, Gauge, Histogram, Registry
-from llamafleet.fleet.replicas import ReplicaState
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.tier_metrics import TierMetrics
 
@@ -80,6 +78,10 @@ class FleetMetrics:
                                       ("replica",)))
         self.hangs = r.add(Counter("llamafleet_replica_hangs_total",
                                    "replicas killed as hung (silent past heartbeat_timeout_s)", ("replica",)))
+        self.suspicions = r.add(Counter("llamafleet_replica_suspect_total", "times a replica became suspect (silent "
+                                        "past its bound: no new work, its queued sequences moved)", ("replica",)))
+        self.moved = r.add(Counter("llamafleet_sequences_moved_total",
+                                   "sequences moved off a suspect replica before they started"))
         self.kv_tiers = TierMetrics(r)  # the KV cache tiers beyond the slots (fleet/tier_metrics.py)
         self.slots_total = r.add(Gauge("llamafleet_replica_slots", "sequence slots of a replica", ("replica",)))
         self.slots_busy = r.add(Gauge("llamafleet_replica_slots_busy", "slots running a sequence", ("replica",)))
@@ -128,57 +130,16 @@ class FleetMetrics:
         """A model's replicas are gone: keep its routing decisions in the totals."""
         self._retired.update(router.decisions)
 
-    def refresh(self, fleets: Iterable[tuple[str, Iterable[ReplicaState], Router]], gpus: Iterable[GpuSample],
-                overloaded: bool) -> None:
-        """Copy the current replica, queue and GPU state into the gauges; ``fleets`` holds each loaded model's
-        replica label prefix ("" for a lone model: replicas "0", "1"; "chat/" for several), states and router."""
-        for g in (self.outstanding, self.replica_up, self.slots_total, self.slots_busy, self.engine_waiting,
-                  self.kv_used, self.kv_total, self.gpu_used, self.gpu_total, self.gpu_util):
-            g.clear()
-        decisions, depth = CounterOf(self._retired), 0
-        for prefix, states, router in fleets:
-            decisions.update(router.decisions)
-            depth += router.queue_depth()
-            self._refresh_replicas(prefix, states, router)
-        self.queue_depth.set(depth)
-        for reason, n in decisions.items():
-            self.routing.set_total(n, reason)
-        self.overloaded.set(1 if overloaded else 0)
-        for gpu in gpus:
-            labels = (str(gpu.index), gpu.name)
-            self.gpu_used.set(gpu.used_bytes, *labels)
-            self.gpu_total.set(gpu.total_bytes, *labels)
-            if gpu.utilization_pct is not None:
-                self.gpu_util.set(gpu.utilization_pct / 100, *labels)
+    @property
+    def retired(self) -> CounterOf[str]:
+        """The routing decisions of replica sets since unloaded."""
+        return CounterOf(self._retired)
 
-    def refresh_models(self, models: Iterable[tuple[str, str, int, int]]) -> None:
-        """Each model's (name, state, requests waiting for its load, sequences waiting for a slot)."""
-        for name, state, waiting, depth in models:
-            for s in MODEL_STATES:
-                self.model_state.set(1 if s == state else 0, name, s)
-            self.model_load_waiting.set(waiting, name)
-            self.model_queue_depth.set(depth, name)
-
-    def _refresh_replicas(self, prefix: str, states: Iterable[ReplicaState], router: Router) -> None:
-        for st in states:
-            rep = f"{prefix}{st.index}"
-            self.replica_up.set(1 if st.status == "ready" else 0, rep, st.label)
-            self.outstanding.set(router.outstanding(st.index), rep)
-            self.restarts.set_total(st.restarts, rep)
-            self.hangs.set_total(st.hangs, rep)
-            if st.slots is not None:
-                self.slots_total.set(st.slots, rep)
-            stats = st.stats
-            self.slots_busy.set(stats.slots_busy if stats else 0, rep)
-            self.engine_waiting.set(stats.waiting if stats else 0, rep)
-            self.kv_used.set(stats.kv_tokens_used if stats else 0, rep)
-            if stats:
-                self.kv_total.set(stats.kv_tokens_total, rep)
-                # a worker counts its steps from 0; a restarted one (new pid) adds to what the old ones counted
-                pid, seen = self._steps_seen.get(rep, (st.pid, 0))
-                seen = seen if pid == st.pid else 0
-                if stats.steps > seen:
-                    self.steps.inc(rep, amount=stats.steps - seen)
-                self._steps_seen[rep] = (st.pid, max(seen, stats.steps))
-                self.kv_tiers.refresh(rep, st.pid, stats.tiers)
-
+    def count_steps(self, replica: str, pid: int | None, steps: int) -> None:
+        """``replica``'s worker ``pid`` reports ``steps`` so far: a worker counts its steps from 0, so a restarted
+        one (a new pid) adds to what the old ones counted."""
+        seen_pid, seen = self._steps_seen.get(replica, (pid, 0))
+        seen = seen if seen_pid == pid else 0
+        if steps > seen:
+            self.steps.inc(replica, amount=steps - seen)
+        self._steps_seen[replica] = (pid, max(seen, steps))

@@ -10,7 +10,9 @@ always send while the engine decodes; the engine itself is touched by the main t
 Liveness: the same loop sends a :class:`~llamafleet.fleet.messages.Heartbeat` whenever it has sent nothing for
 ``beat_s`` (idle, or a step that produced no output), so the API process hears from a working replica at least that
 often. The beat comes from the engine's own thread on purpose: a worker stuck in one step (a wedged GPU call, a
-deadlock) or frozen whole falls silent, and the API process kills it after ``heartbeat_timeout_s``.
+deadlock) or frozen whole falls silent, and the API process kills it after ``heartbeat_timeout_s``. While a step
+runs longer than ``beat_s``, a thread of its own sends a :class:`~llamafleet.fleet.messages.Pulse` instead: the
+process is alive, so the replica is not suspect (:mod:`llamafleet.fleet.suspicion`), only a whole frozen process is.
 
 The worker ends when told (:class:`~llamafleet.fleet.messages.Shutdown`: in-flight requests are cancelled and reported)
 or when the API process disappears (its end of the pipe closes), so a killed server leaves no orphan workers.
@@ -43,6 +45,7 @@ from llamafleet.fleet.messages import (
     Heartbeat,
     LoadFailed,
     LoadProgress,
+    Pulse,
     Ready,
     Rejected,
     Shutdown,
@@ -99,9 +102,34 @@ def _send(pipe: WorkerPipe, msg: FromWorker) -> None:
         raise _ParentGone from e
 
 
+class _Outbox:
+    """The engine loop's sends, and a thread beside it that sends a :class:`Pulse` whenever nothing at all was sent
+    for ``beat_s`` (the engine is in a long step): the process is alive, so the replica is not suspect."""
+
+    def __init__(self, pipe: WorkerPipe, beat_s: float) -> None:
+        self.pipe = pipe
+        self._beat_s = beat_s
+        self._sent_at = time.monotonic()  # the last send of either thread
+        threading.Thread(target=self._pulse, name="pulse", daemon=True).start()
+
+    def send(self, msg: FromWorker) -> None:
+        _send(self.pipe, msg)
+        self._sent_at = time.monotonic()
+
+    def _pulse(self) -> None:
+        while True:
+            time.sleep(self._beat_s / 2)
+            if time.monotonic() - self._sent_at >= self._beat_s:
+                try:
+                    self.pipe.send(Pulse())
+                except OSError:  # the API process is gone: the engine loop finds out on its next send
+                    return
+                self._sent_at = time.monotonic()
+
+
 def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
     """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`, one that
-    only counts its tokens as its one (finished) output."""
+    is only tokenized as its one (finished) output."""
     try:
         if msg.embed is not None:
             inputs = tuple(i if isinstance(i, tuple) else tuple(engine.tokenize(i)) for i in msg.embed)
@@ -109,12 +137,14 @@ def _admit(engine: Engine, msg: Submit) -> Rejected | RequestOutput | None:
             return None
         if msg.prompt_ids is not None:
             ids = list(msg.prompt_ids)
+        elif msg.infill is not None:
+            ids = engine.tokenize_infill(msg.infill, msg.params.max_tokens)
         elif msg.chat is not None:
             ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat], msg.tools)
         else:
-            ids = engine.tokenize(msg.prompt, add_special=True)
-        if msg.count_only:
-            return RequestOutput(msg.request_id, "", [], None, True, "length", prompt_tokens=len(ids))
+            ids = engine.tokenize(msg.prompt, msg.add_special, msg.parse_special)
+        if msg.tokenize_only:
+            return engine.tokens_output(msg.request_id, ids, chat=msg.chat is not None)
         engine.add_request(Request(msg.request_id, tuple(ids), msg.params))
     except ContextOverflow as e:
         return Rejected(msg.request_id, str(e), status=400, overflow=e)
@@ -139,7 +169,8 @@ def _named_ids(out: RequestOutput) -> set[int]:
 
 def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> None:
     """The worker's loop: commands in, one engine step, one message out per step that produced anything, and a
-    heartbeat after ``beat_s`` without one."""
+    heartbeat after ``beat_s`` without one (pulses beside it, see :class:`_Outbox`)."""
+    out = _Outbox(pipe, beat_s)
     active: dict[str, bool] = {}  # request id -> wants token pieces (logprobs)
     stopping = False
     sent_at = time.monotonic()
@@ -175,10 +206,10 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
                 del active[o.request_id]
         outputs += counted
         if outputs or rejected:
-            _send(pipe, StepOutputs(outputs, rejected, pieces, engine.stats()))
+            out.send(StepOutputs(outputs, rejected, pieces, engine.stats()))
             sent_at = time.monotonic()
         elif time.monotonic() - sent_at >= beat_s:
-            _send(pipe, Heartbeat())
+            out.send(Heartbeat())
             sent_at = time.monotonic()
         if stopping and not engine.has_work():
             return

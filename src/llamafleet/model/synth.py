@@ -212,9 +212,11 @@ def write_model(
     seed: int = 0,
     progress: bool = True,
     chat_template: str = CHAT_TEMPLATE,
+    fim: tuple[int, int, int] | None = None,
 ) -> Path:
     """Write a random-weight model of ``shape`` in ``quant`` (q4_0, q8_0, f16) to ``out``; returns the path.
-    ``chat_template``: the Jinja chat template it carries (LLaMA-2's unless given).
+    ``chat_template``: the Jinja chat template it carries (LLaMA-2's unless given). ``fim``: token ids to name as
+    its fill-in-the-middle prefix, suffix and middle tokens (the LLaMA-2 vocabulary has none of its own).
 
     The file appears only when complete (written under a temporary name, then renamed).
     """
@@ -246,6 +248,8 @@ def write_model(
     writer.add_vocab_size(shape.n_vocab)
     _copy_tokenizer(writer, vocab)
     writer.add_chat_template(chat_template)
+    for part, token in zip(("pre", "suf", "mid"), fim or (), strict=False):
+        writer.add_uint32(f"tokenizer.ggml.fim_{part}_token_id", token)
     for s in specs:
         writer.add_tensor_info(s.name, tuple(reversed(s.ne)), np.dtype(np.float32), s.n_bytes, raw_dtype=s.qtype)
     try:

@@ -10,7 +10,7 @@ from llamafleet.engine.types import SplitModeName
 Device = Literal["gpu", "cpu"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplicaPlan:
     """One replica: its GPUs (NVML indices; empty on CPU), how the model is split over them, and the main GPU."""
 
@@ -28,7 +28,7 @@ class ReplicaPlan:
         return local + "".join(f" + RPC {e}" for e in self.rpc_servers)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Budget:
     """Memory of one device under the plan, in MiB. ``capacity_mib`` is free memory (None: unknown, unchecked)."""
 

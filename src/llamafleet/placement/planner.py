@@ -18,13 +18,15 @@ anything loads, with the numbers and what would make it fit. Policy (measured fa
 * Other hosts' devices (``rpc_servers``) join only a model that does not fit this host, as one layer-split replica
   (:mod:`llamafleet.placement.rpc_plan`).
 
-:func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`.
+:func:`launch_spec` turns one replica of a plan into a worker's environment and :class:`EngineConfig`, the
+configuration's part of it mapped by :func:`engine_config`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
@@ -38,7 +40,7 @@ from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
 KV_TIER_MAX_MIB = 8192  # the RAM tier's default bound per replica (llama-server's --cache-ram default)
 KV_TIER_UNKNOWN_MIB = 1024  # ... when the host's memory is unknown
 
-__all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "launch_spec", "make_plan"]
+__all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "engine_config", "launch_spec", "make_plan"]
 
 
 @dataclass
@@ -106,14 +108,14 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
-        return _plan(False, "cpu" if not inventory.gpus else "gpu", (), ctx, cfg, (), 0, notes, model), True
+        return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if cfg.gpus is not None:
         missing = [i for i in cfg.gpus if i not in {g.index for g in inventory.gpus}]
         if missing:
             have = ", ".join(str(g.index) for g in inventory.gpus) or "none"
             notes.refuse(f"gpus lists {missing}, which this machine does not have (GPUs: {have}); "
                          "fix the 'gpus' key or remove it to use every GPU")
-            return _plan(False, "gpu", (), ctx, cfg, (), 0, notes, model), True
+            return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu"), True
     gpus = tuple(g for g in inventory.gpus if cfg.gpus is None or g.index in cfg.gpus)
     if inventory.rpc:
         from llamafleet.placement import rpc_plan  # here, not on top: it builds on this module's helpers
@@ -133,8 +135,9 @@ def _local(model: ModelInfo, inventory: Inventory, gpus: tuple[Gpu, ...], cfg: F
     return _gpu_plan(model, inventory, gpus, cfg, ctx, notes)
 
 
-def _plan(fits: bool, device: Device, replicas: tuple[ReplicaPlan, ...], ctx: ContextShape, cfg: FleetConfig,
-          budgets: tuple[Budget, ...], host: int, notes: _Notes, model: ModelInfo) -> Plan:
+def _plan(*, model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, notes: _Notes, device: Device, fits: bool = False,
+          replicas: tuple[ReplicaPlan, ...] = (), budgets: tuple[Budget, ...] = (), host: int = 0) -> Plan:
+    """The plan of ``model`` in shape ``ctx`` with ``notes``' reasons; left at the defaults, a refused one."""
     return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
                 n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
                 budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
@@ -145,8 +148,9 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
               why: str) -> Plan:
     n = cfg.replicas or 1
     _, host = replica_needs(model, ctx, "none", ())
-    budget = Budget("CPU", "host memory", 0, mib(host.weights), mib(host.kv * n), mib(host.compute * n),
-                    cfg.vram_margin_mib, inv.host_mem_mib)
+    budget = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(host.weights),
+                    kv_mib=mib(host.kv * n), compute_mib=mib(host.compute * n), margin_mib=cfg.vram_margin_mib,
+                    capacity_mib=inv.host_mem_mib)
     tier = kv_tier_mib(cfg, None if inv.host_mem_mib is None else inv.host_mem_mib - budget.used_mib, n, notes)
     budget = replace(budget, kv_tier_mib=tier * n)
     notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU sharing one mapping of the weights")
@@ -158,8 +162,9 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
                              f"(over by {budget.overflow_mib} MiB)")
         notes.reasons.extend(how_to_fit(model, ctx, cfg, [((budget.capacity_mib or 0) - cfg.vram_margin_mib) * MIB],
                                          n, host=True))
-    replicas = tuple(ReplicaPlan((), "none", (), -1) for _ in range(n))
-    return replace(_plan(fits, "cpu", replicas, ctx, cfg, (budget,), 0, notes, model), kv_tier_mib=tier)
+    replicas = tuple(ReplicaPlan(gpus=(), split_mode="none", tensor_split=(), main_gpu=-1) for _ in range(n))
+    return replace(_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="cpu", fits=fits, replicas=replicas,
+                         budgets=(budget,)), kv_tier_mib=tier)
 
 
 def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: _Notes) -> int:
@@ -206,7 +211,8 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
     n = max(1, len(groups))
     free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
     tier = kv_tier_mib(cfg, free, n, notes)
-    return replace(_plan(fits, "gpu", replicas, ctx, cfg, budgets, host.total, notes, model), kv_tier_mib=tier)
+    return replace(_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
+                         budgets=budgets, host=host.total), kv_tier_mib=tier)
 
 
 def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], one: DeviceNeed, cfg: FleetConfig,
@@ -376,15 +382,41 @@ def _layout(groups: list[_Candidate], gpus: tuple[Gpu, ...], cfg: FleetConfig) -
     for r, g in enumerate(groups):
         ids = tuple(x.index for x in g.gpus)
         main = cfg.main_gpu if cfg.main_gpu in ids else ids[0]
-        replicas.append(ReplicaPlan(ids, g.mode, g.ratios if len(ids) > 1 else (), main))
+        replicas.append(ReplicaPlan(gpus=ids, split_mode=g.mode, tensor_split=g.ratios if len(ids) > 1 else (),
+                                    main_gpu=main))
         for gpu, need in zip(g.gpus, g.needs, strict=True):
             where.setdefault(gpu.index, (r, need))
     budgets = []
     for gpu in gpus:
         owner, need = where.get(gpu.index, (None, DeviceNeed(0, 0, 0)))
-        budgets.append(Budget(f"GPU {gpu.index}", gpu.name, owner, mib(need.weights), mib(need.kv),
-                              mib(need.compute), cfg.vram_margin_mib if owner is not None else 0, gpu.free_mib))
+        budgets.append(Budget(device=f"GPU {gpu.index}", name=gpu.name, replica=owner, weights_mib=mib(need.weights),
+                              kv_mib=mib(need.kv), compute_mib=mib(need.compute),
+                              margin_mib=cfg.vram_margin_mib if owner is not None else 0, capacity_mib=gpu.free_mib))
     return tuple(replicas), tuple(budgets)
+
+
+def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineConfig:
+    """The engine settings ``cfg`` gives a worker of ``model_path``: the one mapping of configuration keys onto
+    :class:`EngineConfig`, for ``serve`` (through :func:`launch_spec`), ``bench engine`` and ``consistency``.
+    ``decided`` holds what a plan (or the caller) decides instead of the keys: slots, context, batch, devices."""
+    return replace(EngineConfig(
+        model_path=model_path,
+        n_seq=cfg.parallel,
+        n_ctx_per_seq=cfg.context_length,
+        n_batch=cfg.batch_size,
+        n_ubatch=cfg.n_ubatch,
+        prefill_tokens=cfg.prefill_tokens,
+        n_threads=cfg.threads,
+        n_gpu_layers=cfg.n_gpu_layers,
+        kv_cache_type=cfg.kv_cache_type,
+        flash_attn=cfg.flash_attn,
+        backend_sampling=cfg.backend_sampling,
+        prefix_cache=cfg.prefix_cache,
+        cache_ram_bytes=(cfg.cache_ram_mib or 0) * MIB,
+        cache_dir=cfg.cache_dir,
+        cache_disk_bytes=cfg.cache_disk_mib * MIB,
+        llama_log_level=cfg.llama_log_level,
+    ), **decided)
 
 
 def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> tuple[dict[str, str], EngineConfig]:
@@ -402,26 +434,9 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
     threads = cfg.threads
     if plan.device == "cpu" and threads is None:
         threads = max(1, len(os.sched_getaffinity(0)) // len(plan.replicas))
-    engine = EngineConfig(
-        model_path=model_path,
-        n_seq=plan.n_seq,
-        n_ctx_per_seq=plan.n_ctx_per_seq,
-        n_batch=plan.n_batch,
-        n_ubatch=plan.n_ubatch,
-        n_prefill=cfg.prefill_tokens,
-        n_threads=threads,
+    return env, engine_config(
+        cfg, model_path, n_seq=plan.n_seq, n_ctx_per_seq=plan.n_ctx_per_seq, n_batch=plan.n_batch,
+        n_ubatch=plan.n_ubatch, n_threads=threads,
         n_gpu_layers=r.n_gpu_layers if r.n_gpu_layers is not None else cfg.n_gpu_layers if r.gpus else 0,
-        split_mode=r.split_mode,
-        main_gpu=r.gpus.index(r.main_gpu) if r.gpus else 0,
-        tensor_split=r.tensor_split,
-        rpc_servers=r.rpc_servers,
-        kv_type=cfg.kv_cache_type,
-        flash_attn=cfg.flash_attn,
-        backend_sampling=cfg.backend_sampling,
-        prefix_cache=cfg.prefix_cache,
-        cache_ram_bytes=(plan.kv_tier_mib or cfg.cache_ram_mib or 0) * MIB,
-        cache_dir=cfg.cache_dir,
-        cache_disk_bytes=cfg.cache_disk_mib * MIB,
-        llama_log_level=cfg.llama_log_level,
-    )
-    return env, engine
+        split_mode=r.split_mode, main_gpu=r.gpus.index(r.main_gpu) if r.gpus else 0, tensor_split=r.tensor_split,
+        rpc_servers=r.rpc_servers, cache_ram_bytes=(plan.kv_tier_mib or cfg.cache_ram_mib or 0) * MIB)

@@ -45,7 +45,7 @@ def place(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetCon
         notes.refuse("split_ratio cannot be combined with rpc_servers yet: remove it (the planner splits by the "
                      "free memory of each device)")
     if notes.refused:
-        return _plan(False, "gpu" if gpus else "cpu", (), ctx, cfg, (), 0, notes, model), True
+        return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if gpus else "cpu"), True
     if cfg.split_mode == "auto":
         alone = _Notes(list(notes.reasons), list(notes.warnings))
         plan = local(model, inv, gpus, cfg, ctx, alone)
@@ -63,11 +63,12 @@ def _with_gpus(model: ModelInfo, inv: Inventory, remote: tuple[Gpu, ...], gpus: 
                ctx: ContextShape, notes: _Notes) -> Plan:
     cand = _balance(model, remote + gpus, "layer", cfg, ctx)
     host = replica_needs(model, ctx, "layer", cand.ratios, cfg.n_gpu_layers)[1]
-    replica = ReplicaPlan(tuple(g.index for g in gpus), "layer", cand.ratios, gpus[0].index,
-                          _endpoints(inv), cfg.n_gpu_layers)
+    replica = ReplicaPlan(gpus=tuple(g.index for g in gpus), split_mode="layer", tensor_split=cand.ratios,
+                          main_gpu=gpus[0].index, rpc_servers=_endpoints(inv), n_gpu_layers=cfg.n_gpu_layers)
     return _finish(model, inv, cand.needs, replica, cfg, ctx, notes, "gpu", host.total, [
-        Budget(f"GPU {g.index}", g.name, 0, mib(n.weights), mib(n.kv), mib(n.compute), cfg.vram_margin_mib,
-               g.free_mib) for g, n in zip(gpus, cand.needs[len(remote):], strict=True)])
+        Budget(device=f"GPU {g.index}", name=g.name, replica=0, weights_mib=mib(n.weights), kv_mib=mib(n.kv),
+               compute_mib=mib(n.compute), margin_mib=cfg.vram_margin_mib, capacity_mib=g.free_mib)
+        for g, n in zip(gpus, cand.needs[len(remote):], strict=True)])
 
 
 def _with_cpu(model: ModelInfo, inv: Inventory, remote: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
@@ -77,12 +78,14 @@ def _with_cpu(model: ModelInfo, inv: Inventory, remote: tuple[Gpu, ...], cfg: Fl
     here = inv.host_mem_mib if inv.host_mem_mib is not None else sum(g.free_mib for g in remote) // len(remote)
     cand = _balance(model, (*remote, Gpu(REMOTE_INDEX - 1, "CPU", here, here)), "layer", cfg, ctx)
     need, host = cand.needs[-1], replica_needs(model, ctx, "layer", cand.ratios)[1]
-    cpu = Budget("CPU", "host memory", 0, mib(need.weights + host.weights), mib(need.kv + host.kv),
-                 mib(need.compute + host.compute), cfg.vram_margin_mib, inv.host_mem_mib)
+    cpu = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(need.weights + host.weights),
+                 kv_mib=mib(need.kv + host.kv), compute_mib=mib(need.compute + host.compute),
+                 margin_mib=cfg.vram_margin_mib, capacity_mib=inv.host_mem_mib)
     if not known:
         notes.warnings.append("available RAM is unknown: this host's share was sized as one more remote device "
                               "and not checked")
-    replica = ReplicaPlan((), "layer", cand.ratios, -1, _endpoints(inv), -1)
+    replica = ReplicaPlan(gpus=(), split_mode="layer", tensor_split=cand.ratios, main_gpu=-1,
+                          rpc_servers=_endpoints(inv), n_gpu_layers=-1)
     return _finish(model, inv, cand.needs, replica, cfg, ctx, notes, "cpu", 0, [cpu])
 
 
@@ -90,8 +93,9 @@ def _finish(model: ModelInfo, inv: Inventory, needs: tuple[DeviceNeed, ...], rep
             ctx: ContextShape, notes: _Notes, device: Device, host: int, local: list[Budget]) -> Plan:
     """Budgets for every device (``needs`` starts with the remote ones), the verdict and the reasons."""
     n = len(inv.rpc)
-    remote_budgets = [Budget(d.label, "rpc-server", 0, mib(need.weights), mib(need.kv), mib(need.compute),
-                             cfg.vram_margin_mib, d.free_mib) for d, need in zip(inv.rpc, needs, strict=False)]
+    remote_budgets = [Budget(device=d.label, name="rpc-server", replica=0, weights_mib=mib(need.weights),
+                             kv_mib=mib(need.kv), compute_mib=mib(need.compute), margin_mib=cfg.vram_margin_mib,
+                             capacity_mib=d.free_mib) for d, need in zip(inv.rpc, needs, strict=False)]
     budgets = (*local, *remote_budgets)
     fits = all(b.overflow_mib == 0 for b in budgets)
     for b in budgets:
@@ -102,7 +106,8 @@ def _finish(model: ModelInfo, inv: Inventory, needs: tuple[DeviceNeed, ...], rep
                          f"{'split_mode: layer' if cfg.split_mode == 'layer' else 'the model does not fit this host'})"
                          f", tensor_split {list(replica.tensor_split)} (remote devices first)")
     notes.reasons.append(_link_cost(model, ctx, inv, cfg, replica))
-    return _plan(fits, device, (replica,), ctx, cfg, budgets, host, notes, model)
+    return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device=device, fits=fits, replicas=(replica,),
+                 budgets=budgets, host=host)
 
 
 def _endpoints(inv: Inventory) -> tuple[str, ...]:

@@ -15,12 +15,10 @@ from llamafleet.api.anthropic import MessageRenderer
 from llamafleet.api.anthropic_requests import MessagesRequest
 from llamafleet.api.app import create_app
 from llamafleet.api.openai_requests import ChatCompletionRequest
-from llamafleet.api.service import Service
 from llamafleet.api.tool_calls import CallStreams
-from llamafleet.engine.types import EngineConfig, RequestOutput
-from llamafleet.fleet.dispatch import Delta, Dispatcher
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.fleet.router import Router
+from llamafleet.engine.types import RequestOutput
+from llamafleet.fleet.dispatch import Delta
+from one_model import one_model_service
 
 MODEL = "tiny-model"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -91,8 +89,8 @@ def test_error_results_and_text_only_results() -> None:
 
 
 def _delta(text: str, finished: bool = False) -> Delta:
-    return Delta(RequestOutput("m", text, [1], None, finished=finished, finish_reason="stop" if finished else None,
-                               prompt_tokens=7, completion_tokens=3), None)
+    return Delta(RequestOutput("m", text=text, token_ids=[1], finished=finished,
+                               finish_reason="stop" if finished else None, prompt_tokens=7, completion_tokens=3), None)
 
 
 def test_calls_become_tool_use_blocks_whole_and_streamed() -> None:
@@ -121,8 +119,7 @@ def test_a_forced_answer_of_calls_alone_has_no_text_block() -> None:
 
 @pytest.fixture(scope="module")
 def client() -> TestClient:
-    specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
-    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512)
+    service = one_model_service(MODEL)
     return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
 
 

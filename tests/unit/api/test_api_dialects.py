@@ -17,11 +17,8 @@ from llamafleet.api.openai import context_error
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from llamafleet.api.responses import ResponseRenderer
 from llamafleet.api.responses_requests import ResponsesRequest
-from llamafleet.api.service import Service
-from llamafleet.engine.types import ContextOverflow, EngineConfig
-from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.fleet.router import Router
+from llamafleet.engine.types import ContextOverflow
+from one_model import one_model_service
 
 MODEL = "tiny-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -30,8 +27,7 @@ KEY = "sk-test-key"
 
 
 def _client(api_keys: frozenset[str] = frozenset()) -> TestClient:
-    specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
-    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512, api_keys=api_keys)
+    service = one_model_service(MODEL, api_keys=api_keys)
     return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
 
 
@@ -211,7 +207,8 @@ def test_responses_request_becomes_chat_turns() -> None:
 
 
 @pytest.mark.parametrize(("change", "param", "words"), [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "stateless"),
+    ({"conversation": "conv_1"}, "conversation", "continue a stored response with 'previous_response_id'"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", "item references are not supported"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]", "web_search tools are not supported"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"patternProperties": {}}}}},
      "text.format.schema", "'patternProperties' (at patternProperties) cannot be enforced"),

@@ -14,19 +14,15 @@ from fastapi.testclient import TestClient
 
 from llamafleet.api.aggregate import client_error
 from llamafleet.api.app import create_app
-from llamafleet.api.service import Service
-from llamafleet.engine.types import EngineConfig
-from llamafleet.fleet.dispatch import Dispatcher, Failure
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.fleet.router import Router
+from llamafleet.fleet.dispatch import Failure
+from one_model import one_model_service
 
 SECRET = "connection to db-7.internal:5432 refused"
 ERROR_ID = re.compile(r"err-[0-9a-f]{16}")
 
 
 def _app(api_keys: frozenset[str] = frozenset()) -> FastAPI:
-    specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
-    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), "tiny-model", 512, api_keys=api_keys)
+    service = one_model_service("tiny-model", api_keys=api_keys)
     return create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None)
 
 

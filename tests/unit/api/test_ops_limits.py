@@ -11,13 +11,12 @@ from fastapi.testclient import TestClient
 
 from llamafleet.api.app import create_app
 from llamafleet.api.middleware import ApiKeysError, load_api_keys
-from llamafleet.api.service import Service
-from llamafleet.api.watchdog import leaking
 from llamafleet.config import FleetConfig
-from llamafleet.engine.types import EngineConfig, EngineStats
-from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec, ReplicaState
+from llamafleet.engine.types import EngineStats
 from llamafleet.fleet.router import QueueFullError, Router
+from llamafleet.fleet.snapshot import ReplicaView
+from llamafleet.fleet.watchdog import leaking
+from one_model import one_model_service
 
 MODEL = "tiny-model"
 
@@ -44,30 +43,26 @@ def test_router_per_replica_bound_sends_work_elsewhere() -> None:
         r.assign("s3")
 
 
-def _state(index: int, busy: int) -> ReplicaState:
-    return ReplicaState(index, "CPU", status="ready", stats=EngineStats(4, busy, 0, 0, 2048, 1, 0, 0, 0.0, 0.0, 0.0))
+def _replica(index: int, busy: int, outstanding: int) -> ReplicaView:
+    return ReplicaView(id=str(index), index=index, model=MODEL, where="CPU", status="ready", outstanding=outstanding,
+                       stats=EngineStats(4, busy, 0, 0, 2048, 1, 0, 0, 0.0, 0.0, 0.0))
 
 
 def test_leak_is_reported_after_it_lasts_and_only_with_nothing_in_flight() -> None:
-    router = Router(2)
-    router.set_up(0, 4)
-    router.set_up(1, 4)
-    router.assign("busy-on-0")
-    states = [_state(0, 1), _state(1, 2)]  # replica 0 has a request in flight; replica 1 has none
-    since: dict[int, float] = {}
-    assert leaking(states, router, since, now=100.0, leak_s=30.0) == []
-    assert leaking(states, router, since, now=129.0, leak_s=30.0) == []
-    assert leaking(states, router, since, now=130.0, leak_s=30.0) == [1]
-    assert 1 not in since  # reported once, then watched afresh
-    states[1] = _state(1, 0)
-    assert leaking(states, router, since, now=200.0, leak_s=30.0) == [] and since == {}
+    replicas = [_replica(0, 1, 1), _replica(1, 2, 0)]  # replica 0 has a request in flight; replica 1 has none
+    since: dict[str, float] = {}
+    assert leaking(replicas, since, now=100.0, leak_s=30.0) == []
+    assert leaking(replicas, since, now=129.0, leak_s=30.0) == []
+    assert leaking(replicas, since, now=130.0, leak_s=30.0) == [replicas[1]]
+    assert "1" not in since  # reported once, then watched afresh
+    replicas[1] = _replica(1, 0, 0)
+    assert leaking(replicas, since, now=200.0, leak_s=30.0) == [] and since == {}
 
 
 def _client(api_keys: frozenset[str] = frozenset(), admin_keys: frozenset[str] = frozenset(),
             **config: Any) -> TestClient:
-    specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
     cfg = FleetConfig.model_validate(config)
-    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512, cfg, api_keys, admin_keys)
+    service = one_model_service(MODEL, cfg=cfg, api_keys=api_keys, admin_keys=admin_keys)
     return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
 
 
@@ -134,15 +129,13 @@ def test_keys_load_from_env_and_file(tmp_path: Path) -> None:
 
 
 def test_watchdog_refuses_only_for_the_fleets_own_gpus() -> None:
-    from llamafleet.api.watchdog import fleet_gpus, refusal
-    from llamafleet.engine.types import EngineConfig
-    from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.fleet.telemetry import GpuSample
+    from llamafleet.fleet.watchdog import fleet_gpus, refusal
 
-    cfg = EngineConfig(model_path="m.gguf")
-    specs = [ReplicaSpec({}, cfg, "GPUs 1,2", (1, 2)), ReplicaSpec({}, cfg, "GPU 3", (3,))]
-    assert fleet_gpus(specs) == {1, 2, 3}
-    assert fleet_gpus([ReplicaSpec({}, cfg, "CPU")]) == set()
+    gpus = [ReplicaView(id="0", index=0, model=MODEL, where="GPUs 1,2", status="ready", gpus=(1, 2)),
+            ReplicaView(id="1", index=1, model=MODEL, where="GPU 3", status="down", gpus=(3,))]
+    assert fleet_gpus(gpus) == {1, 2, 3}
+    assert fleet_gpus([ReplicaView(id="0", index=0, model=MODEL, where="CPU", status="ready")]) == set()
     gib = 2**30
     full_other = GpuSample(0, "H200", 140 * gib, 140 * gib + 100 * 2**20, None)  # 100 MiB free, not ours
     roomy = GpuSample(1, "H200", 10 * gib, 140 * gib, None)

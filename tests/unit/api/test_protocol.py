@@ -16,11 +16,7 @@ from pydantic import ValidationError
 from llamafleet.api.app import create_app
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from llamafleet.api.protocol import GenerateRequest
-from llamafleet.api.service import Service
-from llamafleet.engine.types import EngineConfig
-from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.fleet.router import Router
+from one_model import one_model_service
 
 MODEL = "tiny-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -28,8 +24,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture(scope="module")
 def client() -> TestClient:
-    specs = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
-    service = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(1)), MODEL, 512)
+    service = one_model_service(MODEL)
     return TestClient(create_app(service, on_ready=lambda: None, on_fatal=lambda _m: None))
 
 

@@ -99,7 +99,8 @@ def _renderer(req: ResponsesRequest) -> ResponseRenderer:
 
 
 def _delta(text: str, finished: bool) -> Delta:
-    return Delta(RequestOutput("resp_1", text, [1], None, finished, "stop" if finished else None,
+    return Delta(RequestOutput("resp_1", text=text, token_ids=[1], finished=finished,
+                               finish_reason="stop" if finished else None,
                                prompt_tokens=5, completion_tokens=3), None)
 
 
@@ -163,7 +164,8 @@ def test_logprobs_of_held_back_text_ride_on_the_next_text_delta() -> None:
     steps = [("Hi <", False), ("tool", False), (" no.", True)]  # "<" then "<tool" could open <tool_call>
     events = []
     for n, (text, finished) in enumerate(steps):
-        out = RequestOutput("resp_1", text, [n], [-0.5 * (n + 1)], finished, "stop" if finished else None)
+        out = RequestOutput("resp_1", text=text, token_ids=[n], logprobs=[-0.5 * (n + 1)], finished=finished,
+                            finish_reason="stop" if finished else None)
         events += render.chunk(0, Delta(out, [text.encode()]))
     deltas = [e for e in events if e.type == "response.output_text.delta"]
     assert "".join(e.delta for e in deltas) == "Hi <tool no."  # type: ignore[attr-defined]

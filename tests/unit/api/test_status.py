@@ -9,13 +9,12 @@ from pathlib import Path
 from llamafleet.api.service import Service
 from llamafleet.api.status import Dashboard, status
 from llamafleet.config import FleetConfig
-from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
-from llamafleet.fleet.router import Router
+from llamafleet.fleet.specs import plan_specs
 from llamafleet.fleet.telemetry import GpuSample
 from llamafleet.model.header import read_model_info
 from llamafleet.placement.gpus import load_inventory
-from llamafleet.placement.planner import launch_spec, make_plan
+from llamafleet.placement.planner import make_plan
+from one_model import one_model_service
 
 ROOT = Path(__file__).resolve().parents[3]
 GiB = 2**30
@@ -24,13 +23,10 @@ GiB = 2**30
 def _service(model_path: Path) -> Service:
     cfg = FleetConfig(parallel=4, context_length=512)
     plan = make_plan(read_model_info(model_path), load_inventory(ROOT / "examples/inventories/2x24gb-pcie.yaml"), cfg)
-    specs = []
-    for i, replica in enumerate(plan.replicas):
-        env, engine = launch_spec(plan, i, cfg, str(model_path))
-        specs.append(ReplicaSpec(env, engine, replica.label, replica.gpus))
-    svc = Service(Dispatcher(ReplicaSet(specs, "info", 60.0), Router(len(specs))), "demo", 512, cfg, plan=plan)
-    svc.gpus = [GpuSample(0, "RTX 4090", 3 * GiB, 24 * GiB, 40.0), GpuSample(1, "RTX 4090", 2 * GiB, 24 * GiB, None),
-                GpuSample(2, "someone else's", 1 * GiB, 8 * GiB, 0.0)]
+    svc = one_model_service("demo", plan_specs(plan, cfg, str(model_path)), cfg, plan=plan)
+    svc.watchdog.gpus = [GpuSample(0, "RTX 4090", 3 * GiB, 24 * GiB, 40.0),
+                         GpuSample(1, "RTX 4090", 2 * GiB, 24 * GiB, None),
+                         GpuSample(2, "someone else's", 1 * GiB, 8 * GiB, 0.0)]
     return svc
 
 
@@ -57,7 +53,8 @@ def test_a_stopped_replica_goes_on_the_errors_list_once(model_path: Path) -> Non
     svc = _service(model_path)
     dash = Dashboard(svc)
     dash.sample()
-    ((_, dispatcher),) = svc.dispatchers()
+    dispatcher = svc.model.dispatcher
+    assert dispatcher is not None
     state = dispatcher.replicas.states[1]
     state.last_error, state.restarts = "worker exited (killed by SIGKILL)", 1
     dash.sample()

@@ -73,7 +73,8 @@ def test_cpu_runs_everything_but_the_splits(model: ModelInfo) -> None:
     assert replica_set.concurrency == 1 and len(replica_set.specs) == 2
     # Only the variable under test differs: same threads, context and model everywhere.
     engines = [spec.engine for s in planned for spec in s.specs]
-    assert {(e.n_threads, e.n_ctx_per_seq, e.model_path, e.kv_type) for e in engines} == {(2, 512, "model.gguf", "f16")}
+    assert {(e.n_threads, e.n_ctx_per_seq, e.model_path, e.kv_cache_type) for e in engines} == {
+        (2, 512, "model.gguf", "f16")}
     assert {spec.label for s in planned for spec in s.specs} == {"CPU"}
 
 

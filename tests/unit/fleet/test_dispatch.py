@@ -81,7 +81,8 @@ def submits(prefix: str, n: int) -> list[Submit]:
 
 
 def output(rid: str, text: str, finished: bool = False, reason: str | None = None) -> RequestOutput:
-    return RequestOutput(rid, text, [7] * len(text), None, finished, reason,  # type: ignore[arg-type]
+    return RequestOutput(rid, text=text, token_ids=[7] * len(text), finished=finished,
+                         finish_reason=reason,  # type: ignore[arg-type]
                          prompt_tokens=3, completion_tokens=len(text), cached_tokens=2)
 
 
@@ -243,3 +244,60 @@ def test_a_stream_that_fails_half_way_ends_with_an_error_event_and_aborts_the_re
         assert reps.aborted() == ["f-0"]
 
     run(test)
+
+
+def test_a_suspect_replicas_unstarted_sequences_move_and_what_it_says_later_is_ignored() -> None:
+    """Replica 1 falls silent: its sequence that is streaming stays; the one not started moves to replica 0 (aborted
+    on 1, sent to 0) and new work goes to 0. When 1 wakes up, a token of the moved sequence from the step it was
+    frozen in and the abort's cancellation are dropped: each sequence ends once, and no count is left behind."""
+    async def test(d: Dispatcher, reps: Replicas) -> None:
+        group = d.submit(submits("q", 4))
+        assert group.replicas == [0, 1, 0, 1]
+        d.replica_output(1, step(output("q-1", "x")))  # q-1 streams on replica 1
+        d.replica_suspect(1, True)
+        assert reps.aborted() == ["q-3"] and reps.submitted(0) == ["q-0", "q-2", "q-3"]
+        assert group.replicas == [0, 1, 0, 0] and d.metrics.moved.get() == 1
+        later = d.submit(submits("n", 2))
+        assert later.replicas == [0, 0]
+        d.replica_output(1, step(output("q-3", "stale"), output("q-3", "", True, "cancelled")))  # 1 wakes up
+        d.replica_suspect(1, False)
+        d.replica_suspect(0, True)  # and 0 falls silent: q-3 never goes back to the replica it left
+        assert reps.aborted() == ["q-3", "q-0", "q-2", "n-0", "n-1"]
+        assert reps.submitted(1) == ["q-1", "q-3", "q-0", "q-2", "n-0", "n-1"]
+        d.replica_suspect(0, False)
+        d.replica_output(0, step(output("q-0", "late", True, "cancelled"), output("q-3", "z", True, "stop")))
+        d.replica_output(1, step(*(output(rid, "z", True, "stop") for rid in ("q-1", "q-0", "q-2", "n-0", "n-1"))))
+        events = await drain(group)
+        assert all(isinstance(e, Delta) for _, e in events), events
+        texts = sorted((i, e.output.text) for i, e in events if isinstance(e, Delta))
+        assert texts == [(0, "z"), (1, "x"), (1, "z"), (2, "z"), (3, "z")]
+        assert [d.router.outstanding(r) for r in (0, 1)] == [0, 0]
+        assert d.metrics.sequences.get("cancelled") == 0 and d.metrics.sequences.get("stop") == 6
+
+    run(test)
+
+
+def test_with_nowhere_to_go_a_suspect_replicas_sequences_wait_there() -> None:
+    async def test(d: Dispatcher, reps: Replicas) -> None:
+        group = d.submit(submits("w", 2))
+        d.replica_suspect(0, True)
+        assert reps.aborted() == [] and group.replicas == [0, 0]
+        assert d.submit(submits("x", 1)).replicas == [0]  # the only replica: new work waits for it too
+        d.replica_output(0, step(*(output(rid, "k", True, "stop") for rid in ("w-0", "w-1", "x-0"))))
+        assert len(await drain(group)) == 2
+
+    run(test, n_replicas=1)
+
+
+def test_what_could_not_move_off_a_suspect_replica_moves_when_room_comes_free() -> None:
+    async def test(d: Dispatcher, reps: Replicas) -> None:
+        group = d.submit(submits("f", 8))  # 4 slots each, no queue: both full
+        d.replica_suspect(1, True)
+        assert reps.aborted() == []  # nowhere to go yet
+        d.replica_output(0, step(output("f-0", "a", True, "stop")))  # a slot of replica 0 comes free
+        assert reps.aborted() == ["f-1"] and reps.submitted(0)[-1] == "f-1"  # the oldest waiting on 1 takes it
+        assert group.replicas[1] == 0 and d.metrics.moved.get() == 1
+        d.replica_output(0, step(output("f-2", "b")))  # a token, nothing ended: nothing more moves
+        assert reps.aborted() == ["f-1"]
+
+    run(test, router=Router(2, "least_outstanding", max_queue_per_replica=0))

@@ -6,8 +6,7 @@ import pytest
 
 from llamafleet.engine.types import EngineStats
 from llamafleet.fleet.metrics import Counter, Gauge, Histogram, Registry
-from llamafleet.fleet.replicas import ReplicaState
-from llamafleet.fleet.router import Router
+from llamafleet.fleet.snapshot import FleetSnapshot, ModelView, ReplicaView, publish
 from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
 
 
@@ -51,36 +50,41 @@ def test_histogram_buckets_are_cumulative_with_sum_and_count() -> None:
         Histogram("bad", "x", buckets=(1.0, 0.5))
 
 
+def _fleet(*replicas: ReplicaView, queue_depth: int = 0, gpus: tuple[GpuSample, ...] = (),
+           overloaded: str | None = None) -> FleetSnapshot:
+    model = ModelView(name="m", aliases=(), state="loaded", pinned=True, n_ctx_per_seq=512, waiting=0, where=(),
+                      last_error=None, plan=None, prefix="", replicas=replicas, queue_depth=queue_depth)
+    return FleetSnapshot((model,), gpus, overloaded)
+
+
 def test_fleet_refresh_reflects_replicas_queue_and_gpus() -> None:
     m = FleetMetrics()
-    router = Router(2, max_queue_per_replica=4)
-    router.set_up(0, 1)
-    for rid in ("a", "b", "c"):
-        router.assign(rid)
-    up = ReplicaState(0, "GPU 0", status="ready", slots=1, restarts=2,
-                      stats=EngineStats(1, 1, 1, 30, 512, 9, 10, 20, 0.5, 0.6, 0.1))
-    down = ReplicaState(1, "GPU 1", status="down")
+    up = ReplicaView(id="0", index=0, model="m", where="GPU 0", status="ready", slots=1, restarts=2, suspicions=1,
+                     outstanding=3, queued=2, stats=EngineStats(1, 1, 1, 30, 512, 9, 10, 20, 0.5, 0.6, 0.1))
+    down = ReplicaView(id="1", index=1, model="m", where="GPU 1", status="down")
     gpu = GpuSample(0, "H200", used_bytes=3 << 30, total_bytes=4 << 30, utilization_pct=55.0)
-    m.refresh([("", [up, down], router)], [gpu], overloaded=True)
+    publish(_fleet(up, down, queue_depth=2, gpus=(gpu,), overloaded="GPU 0 is full"), m)
     text = m.registry.render()
     for line in ('llamafleet_replica_up{replica="0",where="GPU 0"} 1',
                  'llamafleet_replica_up{replica="1",where="GPU 1"} 0',
                  'llamafleet_replica_restarts_total{replica="0"} 2', 'llamafleet_replica_slots_busy{replica="0"} 1',
+                 'llamafleet_replica_suspect_total{replica="0"} 1',
                  'llamafleet_replica_outstanding{replica="0"} 3', "llamafleet_queue_depth 2",
                  'llamafleet_kv_cache_tokens_used{replica="0"} 30', 'llamafleet_engine_steps_total{replica="0"} 9',
                  'llamafleet_gpu_memory_used_bytes{gpu="0",name="H200"} 3221225472',
-                 'llamafleet_gpu_utilization_ratio{gpu="0",name="H200"} 0.55', "llamafleet_overloaded 1"):
+                 'llamafleet_gpu_utilization_ratio{gpu="0",name="H200"} 0.55', "llamafleet_overloaded 1",
+                 'llamafleet_model_queue_depth{model="m"} 2', 'llamafleet_model_state{model="m",state="loaded"} 1'):
         assert line in text.splitlines(), line
     assert gpu.used_fraction == 0.75
 
 
 def test_engine_steps_keep_counting_across_a_replica_restart() -> None:
-    m, router = FleetMetrics(), Router(1, max_queue_per_replica=4)
+    m = FleetMetrics()
 
     def refresh(pid: int, steps: int) -> float:
-        st = ReplicaState(0, "GPU 0", status="ready", pid=pid,
-                          stats=EngineStats(1, 0, 0, 0, 512, steps, 0, 0, 0.0, 0.0, 0.0))
-        m.refresh([("", [st], router)], [], overloaded=False)
+        st = ReplicaView(id="0", index=0, model="m", where="GPU 0", status="ready", pid=pid,
+                         stats=EngineStats(1, 0, 0, 0, 512, steps, 0, 0, 0.0, 0.0, 0.0))
+        publish(_fleet(st), m)
         return m.steps.get("0")
 
     assert [refresh(10, 9), refresh(10, 12), refresh(11, 3), refresh(11, 5)] == [9, 12, 15, 17]

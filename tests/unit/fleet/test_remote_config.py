@@ -96,7 +96,7 @@ def test_what_a_provider_that_is_not_llama_cpp_cannot_relay() -> None:
     assert unrelayable(grammar, llama) is None
     assert "top_k" in (unrelayable(Submit("r", SamplingParams(top_k=5), prompt="x"), provider) or "")
     for refused in (Submit("r", SamplingParams(max_tokens=0, prompt_logprobs=True), prompt="x"),
-                    Submit("r", SamplingParams(), prompt="x", count_only=True)):
+                    Submit("r", SamplingParams(), prompt="x", tokenize_only=True)):
         assert unrelayable(refused, llama)
 
 
@@ -105,9 +105,8 @@ def test_a_submit_becomes_one_streamed_upstream_request() -> None:
     path, body = upstream_request(Submit("r", params, chat=(("user", "hi"),)), RemoteMember("http://h", None), "up")
     assert path == "/v1/chat/completions" and body["messages"] == [{"role": "user", "content": "hi"}]
     assert body | {"messages": None} == {
-        "model": "up", "stream": True, "stream_options": {"include_usage": True}, "temperature": 0, "top_p": 0.95,
-        "max_tokens": 5, "seed": 7, "stop": ["\n"], "top_k": 5, "min_p": 0.05, "repeat_penalty": 1.0,
-        "messages": None}
+        "model": "up", "stream": True, "stream_options": {"include_usage": True}, "temperature": 0, "top_p": 1.0,
+        "max_tokens": 5, "seed": 7, "stop": ["\n"], "top_k": 5, "messages": None}  # knobs at defaults: not sent
     provider = RemoteMember("http://h", None, llama_cpp=False)
     path, body = upstream_request(Submit("r", params, prompt_ids=(1, 2)), provider, "up")
     assert path == "/v1/completions" and body["prompt"] == [1, 2] and "top_k" not in body

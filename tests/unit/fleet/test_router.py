@@ -198,3 +198,44 @@ def test_every_policy_counts_its_decisions() -> None:
         rr.assign(f"r{i}", LONG)
         lo.assign(f"l{i}", LONG)
     assert rr.decisions == {"round_robin": 3} and lo.decisions == {"load": 3}
+
+
+def test_a_suspect_replica_gets_new_work_only_when_no_other_can_take_it() -> None:
+    r = Router(2, "least_outstanding", max_queue_per_replica=1)
+    r.set_up(0, 1)
+    r.set_up(1, 1)
+    r.set_suspect(1, True)
+    assert [r.assign(f"a{i}") for i in range(2)] == [0, 0]  # a slot and a queue place on the healthy one
+    assert r.assign("a2") == 1  # the healthy one is full: the suspect one is all there is (it waits there)
+    r.set_suspect(1, False)
+    r.release("a2")
+    r.release("a1")
+    assert r.assign("b") == 1  # back in rotation
+
+
+def test_a_sequence_moves_to_a_healthy_replica_with_room_never_one_it_must_avoid() -> None:
+    r = Router(3, "least_outstanding", max_queue_per_replica=0)
+    for i in range(3):
+        r.set_up(i, 1)
+    assert [r.assign(x) for x in "abc"] == [0, 1, 2]
+    r.set_suspect(0, True)
+    assert r.move("a", "", avoid=()) is None  # every other replica is full: nothing changes
+    assert r.replica_of("a") == 0 and r.outstanding(0) == 1
+    r.release("b")
+    assert r.move("a", "", avoid=(1,)) is None  # the one with room is to be avoided
+    assert r.move("a", "", avoid=()) == 1
+    assert r.replica_of("a") == 1 and [r.outstanding(i) for i in range(3)] == [0, 1, 1]
+    assert r.move("unknown", "", avoid=()) is None
+    r.set_down(0)
+    r.set_up(0, 1)  # a fresh start is not suspect
+    assert r.assign("d") == 0
+
+
+def test_moving_does_not_count_as_a_routing_decision() -> None:
+    r = Router(2, "least_outstanding")
+    r.set_up(0, 2)
+    r.set_up(1, 2)
+    r.assign("a")
+    r.set_suspect(0, True)
+    assert r.move("a", "", avoid=()) == 1
+    assert sum(r.decisions.values()) == 1

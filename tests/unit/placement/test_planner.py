@@ -321,7 +321,7 @@ def test_launch_spec_pins_each_replica_to_its_gpus(models: dict[str, ModelInfo])
     assert (engine.split_mode, engine.tensor_split, engine.main_gpu) == ("tensor", (0.5, 0.5), 1)  # GPU 3 -> 1
     assert (engine.model_path, engine.n_seq, engine.n_ctx_per_seq, engine.n_gpu_layers) == ("/models/m.gguf", 8,
                                                                                              4096, -1)
-    assert (engine.kv_type, engine.llama_log_level, engine.n_batch, engine.n_ubatch, engine.n_prefill) == (
+    assert (engine.kv_cache_type, engine.llama_log_level, engine.n_batch, engine.n_ubatch, engine.prefill_tokens) == (
         "q8_0", "info", 2048, 512, 512)
     with pytest.raises(IndexError, match="replica 2 is not in the plan"):
         launch_spec(plan, 2, cfg, "m.gguf")

@@ -119,8 +119,11 @@ function renderReplicas(s) {
   const body = document.querySelector("#replicas tbody");
   body.replaceChildren(...s.replicas.map((r) => lf.el("tr", {"data-id": r.id},
     lf.el("td", {}, r.index), lf.el("td", {}, r.model), lf.el("td", {}, r.where),
-    lf.el("td", {class: "state state-" + r.status},
-          r.status === "loading" ? `loading ${lf.pct(r.load_fraction)}` : r.status),
+    r.suspect && r.status === "ready"
+      ? lf.el("td", {class: "state state-suspect", title: "silent past its bound: no new work, its queued " +
+                     `sequences moved elsewhere (suspected ${r.suspicions} time(s))`}, "suspect")
+      : lf.el("td", {class: "state state-" + r.status},
+              r.status === "loading" ? `loading ${lf.pct(r.load_fraction)}` : r.status),
     lf.el("td", {class: "slots"}, `${r.slots_busy} / ${r.slots ?? "?"}`),
     lf.el("td", {class: "queued", title: `${r.waiting} waiting inside the engine`}, r.queued),
     lf.el("td", {class: "tps"}, lf.num(r.tokens_per_s, 1), " ", spark(replicaSeries(r.id, "tokens_per_s"))),

@@ -1,4 +1,5 @@
-"""The watchdog: a periodic scan of GPU memory and of every replica's slot pool, in the API process.
+"""The watchdog: a periodic scan of GPU memory and of every replica's slot pool, in the API process (fleet
+supervision beside :mod:`llamafleet.fleet.replicas`' heartbeats; the API reads what it found).
 
 Every ``watchdog_interval_s`` it
 
@@ -22,9 +23,9 @@ import time
 from collections.abc import Iterable
 from types import ModuleType
 
-from llamafleet.api.service import Service
-from llamafleet.fleet.replicas import ReplicaSpec, ReplicaState
-from llamafleet.fleet.router import Router
+from llamafleet.config import FleetConfig
+from llamafleet.fleet.models import ModelManager
+from llamafleet.fleet.snapshot import ReplicaView, take
 from llamafleet.fleet.telemetry import GpuSample
 from llamafleet.placement.gpus import nvml_text
 
@@ -66,28 +67,26 @@ class GpuMonitor:
             self._nv = None
 
 
-def leaking(states: Iterable[ReplicaState], router: Router, since: dict[int, float], now: float,
-            leak_s: float) -> list[int]:
+def leaking(replicas: Iterable[ReplicaView], since: dict[str, float], now: float, leak_s: float) -> list[ReplicaView]:
     """Replicas whose slots have been busy with nothing in flight for ``leak_s``; ``since`` remembers when each
-    such condition was first seen (updated in place)."""
+    such condition was first seen, by replica label (updated in place)."""
     found = []
-    for st in states:
-        stats = st.stats
-        idle_but_busy = (st.status == "ready" and stats is not None and (stats.slots_busy or stats.waiting) > 0
-                         and router.outstanding(st.index) == 0)
+    for r in replicas:
+        idle_but_busy = (r.status == "ready" and r.stats is not None and (r.slots_busy or r.waiting) > 0
+                         and r.outstanding == 0)
         if not idle_but_busy:
-            since.pop(st.index, None)
+            since.pop(r.id, None)
             continue
-        first = since.setdefault(st.index, now)
+        first = since.setdefault(r.id, now)
         if now - first >= leak_s:
-            found.append(st.index)
-            del since[st.index]
+            found.append(r)
+            del since[r.id]
     return found
 
 
-def fleet_gpus(specs: Iterable[ReplicaSpec]) -> set[int]:
+def fleet_gpus(replicas: Iterable[ReplicaView]) -> set[int]:
     """The GPUs (NVML indices) the replicas run on, as the plan placed them."""
-    return {gpu for spec in specs for gpu in spec.gpus}
+    return {gpu for r in replicas for gpu in r.gpus}
 
 
 def refusal(gpus: Iterable[GpuSample], ours: set[int], refuse_free_mib: int) -> str | None:
@@ -98,12 +97,16 @@ def refusal(gpus: Iterable[GpuSample], ours: set[int], refuse_free_mib: int) -> 
 
 
 class Watchdog:
-    """Scans on a timer while the server runs; see the module docstring."""
+    """Scans on a timer while the server runs (see the module docstring); holds what the last scan found: the GPU
+    samples, and why new work must be refused (``overloaded``; None: it need not)."""
 
-    def __init__(self, service: Service, monitor: GpuMonitor | None = None) -> None:
-        self.service = service
-        self.monitor = monitor or GpuMonitor()
-        self._leak_since: dict[str, dict[int, float]] = {}  # per model (replica label prefix)
+    def __init__(self, models: ModelManager, cfg: FleetConfig, monitor: GpuMonitor | None = None) -> None:
+        self.models = models
+        self.cfg = cfg
+        self.gpus: list[GpuSample] = []
+        self.overloaded: str | None = None
+        self._monitor = monitor  # opened when the watch starts (NVML stays closed for a service never run)
+        self._leak_since: dict[str, float] = {}  # by replica label
         self._warned: set[int] = set()
 
     async def run(self) -> None:
@@ -111,18 +114,19 @@ class Watchdog:
         try:
             while True:
                 await self.scan()
-                await asyncio.sleep(self.service.config.watchdog_interval_s)
+                await asyncio.sleep(self.cfg.watchdog_interval_s)
         finally:
-            self.monitor.close()
+            if self._monitor is not None:
+                self._monitor.close()
 
     async def scan(self) -> None:
-        gpus = await asyncio.to_thread(self.monitor.sample)
-        self.service.gpus = gpus
-        self._check_memory(gpus)
+        monitor = self._monitor = self._monitor or GpuMonitor()
+        self.gpus = await asyncio.to_thread(monitor.sample)
+        self._check_memory(self.gpus)
         self._check_slots()
 
     def _check_memory(self, gpus: list[GpuSample]) -> None:
-        cfg, metrics = self.service.config, self.service.metrics
+        cfg, metrics = self.cfg, self.models.metrics
         for g in gpus:
             high = g.used_fraction >= cfg.vram_warn_fraction
             if high:
@@ -131,23 +135,20 @@ class Watchdog:
                     log.warning("GPU %d (%s): %.0f%% of its memory is in use (warning watermark %.0f%%)", g.index,
                                 g.name, 100 * g.used_fraction, 100 * cfg.vram_warn_fraction)
             (self._warned.add if high else self._warned.discard)(g.index)
-        specs = [spec for _, d in self.service.dispatchers() for spec in d.replicas.specs]
-        reason = refusal(gpus, fleet_gpus(specs), cfg.vram_refuse_free_mib)
-        if reason != self.service.overloaded:
+        reason = refusal(gpus, fleet_gpus(take(self.models).replicas()), cfg.vram_refuse_free_mib)
+        if reason != self.overloaded:
             if reason:
                 log.error("refusing new work: %s", reason)
             else:
                 log.warning("GPU memory is back above vram_refuse_free_mib; accepting new work again")
-        self.service.overloaded = reason
+        self.overloaded = reason
 
     def _check_slots(self) -> None:
-        for prefix, dispatcher in self.service.dispatchers():
-            replicas = dispatcher.replicas
-            for i in leaking(replicas.states, dispatcher.router, self._leak_since.setdefault(prefix, {}),
-                             time.monotonic(), self.service.config.slot_leak_s):
-                stats = replicas.states[i].stats
-                log.error("replica %s%d: %s slot(s) busy and %s waiting with no request in flight for %.0fs; "
-                          "restarting it", prefix, i, stats.slots_busy if stats else "?",
-                          stats.waiting if stats else "?", self.service.config.slot_leak_s)
-                self.service.metrics.recoveries.inc(f"{prefix}{i}", "slot_leak")
-                replicas.recycle(i, "the watchdog found its slots leaking")
+        leak_s = self.cfg.slot_leak_s
+        for r in leaking(take(self.models).replicas(), self._leak_since, time.monotonic(), leak_s):
+            log.error("replica %s: %s slot(s) busy and %s waiting with no request in flight for %.0fs; restarting it",
+                      r.id, r.slots_busy, r.waiting, leak_s)
+            self.models.metrics.recoveries.inc(r.id, "slot_leak")
+            model = self.models.find(r.model)
+            if model is not None and model.dispatcher is not None:
+                model.dispatcher.replicas.recycle(r.index, "the watchdog found its slots leaking")
