@@ -88,7 +88,7 @@ if has build; then
   # the llama_cpp Python package of the same source loads these very files (a link, not copies: two copies of
   # libggml in one process would mean two backend registries)
   rm -rf "$SRC/llama_cpp/lib" && ln -s "$BIN" "$SRC/llama_cpp/lib"
-  "$PY" -c "import llamafleet.engine.llama as L; assert L.supports_gpu_offload(), 'no GPU offload'; print(L.system_info())" \
+  "$PY" -c "import llamafleet.engine.llama_backend as L; assert L.supports_gpu_offload(), 'no GPU offload'; print(L.system_info())" \
     | tee -a "$REPORT/run.log"
 fi
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install llamafleet into ./.venv, idempotently.
+# Install llamafleet into ./.venv, idempotently: what serving needs, nothing more (no root, no apt). The test tools
+# come with LLAMAFLEET_EXTRAS=dev; scripts/test.sh installs them and what its browser test needs.
 #
 # llama-cpp-python ships as an sdist, so pip compiles llama.cpp. pip's own wheel cache does not key on CMAKE_ARGS,
 # and its default build uses -march=native (a wheel built on one CPU can die with SIGILL on another, e.g. AMX
@@ -10,7 +11,9 @@
 #   LLAMAFLEET_BACKEND   cpu (default: portable x86-64 AVX2 build) | native (this host's best CPU features)
 #                        | cuda (GPU offload; CUDA_ARCHITECTURES picks the SM list, default "native")
 #   LLAMA_CPP_SOURCE     a llama-cpp-python source tree or sdist to build from (for machines without PyPI)
-#   LLAMAFLEET_EXTRAS    pip extras for llamafleet itself (default "dev": test and lint tools)
+#   LLAMAFLEET_EXTRAS    pip extras for llamafleet itself, comma-separated (default none: what serving needs;
+#                        "dev": the test and lint tools, "ray": replicas on a Ray cluster; scripts/test.sh asks
+#                        for both)
 #   PYTHON               the interpreter for the venv (>= 3.11; default python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,22 +78,8 @@ else
   touch "$stamp"
 fi
 
-# The dashboard's browser test (tests/integration/test_dashboard.py) drives Debian's Chromium; the dev extras install
-# it once (apt keeps the packages; nothing happens when it is there). Without root or apt the test will fail, saying so.
-CHROMIUM=${LLAMAFLEET_CHROMIUM:-/usr/bin/chromium}
-if [[ ",${LLAMAFLEET_EXTRAS:-dev}," == *,dev,* ]] && [ ! -x "$CHROMIUM" ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "==> installing Chromium (Debian's package, about 100 MB) for the dashboard's browser test, once"
-    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
-      echo "install.sh: warning: apt-get could not install chromium; the dashboard's browser test will fail" >&2
-    fi
-  else
-    echo "install.sh: warning: $CHROMIUM is missing; the dashboard's browser test needs it:" \
-         "sudo apt-get install chromium (or set LLAMAFLEET_CHROMIUM)" >&2
-  fi
-fi
-
-echo "==> installing llamafleet and its Python dependencies (FastAPI, numpy, matplotlib, ...; pip runs quietly:"
-echo "    a minute or two of downloads the first time, seconds once they are installed)"
-$VPY -m pip install -q -e ".[${LLAMAFLEET_EXTRAS:-dev}]"
+EXTRAS=${LLAMAFLEET_EXTRAS:-}
+echo "==> installing llamafleet${EXTRAS:+ with the extras $EXTRAS} and its Python dependencies (FastAPI, numpy,"
+echo "    matplotlib, ...; pip runs quietly: a minute or two of downloads the first time, seconds once installed)"
+$VPY -m pip install -q -e ".${EXTRAS:+[$EXTRAS]}"
 echo "==> done: run .venv/bin/llamafleet (or 'source .venv/bin/activate', then llamafleet)"

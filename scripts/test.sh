@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
-# The project's test command: install (idempotent, cached), then lint, type-check and run the whole test suite.
-# Extra arguments go to pytest (e.g. `scripts/test.sh -k engine`).
+# The project's test command: install (idempotent, cached) with the test tools, then lint, type-check and run the
+# whole test suite. Extra arguments go to pytest (e.g. `scripts/test.sh -k engine`).
+#
+# Besides what serving needs (scripts/install.sh), it installs
+#   - the extras dev (pytest, mypy, ruff, the OpenAI and Anthropic SDKs, websockets) and ray (Ray, about 250 MB:
+#     the Ray tests start a local multi-node cluster);
+#   - Debian's Chromium (about 100 MB), once, for the dashboard's browser test. This is the one step that needs
+#     root (apt-get); without root or apt it says so, and that test fails naming the fix
+#     (`sudo apt-get install chromium`, or LLAMAFLEET_CHROMIUM=/path/to/chromium).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the ray extra too: the Ray tests (a local multi-node cluster) run in CI
 LLAMAFLEET_EXTRAS=${LLAMAFLEET_EXTRAS:-dev,ray} bash scripts/install.sh
+
+CHROMIUM=${LLAMAFLEET_CHROMIUM:-/usr/bin/chromium}
+if [ ! -x "$CHROMIUM" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "==> installing Chromium (Debian's package, about 100 MB) for the dashboard's browser test, once (as root)"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
+      echo "test.sh: warning: apt-get could not install chromium; the dashboard's browser test will fail" >&2
+    fi
+  else
+    echo "test.sh: warning: $CHROMIUM is missing and installing it needs root and apt-get (this is the only step" \
+         "of the tests that does); the dashboard's browser test will fail. Fix: sudo apt-get install chromium," \
+         "or set LLAMAFLEET_CHROMIUM to a Chromium binary" >&2
+  fi
+fi
+
 echo "==> ruff"
 .venv/bin/ruff check src tests scripts
 echo "==> mypy"
 .venv/bin/mypy
-echo "==> pytest"
+echo "==> pytest (the 15 slowest tests are listed at the end)"
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=15 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -47,7 +47,7 @@ def served_models(cfg: FleetConfig, default_path: Callable[[], Path]) -> list[Se
     """The fleet's models in configuration order (``default_path`` gives the demo model when none is named)."""
     if cfg.models is None and cfg.models_dir is None:
         path = Path(cfg.model_path) if cfg.model_path else default_path()
-        return [ServedModel(cfg.model_name or path.stem, path, (), True, None, cfg)]
+        return [ServedModel(cfg.served_name(path), path, (), True, None, cfg)]
     entries = list(cfg.models or ())
     if cfg.models_dir is not None:
         entries += _folder_entries(Path(cfg.models_dir), entries)

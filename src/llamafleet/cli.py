@@ -8,11 +8,13 @@ and :mod:`llamafleet.flags`); each loads its heavy modules (FastAPI, matplotlib,
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import sys
 
 from llamafleet import __version__
+from llamafleet.exits import Exit
 
 # Each module defines ``register(sub)``, which adds its parser and sets ``func``, its ``run(args) -> int``.
 COMMANDS = ("serve", "plan", "synth", "bench", "consistency", "check_env", "model", "rpc_server")
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
 
 
 def _main(argv: list[str] | None) -> int:
@@ -45,10 +47,12 @@ def _main(argv: list[str] | None) -> int:
     if any(words[: len(cmd)] == cmd for cmd in IN_PROCESS_MODEL):
         import llamafleet.engine.llama  # noqa: F401
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(parser, list(words), unknown)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return Exit.USAGE
     logging.basicConfig(
         level=getattr(args, "log_level", "info").upper() if isinstance(getattr(args, "log_level", None), str)
         else logging.INFO,
@@ -63,8 +67,24 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"error: the Python package {package!r} is not installed, and `llamafleet {args.command}` needs it; "
               "`llamafleet check-env` lists what is missing, and scripts/install.sh installs it", file=sys.stderr)
-        return 2
+        return Exit.MACHINE
     return rc
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, words: list[str], unknown: list[str]) -> None:
+    """Exit (2) naming the first word the command does not take, with the command's own usage and, for a misspelt
+    flag, the nearest one it does take (``--paralel``: did you mean ``--parallel``?)."""
+    command = parser
+    for word in words:  # down the sub-commands named (`bench engine`)
+        sub = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            break
+        command = sub.choices[word]
+    word = unknown[0]
+    flags = [o for a in command._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+    near = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1) if word.startswith("--") else []
+    hint = f": did you mean {near[0]}?" if near else f" (`{command.prog} --help` lists what it takes)"
+    command.error(f"unrecognized argument {word}{hint}")
 
 
 if __name__ == "__main__":

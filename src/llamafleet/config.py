@@ -4,8 +4,8 @@ One file describes what to serve and how: ``model_path``, ``main_gpu``, ``split_
 ``batch_size`` and ``threads`` (the keys of the original single-model service, which load unchanged and keep their
 meaning) and everything else, each with a sensible default. Unknown keys (with the nearest valid one suggested) and
 wrong types are refused before anything loads, with the key named and the fix. Keys that are valid but cannot apply
-on this machine (:func:`inapplicable`) are said, not silently taken. Command-line flags override the file (see
-:func:`load_config` and :mod:`llamafleet.flags`).
+on this machine (:func:`llamafleet.placement.advice.inapplicable`) are said, not silently taken. Command-line flags
+override the file (see :func:`load_config` and :mod:`llamafleet.flags`).
 """
 
 from __future__ import annotations
@@ -13,19 +13,16 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamafleet.fleet.router import RoutingPolicy
 from llamafleet.rpc import INSECURE, parse_endpoint
-
-if TYPE_CHECKING:
-    from llamafleet.placement.gpus import Inventory
 
 SplitMode = Literal["auto", "none", "layer", "tensor"]
 KvCacheType = Literal["f16", "q8_0", "q4_0"]
+RoutingPolicy = Literal["prefix", "least_outstanding", "round_robin"]  # fleet/router.py implements them
 
 
 class ConfigError(ValueError):
@@ -100,14 +97,14 @@ class ModelEntry(BaseModel):
         if self.path is None and not self.remote:
             raise ValueError(f"model '{self.name}' needs a path (its GGUF file) or remote (servers that serve it)")
         unknown = sorted(set(self.model_extra or {}) - set(PER_MODEL_KEYS))
-        if unknown:
-            raise ValueError("; ".join(unknown_key(k, [*PER_MODEL_KEYS, *ModelEntry.model_fields]) for k in unknown))
+        problems = [unknown_key(k, [*PER_MODEL_KEYS, *ModelEntry.model_fields]) for k in unknown]
         try:  # the knobs' values, by the fleet's own rules
-            FleetConfig.model_validate(self.knobs)
+            FleetConfig.model_validate({k: v for k, v in self.knobs.items() if k in PER_MODEL_KEYS})
         except ValidationError as e:
-            raise ValueError("; ".join(
-                (f"'{'.'.join(map(str, x['loc']))}': " if x["loc"] else "") + x["msg"].removeprefix("Value error, ")
-                for x in e.errors())) from None
+            problems += [(f"'{'.'.join(map(str, x['loc']))}': " if x["loc"] else "")
+                         + x["msg"].removeprefix("Value error, ") for x in e.errors()]
+        if problems:  # every one of them, one per line (see describe_errors)
+            raise ValueError("\n".join(problems))
         return self
 
     @property
@@ -157,7 +154,8 @@ class FleetConfig(BaseModel):
                                     "min(batch_size, 512)")
     prefill_tokens: int = Field(512, ge=1, description="most prompt tokens one step prefills, besides the running "
                                 "answers' tokens (see docs/OPERATIONS.md, Prefill)")
-    threads: int | None = Field(None, ge=1, description="CPU threads per replica; default = every core")
+    threads: int | None = Field(None, ge=1, description="CPU threads per replica; default = every core but one, "
+                                "shared by a CPU plan's replicas (see engine/cores.py)")
     kv_cache_type: KvCacheType = "f16"
     flash_attn: bool | None = Field(None, description="None = let llama.cpp decide")
     backend_sampling: bool = Field(False, description="sample greedy requests inside llama.cpp's graph (GPU)")
@@ -278,47 +276,68 @@ class FleetConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> FleetConfig:
+        problems = self._conflicts()
+        if problems:  # every one of them, one per line (see describe_errors)
+            raise ValueError("\n".join(problems))
+        return self
+
+    def _conflicts(self) -> list[str]:
+        """Keys that are each valid but cannot go together, each with the fix."""
+        out = []
         if self.rpc_servers and not self.rpc_trusted_network:
-            raise ValueError("rpc_servers needs the opt-in rpc_trusted_network: true. " + INSECURE + "; set it only "
-                             "if that holds for every host listed, else remove rpc_servers")
+            out.append("rpc_servers needs the opt-in rpc_trusted_network: true. " + INSECURE + "; set it only if that "
+                       "holds for every host listed, else remove rpc_servers")
         if self.rpc_servers and (self.models is not None or self.models_dir is not None):
-            raise ValueError("rpc_servers splits the one model of model_path over other hosts; it cannot be combined "
-                             "with models or models_dir: keep one")
+            out.append("rpc_servers splits the one model of model_path over other hosts; it cannot be combined with "
+                       "models or models_dir: keep one")
         if self.ubatch_size is not None and self.ubatch_size > self.batch_size:
-            raise ValueError(f"ubatch_size ({self.ubatch_size}) cannot exceed batch_size ({self.batch_size})")
+            out.append(f"ubatch_size ({self.ubatch_size}) cannot exceed batch_size ({self.batch_size})")
         several = [k for k in ("models", "models_dir") if getattr(self, k) is not None]
         single = [k for k in ("model_path", "model_name") if getattr(self, k) is not None]
         if several and single:
             verb = "names" if len(single) == 1 else "name"
-            raise ValueError(f"{' and '.join(single)} {verb} one model, {' and '.join(several)} several: keep one "
-                             "way (a models: entry takes name and path)")
+            out.append(f"{' and '.join(single)} {verb} one model, {' and '.join(several)} several: keep one way (a "
+                       "models: entry takes name and path)")
         if self.remote and several:
-            raise ValueError("remote: members serve the one model of model_path / model_name; with models:, give "
-                             "each model entry its own remote: list")
+            out.append("remote: members serve the one model of model_path / model_name; with models:, give each "
+                       "model entry its own remote: list")
         if self.ray is not None and several:
-            raise ValueError(f"ray serves one model for now, but {' and '.join(several)} "
-                             f"{'names' if len(several) == 1 else 'name'} several: serve one model (model_path) with "
-                             "ray, or leave ray unset")
+            out.append(f"ray serves one model for now, but {' and '.join(several)} "
+                       f"{'names' if len(several) == 1 else 'name'} several: serve one model (model_path) with ray, "
+                       "or leave ray unset")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):
                 if name in names:
-                    raise ValueError(f"models: '{name}' names both '{names[name]}' and '{entry.name}'; give each "
-                                     "model and alias a distinct name")
+                    out.append(f"models: '{name}' names both '{names[name]}' and '{entry.name}'; give each model and "
+                               "alias a distinct name")
                 names[name] = entry.name
-        return self
+        return out
 
     @property
     def n_ubatch(self) -> int:
         return self.ubatch_size or min(self.batch_size, 512)
 
+    def served_name(self, model_path: str | Path) -> str:
+        """The name clients send as 'model' for the file ``model_path``: ``model_name``, else the file's stem (never
+        the GGUF's own ``general.name``, which clients do not know)."""
+        return self.model_name or Path(model_path).stem
+
 
 def read_yaml(path: Path, what: str, error: type[ValueError]) -> Any:
-    """Parse the YAML file ``path``; a missing file or invalid YAML raises ``error`` naming ``what`` and the file."""
+    """Parse the YAML file ``path``; a missing file or invalid YAML raises ``error`` naming ``what``, the file and,
+    for a syntax error, the line and column."""
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise error(f"{what} file not found: {path}") from None
+    except OSError as e:
+        raise error(f"cannot read the {what} file {path}: {e.strerror}") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        why = ", ".join(str(x) for x in (e.context, e.problem) if x)
+        raise error(f"{where}: not valid YAML ({why})") from None
     except yaml.YAMLError as e:
         raise error(f"{path} is not valid YAML: {e}") from None
 
@@ -332,9 +351,12 @@ def unknown_key(key: str, known_keys: Iterable[str]) -> str:
     return f"unknown key '{key}': remove it or use one of: {', '.join(known)}"
 
 
-def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str] = ()) -> str:
-    """One line per pydantic error, naming the key; with ``known_keys``, an unknown key gets :func:`unknown_key`."""
+def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str] = (),
+                    flags: Iterable[str] = ()) -> str:
+    """One line per pydantic error (every one of them), naming the key; with ``known_keys``, an unknown key gets
+    :func:`unknown_key`; a key in ``flags`` is said to come from a command-line flag."""
     known = sorted(known_keys)
+    origin = dict.fromkeys(flags, " (a command-line flag)")
     lines = [header]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -345,47 +367,33 @@ def describe_errors(err: ValidationError, header: str, known_keys: Iterable[str]
             else:
                 lines.append(f"  - {unknown_key(key, known)}")
         elif e["type"] == "value_error":  # our own checks: their message names the key and the fix
-            lines.append(f"  - '{key}': {e['msg'].removeprefix('Value error, ')}")
+            for msg in e["msg"].removeprefix("Value error, ").splitlines():
+                lines.append(f"  - '{key}'{origin.get(key, '')}: {msg}" if e["loc"] else f"  - {msg}")
         else:
-            lines.append(f"  - '{key}': {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"  - '{key}'{origin.get(key, '')}: {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> FleetConfig:
     """Read ``path`` (YAML) if given, apply ``overrides`` (flags; ``None`` values are ignored), validate."""
     data: dict[str, Any] = {}
-    source = "command-line flags"
+    sources = []
     if path is not None:
         p = Path(path)
-        source = str(p)
+        sources.append(str(p))
         raw = read_yaml(p, "config", ConfigError)
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{p} must hold a mapping of keys to values, not {type(raw).__name__}")
         data.update(raw)
-    for k, v in (overrides or {}).items():
-        if v is not None:
-            data[k] = v
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if flags:
+        sources.append("the command-line flags")
+    data.update(flags)
     try:
         return FleetConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(describe_errors(e, f"invalid configuration in {source}:", FleetConfig.model_fields)) from None
+        header = f"invalid configuration in {' and '.join(sources) or 'the defaults'}:"
+        raise ConfigError(describe_errors(e, header, FleetConfig.model_fields, flags)) from None
 
-
-def inapplicable(cfg: FleetConfig, inventory: Inventory, cores: int | None) -> list[str]:
-    """Keys that are valid but cannot apply here, each with what to do: GPU placement keys on a machine with no GPU
-    in ``inventory``, ``threads`` above ``cores`` (``None``: not known, not checked). The planner takes such keys
-    without effect; the commands print these lines so that nobody believes a setting is in force when it is not."""
-    out = []
-    if not inventory.gpus:
-        why = inventory.note or "no GPU found"
-        gpu_keys = [k for k in ("main_gpu", "split_ratio") if getattr(cfg, k) is not None]
-        if cfg.split_mode == "tensor" or (cfg.split_mode == "layer" and not cfg.rpc_servers):
-            gpu_keys.append("split_mode")
-        out += [f"{k} is set but this machine has no GPU ({why}): it does nothing on the CPU; remove it, or run "
-                "`llamafleet check-env` if a GPU should be there" for k in gpu_keys]
-    if cfg.threads is not None and cores is not None and cfg.threads > cores:
-        out.append(f"threads {cfg.threads} is more than this machine's {cores} CPU cores: the extra threads only "
-                   f"contend for the same cores; set threads to {cores} or fewer, or leave it unset")
-    return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -47,7 +48,7 @@ FLAGS: tuple[Flag, ...] = (
          fitted="unset: at most the trained context, down to 2048 if {} does not fit"),
     Flag("batch_size", "--batch", "n_batch: most tokens per llama_decode step", "TOKENS", aliases=("--n-batch",)),
     Flag("threads", "--threads", "CPU threads per replica", "N",
-         unset="every core; a CPU plan shares them between its replicas"),
+         unset="every core but one; a CPU plan shares them between its replicas"),
     Flag("split_mode", "--split-mode", "how a replica spreads over GPUs (auto: one GPU per replica when it fits)"),
     Flag("prefer", "--prefer", "what automatic placement optimises"),
     Flag("backend_sampling", "--backend-sampling",
@@ -101,6 +102,19 @@ def help_text(key: str) -> str:
     return f"{f.help} (config key {key}; default: {default_text(key)})".replace("%", "%%")
 
 
+def _lenient(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``kind`` (``int``, ``float``, ``str``) of a flag's text, or the text itself when it is not one: the config's
+    validation then names it together with every other bad value, where argparse would stop at the first."""
+
+    def convert(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            return text
+
+    return convert
+
+
 def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
     """Add the flags of ``command`` (a key of :data:`COMMAND_KEYS`) to ``parser``, each with dest = its key."""
     for key in COMMAND_KEYS[command]:
@@ -112,7 +126,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
         elif get_origin(kind) is Literal:
             spec["choices"] = get_args(kind)
         else:
-            spec |= {"type": kind, "metavar": f.metavar}
+            spec |= {"type": _lenient(kind), "metavar": f.metavar}
         parser.add_argument(f.flag, help=help_text(key), **spec)
         for alias in f.aliases:
             parser.add_argument(alias, help=argparse.SUPPRESS, **spec)

@@ -3,7 +3,8 @@ dashboard as a person would: open a page, wait for text, click, type, take a scr
 
 The protocol is spoken directly over one WebSocket (the ``websockets`` package): no WebDriver, no browser download.
 Clicks and typing are real input events at the element's place on the screen, not JavaScript calls on the element.
-A missing Chromium is an error, not a skip: ``scripts/install.sh`` installs it (``apt-get install chromium``).
+A missing Chromium is an error, not a skip: the test command (``scripts/test.sh``) installs it as root
+(``apt-get install chromium``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class Browser:
 
     def __init__(self, profile: Path, width: int = 1400, height: int = 1000) -> None:
         if not Path(CHROMIUM).is_file():
-            raise BrowserError(f"Chromium is not installed at {CHROMIUM}: run scripts/install.sh (it installs "
-                               "Debian's 'chromium' package) or set LLAMAFLEET_CHROMIUM to a Chromium binary")
+            raise BrowserError(f"Chromium is not installed at {CHROMIUM}: run scripts/test.sh as root (it "
+                               "installs Debian's 'chromium' package), sudo apt-get install chromium, or set "
+                               "LLAMAFLEET_CHROMIUM to a Chromium binary")
         profile.mkdir(parents=True, exist_ok=True)
         self._id = 0
         self.errors: list[str] = []  # uncaught exceptions and console errors of the page

@@ -60,4 +60,4 @@ def test_requests_running_when_the_drain_ends_get_a_503_and_done(launch_fleet: C
     log = server.log()
     assert f"drain ended after {DRAIN_S}s (drain_timeout_s): 2 request(s) still running" in log, log[-3000:]
     assert "Traceback" not in log and "Cancel" not in log, log[-3000:]
-    assert "context and model freed; replica 0 exits" in log
+    assert f"replica 0 of {model_path.stem} llamafleet.fleet.worker: context and model freed; exiting" in log

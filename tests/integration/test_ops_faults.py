@@ -138,7 +138,8 @@ def test_queue_full_burst_gets_429_with_retry_after_and_nothing_is_lost(
     finished = sum(metric(m, "llamafleet_sequences_total", outcome=o) for o in ("length", "stop"))
     assert finished == n and metric(m, "llamafleet_queue_depth") == 0
     assert server.stop(signal.SIGTERM) == 0  # graceful: workers free their engines and exit, the server exits 0
-    assert "context and model freed; replica 0 exits" in server.log()
+    freed = f"replica 0 of {model_path.stem} llamafleet.fleet.worker: context and model freed; exiting"
+    assert freed in server.log()
 
 
 def test_request_timeout_gives_504_and_frees_the_slot(launch_fleet: Callable[[list[str]], FleetServer],
@@ -189,5 +190,9 @@ def test_a_second_stop_signal_ends_running_streams_at_once(launch_fleet: Callabl
     assert "second stop signal" in events[-2] and '"service_unavailable"' in events[-2], events[-2:]
     assert events[-1] == "data: [DONE]"
     log = server.log()
+    # said once, at the first signal: what happens, and what the second one does (not uvicorn's "force quit")
+    assert log.count("SIGINT: stopping; 1 running request(s) get up to 10s (drain_timeout_s) to finish; a second "
+                     "Ctrl-C or SIGTERM ends them now with a 503") == 1
+    assert "CTRL+C" not in log
     assert "SIGINT again: ending 1 running sequence(s) now" in log and "Traceback" not in log
-    assert "context and model freed; replica 0 exits" in log
+    assert f"replica 0 of {model_path.stem} llamafleet.fleet.worker: context and model freed; exiting" in log

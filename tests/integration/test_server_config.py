@@ -87,7 +87,7 @@ def test_missing_model_file_is_refused(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
     proc = subprocess.run([sys.executable, "-m", "llamafleet.cli", "serve", "--model", str(missing),
                            "--port", str(free_port())], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "model file not found" in proc.stderr and str(missing) in proc.stderr
+    assert proc.returncode == 3 and "model file not found" in proc.stderr and str(missing) in proc.stderr
 
 
 def test_the_server_never_loads_matplotlib(fleet: FleetServer) -> None:

@@ -130,6 +130,6 @@ def test_plan_prints_the_fleet(models: dict[str, ModelInfo], tmp_path: Path,
 def test_a_lone_model_in_a_list_plans_like_the_single_model_keys(models: dict[str, ModelInfo]) -> None:
     path = models["7b-q4_0"].path
     (lone,) = served_models(load_config(None, {"models": [{"name": "a", "path": path}]}), lambda: DEMO)
-    single = load_config(None, {"model_path": path})
+    single = load_config(None, {"model_path": path, "model_name": "a"})  # the plan names it as clients do
     inv = load_inventory(ROOT / "examples" / "inventories" / "2x24gb-pcie.yaml")
     assert make_plan(models["7b-q4_0"], inv, lone.cfg) == make_plan(models["7b-q4_0"], inv, single)

@@ -54,7 +54,7 @@ def test_serve_does_not_load_matplotlib(model_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         proc, loaded = cli(["serve", "--model", str(model_path), "--port", str(port)])
-    assert proc.returncode == 1 and "cannot listen on" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 4 and "cannot listen on" in proc.stderr, proc.stderr[-2000:]  # Exit.MACHINE
     assert "matplotlib" not in loaded
     assert "numpy" in loaded  # the planner ran: the check covered more than the parser
 
@@ -76,6 +76,6 @@ def test_check_env_reports_missing_packages(tmp_path: Path) -> None:
 
 def test_a_command_missing_a_package_says_which(tmp_path: Path) -> None:
     proc, _ = cli(["bench", "--compare", "a.json", "b.json"], block=("matplotlib",))
-    assert proc.returncode == 2
+    assert proc.returncode == 4  # Exit.MACHINE: this machine lacks it
     assert "the Python package 'matplotlib' is not installed, and `llamafleet bench` needs it" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from llamafleet.cli import main
-from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
+from llamafleet.placement.advice import inapplicable
 from llamafleet.placement.gpus import empty_inventory, load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,13 +10,14 @@ import pytest
 from pydantic import BaseModel
 
 from llamafleet.api.anthropic_requests import MessagesRequest
+from llamafleet.api.infill import InfillRequest
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from llamafleet.api.protocol import GenerateRequest
 from llamafleet.api.responses_requests import ResponsesRequest
 from llamafleet.engine.types import LLAMA_CPP_KNOBS, OPENAI_KNOBS, SamplingParams
 from llamafleet.fleet.messages import Submit
-from llamafleet.fleet.relay import upstream_request
-from llamafleet.fleet.remote import RemoteMember, unrelayable
+from llamafleet.fleet.relay import RemoteMember, upstream_request
+from llamafleet.fleet.remote import unrelayable
 
 DEFAULTS = SamplingParams()
 NAMES = [f.name for f in fields(SamplingParams)]
@@ -70,9 +71,14 @@ def generate(body: dict[str, Any]) -> SamplingParams:
     return GenerateRequest.model_validate({"prompt": "hi", **body}).sampling()
 
 
+def infill(body: dict[str, Any]) -> SamplingParams:
+    return InfillRequest.model_validate({"input_prefix": "a", "input_suffix": "b", **body}).sampling()
+
+
 ROUTES = {"chat": (chat, ChatCompletionRequest), "completions": (completion, CompletionRequest),
           "messages": (messages, MessagesRequest), "responses": (responses, ResponsesRequest),
-          "generate": (generate, GenerateRequest)}
+          "generate": (generate, GenerateRequest), "infill": (infill, InfillRequest)}
+OWN_DEFAULTS = {("infill", "temperature"), ("infill", "top_p")}  # llama-server's, which its editor plugins expect
 # OpenAI's bodies for the fields whose parameter is shaped differently, per route (None: the route cannot set it)
 OPENAI_SHAPES: dict[str, dict[str, dict[str, Any] | None]] = {
     "chat": {"logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 2},
@@ -106,7 +112,7 @@ def test_a_routes_parameter_named_as_a_field_reaches_it_and_the_rest_start_from_
     taken = {n for n in NAMES if n in model.model_fields}
     for name in set(NAMES) - taken - {"max_tokens"}:
         assert getattr(plain, name) == getattr(DEFAULTS, name), f"{route}'s {name} does not start at the default"
-    for name in taken & set(OPENAI_KNOBS + LLAMA_CPP_KNOBS):
+    for name in taken & set(OPENAI_KNOBS + LLAMA_CPP_KNOBS) - {n for r, n in OWN_DEFAULTS if r == route}:
         assert model.model_fields[name].default == getattr(DEFAULTS, name), f"{route} has a default of its own"
 
 

@@ -195,7 +195,8 @@ class CountTokensRequest(Body):
     def not_yet(self) -> NotYet:
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
         return [
-            ("output_config.format", "format" in self.output_config, "structured output is coming; send null"),
+            ("output_config.format", "format" in self.output_config, "structured output is served on "
+             "/v1/chat/completions (response_format) and /v1/responses (text.format), not on this route yet"),
             ("mcp_servers", bool(self.mcp_servers), "this server connects to no MCP server"),
         ]
 

@@ -2,7 +2,8 @@
 
 Every request passes, outermost first: :class:`~llamafleet.api.middleware.HttpMetrics` (counts and times every
 answer), :class:`~llamafleet.api.middleware.InternalErrors` (a crash becomes a 500 with an error id), CORS (only when
-``cors_origins`` is set), :class:`~llamafleet.api.middleware.Gate` (API keys, body size limit), then the routes.
+``cors_origins`` is set), :class:`~llamafleet.api.middleware.Gate` (API keys, body size limit),
+:class:`~llamafleet.api.middleware.HeadAsGet` (HEAD on every GET route), then the routes.
 Below them all, each connection is a :class:`~llamafleet.api.http_limits.GuardedHttp` (head size, read and write
 timeouts). The :class:`~llamafleet.fleet.watchdog.Watchdog` and the dashboard's sampler
 (:class:`~llamafleet.api.status.Dashboard`) run alongside while the server is up.
@@ -37,7 +38,8 @@ from llamafleet import __version__
 from llamafleet.api import admin, anthropic, embeddings, generate, infill, openai, props, responses, status, tokens, ui
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
-from llamafleet.api.middleware import Gate, HttpMetrics, InternalErrors, authenticated
+from llamafleet.api.middleware import Gate, HeadAsGet, HttpMetrics, InternalErrors, authenticated
+from llamafleet.api.params import nearest_param
 from llamafleet.api.service import Service, ServiceDep
 from llamafleet.fleet.metrics import CONTENT_TYPE
 from llamafleet.fleet.replicas import LoadError
@@ -55,8 +57,9 @@ def _is_type_tag(part: object) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part or part[:1].isupper())
 
 
-def validation_error(errors: list[dict[str, Any]]) -> ApiError:
-    """One clear 400 from pydantic's errors: the parameter, what is wrong, what was sent."""
+def validation_error(errors: list[dict[str, Any]], body: Any = None) -> ApiError:
+    """One clear 400 from pydantic's errors: the parameter, what is wrong, what was sent; with ``body`` (the route's
+    request model), the nearest known parameter for an unknown one."""
     first = errors[0]
     loc = [p for p in first["loc"] if p != "body"] if first["loc"][:1] == ("body",) else list(first["loc"])
     kind = first["type"]
@@ -76,7 +79,9 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     if kind == "missing":
         return ApiError(400, f"missing required parameter '{param}'", param=param)
     if kind == "extra_forbidden":
-        return ApiError(400, f"unknown or unsupported parameter '{param}'", param=param)
+        near = nearest_param(body, loc) if body is not None else None
+        hint = f": did you mean '{near}'?" if near else ""
+        return ApiError(400, f"unknown or unsupported parameter '{param}'{hint}", param=param)
     sent = repr(first.get("input"))
     sent = sent if len(sent) <= 80 else sent[:77] + "..."
     reason = ", or ".join(dict.fromkeys(m.removeprefix("Value error, ") for m in msgs))
@@ -137,6 +142,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(status.routes)
     app.include_router(ui.routes)
     cfg = service.config
+    app.add_middleware(HeadAsGet)
     app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
                        admin_keys=service.admin_keys)
     if cfg.cors_origins:
@@ -151,7 +157,8 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
 
     @app.exception_handler(RequestValidationError)
     async def invalid(r: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(list(exc.errors())), r.url.path)
+        body = getattr(getattr(r.scope.get("route"), "body_field", None), "field_info", None)
+        return error_response(validation_error(list(exc.errors()), getattr(body, "annotation", None)), r.url.path)
 
     @app.exception_handler(HTTPException)
     async def http_error(r: Request, exc: HTTPException) -> JSONResponse:
@@ -202,13 +209,20 @@ class _Uvicorn(uvicorn.Server):
         self._hurried = False
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        loop = asyncio.get_running_loop()
         if self.should_exit and not self._hurried:
             self._hurried = True
             message = "the server is stopping now (a second stop signal); retry the request"
-            loop = asyncio.get_running_loop()
             loop.call_soon_threadsafe(lambda: log.warning(
-                "%s again: ending %d running sequence(s) now", signal.Signals(sig).name, self._end_all(message)))
+                "%s again: ending %d running sequence(s) now (a third stop signal forces the exit)",
+                signal.Signals(sig).name, self._end_all(message)))
             return
+        if not self.should_exit:  # the first signal: say once what happens now, and what another one does
+            busy = sum(c.busy for c in self._connections())
+            loop.call_soon_threadsafe(lambda: log.log(
+                logging.WARNING if busy else logging.INFO, "%s: stopping; %s", signal.Signals(sig).name,
+                f"{busy} running request(s) get up to {self._drain_s:g}s (drain_timeout_s) to finish; a second Ctrl-C "
+                "or SIGTERM ends them now with a 503" if busy else "no request is running"))
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -248,6 +262,16 @@ class _Uvicorn(uvicorn.Server):
                 signal.signal(s, handler)
 
 
+class _OwnStopWords(logging.Filter):
+    """uvicorn's "(CTRL+C to force quit)" is not what a second Ctrl-C does here (it ends the running requests; see
+    :class:`_Uvicorn`): those words are left out of its lines, and the server's own line says what happens."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = record.msg.replace(" (CTRL+C to force quit)", "").replace(" (Press CTRL+C to quit)", "")
+        return True
+
+
 def run_server(service: Service, sock: socket.socket, log_level: str, on_ready: Callable[[], None]) -> int:
     """Serve on ``sock`` until a signal (0) or until the first load fails (1)."""
     rc = 0
@@ -265,5 +289,10 @@ def run_server(service: Service, sock: socket.socket, log_level: str, on_ready: 
                             # the last resort, should ending the requests and cutting connections not be enough
                             timeout_graceful_shutdown=math.ceil(cfg.drain_timeout_s + CUT_S) + 1)
     server = _Uvicorn(config, cfg.drain_timeout_s, service.models.abort_all)
-    server.run(sockets=[sock])
+    words = _OwnStopWords()
+    logging.getLogger("uvicorn.error").addFilter(words)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        logging.getLogger("uvicorn.error").removeFilter(words)
     return rc

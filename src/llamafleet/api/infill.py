@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llamafleet.api.aggregate import Choice, plain_overflow, respond
 from llamafleet.api.errors import ApiError
-from llamafleet.api.protocol import SEED_LIMIT, Usage, check_stops, check_unicode, sse
+from llamafleet.api.protocol import DEFAULTS, SEED_LIMIT, Usage, check_stops, check_unicode, sse
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.service import ServiceDep
 from llamafleet.api.tokens import model_service
@@ -34,6 +34,8 @@ from llamafleet.fleet.messages import Submit
 routes = APIRouter()
 
 MAX_EXTRA = 256  # files of extra context
+# llama-server's own temperature and top_p, which its editor plugins expect; every other default is every route's
+LLAMA_SERVER_TEMPERATURE, LLAMA_SERVER_TOP_P = 0.8, 0.95
 
 
 class ExtraFile(Body):
@@ -54,13 +56,14 @@ class InfillRequest(Body):
     input_extra: list[ExtraFile] = Field([], max_length=MAX_EXTRA)
     prompt: str = ""
     n_predict: int = Field(-1, ge=-1, description="-1: until the context ends")
-    temperature: float = Field(0.8, ge=0.0, le=2.0)
-    top_k: int = Field(40, ge=0, lt=2**31)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
-    min_p: float = Field(0.05, ge=0.0, le=1.0)
-    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    temperature: float = Field(LLAMA_SERVER_TEMPERATURE, ge=0.0, le=2.0)
+    top_k: int = Field(DEFAULTS.top_k, ge=0, lt=2**31)
+    top_p: float = Field(LLAMA_SERVER_TOP_P, gt=0.0, le=1.0)
+    min_p: float = Field(DEFAULTS.min_p, ge=0.0, le=1.0)
+    typical_p: float = Field(DEFAULTS.typical_p, gt=0.0, le=1.0)
+    repeat_penalty: float = Field(DEFAULTS.repeat_penalty, gt=0.0, le=10.0)
+    presence_penalty: float = Field(DEFAULTS.presence_penalty, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(DEFAULTS.frequency_penalty, ge=-2.0, le=2.0)
     seed: int = Field(-1, ge=-1, lt=SEED_LIMIT, description="-1: random")
     stop: list[str] = []
     stream: bool = False
@@ -102,6 +105,7 @@ class InfillRequest(Body):
     def sampling(self) -> SamplingParams:
         return SamplingParams(max_tokens=None if self.n_predict < 0 else self.n_predict,
                               temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              typical_p=self.typical_p,
                               repeat_penalty=self.repeat_penalty, presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty, seed=None if self.seed < 0 else self.seed,
                               stop=tuple(self.stop))

@@ -1,6 +1,6 @@
 """Every ASGI layer a request passes before a route sees it: :class:`HttpMetrics` (outermost: counts and times every
-answer), :class:`InternalErrors` (a crash becomes a 500 with an error id), then :class:`Gate` (API keys, request
-body limits).
+answer), :class:`InternalErrors` (a crash becomes a 500 with an error id), :class:`Gate` (API keys, request
+body limits), then :class:`HeadAsGet` (HEAD answered as GET without the body).
 
 Keys come from the ``LLAMAFLEET_API_KEYS`` environment variable (comma-separated) and/or the configured
 ``api_keys_file`` (one key per line, ``#`` starts a comment); with no key anywhere, authentication is off. Clients
@@ -174,6 +174,30 @@ def route_label(scope: Scope) -> str:
     """The route template a request matched (``/v1/models/{model_id:path}``), or ``other`` (unknown paths, and
     requests refused before routing), so that random paths cannot multiply the metric's series."""
     return str(getattr(scope.get("route"), "path", "other"))
+
+
+class HeadAsGet:
+    """ASGI middleware (the innermost): a HEAD request is answered as the GET of the same path, without its body, as
+    HTTP asks; uptime monitors and load balancers send HEAD, and FastAPI's routes take only the methods they name.
+    The layers outside still see HEAD (metrics count it as such)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        inner = {**scope, "method": "GET"}
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.start" and "route" in inner:
+                scope["route"] = inner["route"]  # for the metrics' route label
+            elif message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app(inner, receive, headers_only)
 
 
 class InternalErrors:

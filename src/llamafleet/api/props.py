@@ -64,7 +64,7 @@ def default_sampling(model: str) -> dict[str, Any]:
 async def props(service: ServiceDep, model: str | None = None) -> dict[str, Any]:
     service = await model_service(service, model)
     dispatcher = service.model.dispatcher
-    local = [s.engine for s in (dispatcher.replicas.specs if dispatcher else []) if s.remote is None]
+    local = [s.engine for s in (dispatcher.replicas.specs if dispatcher else []) if s.engine is not None]
     path = local[0].model_path if local else ""
     facts = await asyncio.to_thread(template_facts, path) if path else {}
     return {

@@ -29,6 +29,7 @@ from llamafleet.api.recent import RecentRequests
 from llamafleet.api.service import Service
 from llamafleet.fleet.history import INTERVAL_S, History, mean_of, utilization
 from llamafleet.fleet.metrics import Counter
+from llamafleet.fleet.pace import Pace
 from llamafleet.fleet.snapshot import FleetSnapshot, ReplicaView
 from llamafleet.fleet.telemetry import GpuSample
 from llamafleet.fleet.tier_metrics import tier_json
@@ -44,6 +45,7 @@ class Dashboard:
         self.service = service
         self.history = History(service.metrics)
         self.recent = RecentRequests(service.config.recent_request_contents)
+        self.pace = Pace()  # slow steps and an overloaded host, said in the log and in the warnings below
         self._stops: dict[str, tuple[int, str | None]] = {}  # replica label -> (restarts + hangs, last error) seen
 
     async def run(self) -> None:
@@ -58,6 +60,7 @@ class Dashboard:
     def sample(self) -> None:
         snap = self.service.snapshot()
         self.history.sample(snap, time.time())
+        self.pace.observe([(r.id, r.pid, r.stats) for r in snap.replicas()], time.monotonic())
         for r in snap.replicas():
             seen = (r.restarts + r.hangs, r.last_error)
             if r.last_error is not None and self._stops.get(r.id, (0, None)) != seen:
@@ -175,7 +178,7 @@ def status(dash: Dashboard, since: float) -> dict[str, Any]:
     replicas = [_replica(r, svc, latest) for r in snap.replicas()]
     return {
         "version": __version__, "time": time.time(), "started": svc.created, "pid": os.getpid(),
-        "status": snap.readiness(svc.loaded), "overloaded": snap.overloaded,
+        "status": snap.readiness(svc.loaded), "overloaded": snap.overloaded, "warnings": dash.pace.warnings(),
         "models": [{"name": m.name, "state": m.state, "pinned": m.pinned, "n_ctx_per_seq": m.n_ctx_per_seq,
                     "replicas": [r.id for r in m.replicas]} for m in snap.models],
         "totals": _totals(svc, snap, replicas, latest),

@@ -5,7 +5,8 @@ sends and measures.
 one streaming body over a keep-alive :class:`~llamafleet.bench.client.Connection` and records time to the first
 content chunk, the arrival of every content chunk, the end of the stream, the answer's text, and the server's
 ``usage``: completion and prompt tokens, and ``prompt_tokens_details.cached_tokens`` (the prompt tokens the server
-took from its prefix cache) where the server reports it. Requests are greedy (``temperature`` 0) and send
+took from its prefix cache) where the server reports it (its lines read by :func:`llamafleet.openai_wire.
+parse_sse_line`, as a remote member reads its upstream's). Requests are greedy (``temperature`` 0) and send
 ``"ignore_eos": true`` unless told not to, so answers run to ``max_tokens`` where the server honours it.
 The workloads are :mod:`llamafleet.bench.loadgen` (a concurrency sweep) and :mod:`llamafleet.bench.multiturn`.
 """
@@ -23,6 +24,7 @@ import httpx
 from tqdm import tqdm
 
 from llamafleet.bench.client import Connection, Origin, StreamClientError
+from llamafleet.openai_wire import bearer, parse_sse_line, root_url
 
 T = TypeVar("T")
 
@@ -61,50 +63,7 @@ class Target:
         return body
 
     def connection(self) -> Connection:
-        return Connection(Origin.parse(base_url(self.url)), connect_timeout=min(self.timeout, 30.0))
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    """What one server-sent ``data:`` line said."""
-
-    text: str = ""
-    finish_reason: str | None = None
-    completion_tokens: int | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server sends it
-    error: str | None = None
-    done: bool = False
-
-
-def parse_sse_line(line: str) -> StreamEvent | None:
-    """Parse one line of an OpenAI streaming response; ``None`` for lines that carry no data (blank, comments,
-    ``event:``). Handles both ``choices[].text`` (completions) and ``choices[].delta.content`` (chat)."""
-    if not line.startswith("data:"):
-        return None
-    data = line[5:].strip()
-    if data == "[DONE]":
-        return StreamEvent(done=True)
-    try:
-        obj = json.loads(data)
-    except json.JSONDecodeError:
-        return StreamEvent(error=f"malformed stream data: {data[:200]!r}")
-    if not isinstance(obj, dict):
-        return StreamEvent(error=f"unexpected stream data: {data[:200]!r}")
-    if obj.get("error"):
-        err = obj["error"]
-        return StreamEvent(error=str(err.get("message", err) if isinstance(err, dict) else err))
-    text, finish = "", None
-    for choice in obj.get("choices") or ():
-        delta = choice.get("delta") or {}
-        text += choice.get("text") or delta.get("content") or ""
-        finish = choice.get("finish_reason") or finish
-    usage = obj.get("usage") or {}
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return StreamEvent(text=text, finish_reason=finish, completion_tokens=usage.get("completion_tokens"),
-                       prompt_tokens=usage.get("prompt_tokens"),
-                       cached_tokens=cached if isinstance(cached, int) else None)
+        return Connection(Origin.parse(root_url(self.url)), connect_timeout=min(self.timeout, 30.0))
 
 
 @dataclass
@@ -124,16 +83,6 @@ class RequestResult:
     text: str = ""  # the answer, as streamed
 
 
-def base_url(url: str) -> str:
-    """``http://host:port``, ``.../`` and ``.../v1`` all name the same server."""
-    url = url.rstrip("/")
-    return url[:-3] if url.endswith("/v1") else url
-
-
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 async def send(conn: Connection, target: Target, body: dict[str, Any]) -> RequestResult:
     """Send one streaming request and time it. Never raises for server or network failures: they become
     ``error``."""
@@ -144,7 +93,7 @@ async def send(conn: Connection, target: Target, body: dict[str, Any]) -> Reques
     done = False
     try:
         async with asyncio.timeout(target.timeout):
-            resp = await conn.post(target.endpoint, payload, _headers(target.api_key))
+            resp = await conn.post(target.endpoint, payload, bearer(target.api_key))
             if resp.status != 200:
                 detail = (await resp.read()).decode("utf-8", "replace").strip()
                 res.error = f"HTTP {resp.status}: {detail[:300]}"
@@ -224,9 +173,9 @@ def run_blocking(main: Coroutine[Any, Any, T]) -> T:
 
 def resolve_model(url: str, api_key: str | None, timeout: float = 30.0) -> str:
     """The first model the server lists at ``/v1/models``; raises :class:`BenchError` with the fix otherwise."""
-    target = base_url(url) + "/v1/models"
+    target = root_url(url) + "/v1/models"
     try:
-        resp = httpx.get(target, headers=_headers(api_key), timeout=timeout)
+        resp = httpx.get(target, headers=bearer(api_key), timeout=timeout)
     except httpx.HTTPError as e:
         raise BenchError(f"cannot reach {target} ({type(e).__name__}: {e}); start the server or fix --url") from None
     if resp.status_code != 200:

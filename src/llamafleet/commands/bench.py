@@ -206,10 +206,13 @@ def run(args: argparse.Namespace) -> int:
 def engine_settings(cfg: FleetConfig, model_path: str, n: int, max_tokens: int, kv_unified: bool = False,
                     overlap: bool = True) -> EngineConfig:
     """``bench engine``'s engine: ``serve``'s settings for ``cfg`` (one mapping, :func:`engine_config`), with ``n``
-    slots of context enough for ``max_tokens`` after a built-in prompt (a few dozen tokens; 128 hold any of them)."""
+    slots of context enough for ``max_tokens`` after a built-in prompt (a few dozen tokens; 128 hold any of them), in
+    llama.cpp's steps of 256 as the planner sizes a server's (else llama.cpp warns that the context does not divide
+    evenly between the sequences)."""
+    from llamafleet.placement.memory import pad_ctx
     from llamafleet.placement.planner import engine_config
 
-    return engine_config(cfg, model_path, n_seq=n, n_ctx_per_seq=max_tokens + 128, kv_unified=kv_unified,
+    return engine_config(cfg, model_path, n_seq=n, n_ctx_per_seq=pad_ctx(max_tokens + 128), kv_unified=kv_unified,
                          overlap=overlap)
 
 

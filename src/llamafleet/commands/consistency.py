@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llamafleet.config import ConfigError, load_config
 from llamafleet.consistency.compare import CPU_THRESHOLDS, GPU_THRESHOLDS, Thresholds
+from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 # What runs without --configs: consistency.run.DEFAULT_CONFIGS, written out because importing that module loads the
@@ -23,7 +24,8 @@ DEFAULT_CONFIGS = "reference,batched,nbatch-16,replica-0,replica-1,layer,tensor"
 
 
 def _gpu_build() -> bool:
-    from llamafleet.engine.llama import supports_gpu_offload  # loads llama.cpp: only asked when GPUs are present
+    # loads llama.cpp: only asked when GPUs are present
+    from llamafleet.engine.llama_backend import supports_gpu_offload
 
     return supports_gpu_offload()
 
@@ -44,9 +46,12 @@ def run(args: argparse.Namespace) -> int:
         model_path = Path(fleet.model_path) if fleet.model_path else default_model_path()
         model = read_model_info(model_path)
         opts = CheckOptions(fleet, str(model_path), configs, args.max_tokens, args.concurrency)
-    except (ConfigError, ConfigNameError, GgufError, ModelFetchError, ValueError) as e:  # PromptFileError is one
+    except (GgufError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.MODEL
+    except (ConfigError, ConfigNameError, ValueError) as e:  # PromptFileError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return Exit.USAGE
     logging.getLogger().setLevel(fleet.log_level.upper())
     inventory = usable_inventory(detect_inventory(), _gpu_build)
     base = GPU_THRESHOLDS if inventory.gpus else CPU_THRESHOLDS
@@ -58,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     report = run_check(opts, prompts, model, inventory, limits, lambda line: print(line, file=sys.stderr, flush=True))
     text = to_markdown(report)
     print(text)
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         (out / "consistency.json").write_text(to_json(report) + "\n", encoding="utf-8")
         (out / "consistency.md").write_text(text, encoding="utf-8")
         print(f"wrote {out / 'consistency.json'} and {out / 'consistency.md'}", file=sys.stderr)
-    return 0 if report.passed else 1
+    return Exit.OK if report.passed else Exit.NO
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

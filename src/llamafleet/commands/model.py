@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llamafleet.exits import Exit
 from llamafleet.model.demo import DEMO_MEMBER, DEMO_NAME, DEMO_WHEEL, ModelFetchError, default_model_path
 
 DESCRIPTION = f"""The built-in demo model is {DEMO_NAME} (LLaMA architecture, Apache-2.0, a 98 MB Q4_1 GGUF). It is
@@ -24,9 +25,9 @@ def run(args: argparse.Namespace) -> int:
         path = default_model_path(progress=not args.quiet)
     except ModelFetchError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return Exit.MODEL
     print(path)
-    return 0
+    return Exit.OK
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,6 +1,7 @@
 """``llamafleet plan``: show how a model would be placed on this machine's GPUs (or a described one); exit 0 if it
-fits, 1 if not, 2 on bad input. With several models (``models:`` or ``--models-dir``), the whole fleet: each model's
-shape, the resident set with the memory per device, and what loading each swapped model would evict."""
+fits, 1 if not, 2 on a bad flag or config value, 3 on a model file it cannot read (:class:`llamafleet.exits.Exit`).
+With several models (``models:`` or ``--models-dir``), the whole fleet: each model's shape, the resident set with the
+memory per device, and what loading each swapped model would evict."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
+from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
@@ -33,9 +35,10 @@ def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
 
     lines = [
         f"model: {model.path}",
-        f"  {model.name}: {model.architecture}, {model.file_type}, {model.n_layer} layers, {model.n_embd} embd, "
+        f"  {plan.model}: {model.architecture}, {model.file_type}, {model.n_layer} layers, {model.n_embd} embd, "
         f"{model.n_head}/{model.n_head_kv} heads/KV heads, trained context {model.n_ctx_train}",
-        describe_inventory(inventory),
+        # with no GPU, the reasons say why ("CPU plan (NVML not available ...)"): said once
+        *([describe_inventory(inventory)] if inventory.gpus or inventory.rpc else []),
         "",
         f"plan: {'FITS' if plan.fits else 'DOES NOT FIT'} ({len(plan.replicas)} replica(s) on the {plan.device})",
     ]
@@ -104,9 +107,14 @@ def format_fleet(d: dict[str, Any], inventory: Inventory) -> str:
     from llamafleet.placement.gpus import describe_inventory
 
     resident = [m for m in d["models"] if m["state"] == "resident"]
+    placed = [m for m in d["models"] if m["shape"] is not None]
+    together = ("it fits in memory" if len(placed) == 1 and resident else
+                f"all {len(placed)} fit in memory together" if len(resident) == len(placed) else
+                f"{len(resident)} fit in memory together, in this order, the other {len(placed) - len(resident)} "
+                "swap")
     lines = [describe_inventory(inventory), "",
-             f"fleet: {'FITS' if d['fits'] else 'DOES NOT FIT'} ({len(d['models'])} model(s); {len(resident)} fit in "
-             "memory together, in this order, the others swap; pinned models load at start, the rest on demand)"]
+             f"fleet: {'FITS' if d['fits'] else 'DOES NOT FIT'} ({len(d['models'])} model(s); {together}; pinned "
+             "models load at start, the rest on demand)"]
     rows = [["model", "pinned", "state", "replicas", "slots x ctx", "where", "file"]]
     for m in d["models"]:
         if m["shape"] is None:
@@ -151,13 +159,14 @@ def _run_fleet(args: argparse.Namespace, cfg: FleetConfig, inventory: Inventory)
     packing, fixed = pack(demands(served), inventory)
     d = fleet_json(packing, fixed, served, inventory, cfg.vram_margin_mib)
     print(json.dumps(d, indent=2) if args.json else format_fleet(d, inventory))
-    return 0 if packing.fits else 1
+    return Exit.OK if packing.fits else Exit.NO
 
 
 def run(args: argparse.Namespace) -> int:
     # the GGUF reader and the planner (numpy) load here, not when the parser is built for another command
     from llamafleet.model.demo import ModelFetchError, default_model_path
     from llamafleet.model.header import GgufError, read_model_info
+    from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.planner import make_plan
     from llamafleet.placement.rpc_probe import with_rpc
@@ -173,11 +182,14 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"fits": True, "replicas": [], "remote": [e.url for e in cfg.remote]}, indent=2)
                   if args.json else "nothing to place here: the model is served by remote members only: "
                   f"{', '.join(remote)}; each places it on its own machine")
-            return 0
+            return Exit.OK
         model = read_model_info(Path(cfg.model_path) if cfg.model_path else default_model_path())
-    except (ConfigError, GgufError, InventoryError, ModelFetchError) as e:
+    except (ConfigError, InventoryError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
+    except (GgufError, ModelFetchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return Exit.MODEL
     # a described inventory is another machine's: its core count is not known
     for line in inapplicable(cfg, inventory, None if args.inventory else os.cpu_count()):
         print(f"warning: {line}", file=sys.stderr)
@@ -189,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_plan(plan, model, inventory))
         if remote:
             print(f"remote members beside these replicas: {', '.join(remote)}")
-    return 0 if plan.fits else 1
+    return Exit.OK if plan.fits else Exit.NO
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -197,7 +209,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "plan",
         help="show how a model would be placed on the GPUs (replicas, split, memory per GPU); exit 1 if it won't fit",
         description="Plan a model's placement from its GGUF header and the GPU inventory; nothing is loaded.",
-        epilog="exit codes: 0 the plan fits, 1 it does not (the reasons say what would), 2 bad input.",
+        epilog="exit codes: 0 the plan fits, 1 it does not (the reasons say what would), 2 a bad flag or config "
+        "value, 3 the model file cannot be read (docs/OPERATIONS.md, Exit codes).",
     )
     p.add_argument("--inventory", metavar="FILE", help="plan for the GPUs described in this YAML instead of this "
                    "machine's (see examples/inventories/)")

@@ -29,10 +29,10 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback(args.host):
         print(f"\n{BANNER}\nWARNING: rpc-server listens on {args.host}, not 127.0.0.1.\n{INSECURE}.\n{BANNER}\n",
               file=sys.stderr, flush=True)
-    from llamafleet.engine import llama
+    from llamafleet.engine import llama_backend
     from llamafleet.paths import cache_dir
 
-    llama.init_backend("info")
+    llama_backend.init_backend("info")
     cache = None
     if args.cache:
         cache = cache_dir() / "rpc"
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # llama.cpp's loop never returns to Python: die at once
         signal.signal(sig, signal.SIG_DFL)
     try:
-        llama.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, str(cache) if cache else None)
+        llama_backend.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, str(cache) if cache else None)
     except RuntimeError as e:  # a llama.cpp built without the RPC backend
         print(f"error: {e}", file=sys.stderr)
         return 1

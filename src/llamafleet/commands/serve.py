@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llamafleet.config import ConfigError, FleetConfig, inapplicable, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
+from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) ->
             if planned is None:
                 return None
             plan, local = planned
-        model_name, n_ctx, specs = cfg.model_name or model_path.stem, local[0].engine.n_ctx_per_seq, local
+        model_name, n_ctx, specs = cfg.served_name(model_path), local[0].model_engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
     return [placed_model(model_name, specs, n_ctx, cfg, metrics, plan=plan, launcher=launcher)]
 
@@ -213,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import ModelFetchError
     from llamafleet.model.header import GgufError
+    from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.rpc_probe import with_rpc
 
@@ -222,14 +224,14 @@ def run(args: argparse.Namespace) -> int:
                              cfg.rpc_servers)
     except (ConfigError, InventoryError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     logging.getLogger().setLevel(cfg.log_level.upper())
     try:
         keys = (load_api_keys(cfg.api_keys_file),
                 load_api_keys(cfg.admin_api_keys_file, variable=ADMIN_KEYS_ENV, key="admin_api_keys_file"))
     except ApiKeysError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     for line in inapplicable(cfg, inventory, None if args.inventory else os.cpu_count()):
         print(f"  warning: {line}", file=sys.stderr)
     several, metrics = cfg.models is not None or cfg.models_dir is not None, FleetMetrics()
@@ -237,18 +239,18 @@ def run(args: argparse.Namespace) -> int:
         served = (_fleet_models if several else _one_model)(cfg, inventory, metrics)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except (GgufError, ModelFetchError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    if served is None:
-        return 1
+        return Exit.MODEL
+    if served is None:  # the plan does not fit (said above)
+        return Exit.NO
     service = Service(ModelManager(served, cfg, metrics, inventory), *keys)
     try:
         sock = _listen(cfg.host, cfg.port)
     except OSError as e:
         print(f"error: cannot listen on {cfg.host}:{cfg.port} ({e.strerror}); pass another --port", file=sys.stderr)
-        return 1
+        return Exit.MACHINE
     from llamafleet.api.app import run_server
 
     if not keys[0] and not _loopback(cfg.host):
@@ -266,5 +268,6 @@ def run(args: argparse.Namespace) -> int:
         what = f"'{service.model_name}' with {n} replica(s)"
         print(f"llamafleet: loading '{service.model_name}' as {n} replica(s), one at a time; "
               f"{_url(cfg)}/ready answers 200 once all are up", flush=True)
-    return run_server(service, sock, cfg.log_level,
-                      lambda: print(_banner(cfg, service.model_name, what), flush=True))
+    failed = run_server(service, sock, cfg.log_level,
+                        lambda: print(_banner(cfg, service.model_name, what), flush=True))
+    return Exit.LOAD if failed else Exit.OK

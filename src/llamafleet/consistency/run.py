@@ -37,6 +37,7 @@ from llamafleet.config import FleetConfig
 from llamafleet.consistency.compare import Answer, Thresholds, compare_all, judge, summarize
 from llamafleet.consistency.prompts import Prompt
 from llamafleet.consistency.report import ConfigResult, Report
+from llamafleet.engine.cores import default_threads
 from llamafleet.engine.types import EngineConfig, Generation, SamplingParams
 from llamafleet.fleet.messages import Ready, StepOutputs, Submit
 from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
@@ -102,7 +103,7 @@ class Setup:
 
 def threads_per_worker(cfg: FleetConfig) -> int:
     """The CPU threads every worker gets: the same for all, so thread count is never what differs."""
-    return cfg.threads or len(os.sched_getaffinity(0))
+    return cfg.threads or default_threads()
 
 
 def usable_inventory(inventory: Inventory, gpu_build: Callable[[], bool]) -> Inventory:
@@ -240,7 +241,7 @@ async def _run_setup(setup: Setup, prompts: list[Prompt], opts: CheckOptions
     params = SamplingParams(max_tokens=opts.max_tokens, temperature=0.0, logprobs=True)
     col = _Collector()
     rs = ReplicaSet(list(setup.specs), opts.fleet.log_level, opts.fleet.heartbeat_timeout_s)
-    results = [ConfigResult(name, "error", spec.label, engine=_engine_facts(spec.engine))
+    results = [ConfigResult(name, "error", spec.label, engine=_engine_facts(spec.model_engine))
                for name, spec in zip(setup.names, setup.specs, strict=True)]
     answers: list[list[Answer]] = []
     try:

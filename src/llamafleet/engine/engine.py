@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import random
 import time
 from collections import deque
@@ -29,9 +28,11 @@ from typing import Self
 
 import numpy as np
 
+from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
 from llamafleet.engine.kv_tiers import KvTiers, first_origin
-from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model, SamplerChain
+from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
+from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
 from llamafleet.engine.scheduler import schedule
@@ -58,7 +59,7 @@ class Engine(TextSide):
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
         self.cfg = cfg
-        threads = cfg.n_threads or max(1, os.cpu_count() or 1)
+        threads = cfg.n_threads or default_threads()
         self.model = Model(cfg, progress)
         ctx_cfg = EngineConfig(**{**cfg.__dict__, "n_threads": threads})
         try:

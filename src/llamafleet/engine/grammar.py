@@ -1,11 +1,12 @@
 """Grammars for constrained sampling: JSON schema -> GBNF, and the limits that keep a client's grammar harmless.
 
-Structured output is sampled under a GBNF grammar (llama.cpp's grammar sampler, :class:`~llamafleet.engine.llama.
-SamplerChain`), so the answer always parses. JSON schemas become GBNF through llama-cpp-python's port of llama.cpp's
-converter (``llama_cpp.llama_grammar``). That converter silently skips keywords it cannot express (``minimum``,
-``uniqueItems``, ...), which would let an answer parse yet fail validation; so the schema is walked first and any
-keyword outside :data:`KEYWORDS` is refused, named with where it is. The converter spells ``maxLength: n`` as ``n``
-nested groups and ``minLength: n`` as ``n`` copies, so length and count bounds are capped at :data:`MAX_REPEAT`.
+Structured output is sampled under a GBNF grammar (llama.cpp's grammar sampler,
+:class:`~llamafleet.engine.llama_sampler.SamplerChain`), so the answer always parses. JSON schemas become GBNF through
+llama-cpp-python's port of llama.cpp's converter (``llama_cpp.llama_grammar``). That converter silently skips keywords
+it cannot express (``minimum``, ``uniqueItems``, ...), which would let an answer parse yet fail validation; so the
+schema is walked first and any keyword outside :data:`KEYWORDS` is refused, named with where it is. The converter
+spells ``maxLength: n`` as ``n`` nested groups and ``minLength: n`` as ``n`` copies, so length and count bounds are
+capped at :data:`MAX_REPEAT`.
 
 llama.cpp parses and walks a grammar recursively: nesting 20,000 groups deep crashed a worker (stack overflow) where
 10,000 did not, so :func:`check_gbnf` refuses grammars nested deeper than :data:`MAX_DEPTH` or longer than

@@ -1,11 +1,15 @@
-"""Every ctypes call into llama.cpp lives here (binding names drift between versions: one place to fix).
+"""llama.cpp's models, contexts and batches: the ctypes calls that load weights, run passes and edit the KV cache.
+
+The bindings are three modules, the only ones that call into llama.cpp (binding names drift between versions: one
+place to fix): this one; :mod:`llamafleet.engine.llama_backend` (backend setup, llama.cpp's logs, devices, RPC)
+and :mod:`llamafleet.engine.llama_sampler` (sampler chains, grammars, candidate buffers).
 
 Import order matters on CUDA builds: if numpy (whose wheels bundle OpenBLAS and libgfortran) is loaded before
 libggml-cuda, loading a model can crash inside llama.cpp's own log formatting (``llama_model::print_info``; seen on
 an H200 machine with CUDA 13). So ``llama_cpp`` is imported here before numpy, and processes that load models call
 import this module first thing (the worker does; so does the CLI for in-process engine commands).
 
-Lifetimes are explicit: :class:`Model`, :class:`Context`, :class:`Batch` and :class:`SamplerChain` free their native
+Lifetimes are explicit: :class:`Model`, :class:`Context`, :class:`Batch` and the sampler chains free their native
 memory in ``close()`` (also via ``with``), never through the garbage collector. llama.cpp's own log lines are routed
 into Python ``logging`` under the logger ``llamafleet.llama_cpp`` (:mod:`llamafleet.engine.llama_log`).
 """
@@ -14,15 +18,16 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import llama_cpp as lc  # isort: skip  (before numpy, see above)
 import numpy as np
 import numpy.typing as npt
 
 from llamafleet.engine import llama_log
-from llamafleet.engine.types import EngineConfig, SamplingParams
+from llamafleet.engine.llama_backend import Native, init_backend, model_devices
+from llamafleet.engine.llama_sampler import Candidates, greedy_chain
+from llamafleet.engine.types import EngineConfig
 
 log = llama_log.log
 
@@ -35,127 +40,15 @@ STATE_FORMAT = (f"llama.cpp state seq v{lc.LLAMA_STATE_SEQ_VERSION} session v{lc
 _FLASH = {None: lc.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
           False: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
-# ---------------------------------------------------------------------------------------------------------------
-# Logging and process-wide facts
-# ---------------------------------------------------------------------------------------------------------------
-_LOG_CALLBACK = lc.llama_log_callback(lambda level, text, _user: llama_log.on_log(level, text))  # kept alive
-_backend_ready = False
-
-
-def init_backend(llama_log_level: str = "warning") -> None:
-    """Route llama.cpp's logs into Python logging at ``llama_log_level`` and initialise the backend (once)."""
-    global _backend_ready
-    llama_log.set_level(llama_log_level)
-    lc.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-    if not _backend_ready:
-        lc.llama_backend_init()
-        _backend_ready = True
-
-
-def supports_gpu_offload() -> bool:
-    """Whether the installed llama.cpp offloads to a GPU of this host. llama.cpp's own llama_supports_gpu_offload()
-    also says yes for the RPC backend alone, which offloads to other hosts' devices: a CPU build with RPC (every
-    build the project makes) would pass for a GPU one. So this host's devices are asked instead."""
-    return bool(_local_devices((_DEV_GPU, _DEV_IGPU)))
-
-
-def system_info() -> str:
-    """llama.cpp's description of compiled CPU features and backends."""
-    return bytes(lc.llama_print_system_info()).decode("utf-8", errors="replace")
-
 
 def max_parallel_sequences() -> int:
     return int(lc.llama_max_parallel_sequences())
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Devices and llama.cpp's RPC backend (other hosts' devices), through ggml's registry and its proc addresses
-# ---------------------------------------------------------------------------------------------------------------
-def _ggml(name: str, restype: Any, *argtypes: Any) -> Any:
-    """A ggml function, found through libllama's handle (ggml's libraries are its dependencies)."""
-    fn = getattr(lc.llama_cpp._lib, name)
-    fn.restype, fn.argtypes = restype, list(argtypes)
-    return fn
-
-
-_P, _SIZE = ctypes.c_void_p, ctypes.c_size_t
-_reg_by_name = _ggml("ggml_backend_reg_by_name", _P, ctypes.c_char_p)
-_reg_name = _ggml("ggml_backend_reg_name", ctypes.c_char_p, _P)
-_reg_proc = _ggml("ggml_backend_reg_get_proc_address", _P, _P, ctypes.c_char_p)
-_reg_dev_count = _ggml("ggml_backend_reg_dev_count", _SIZE, _P)
-_reg_dev_get = _ggml("ggml_backend_reg_dev_get", _P, _P, _SIZE)
-_dev_count = _ggml("ggml_backend_dev_count", _SIZE)
-_dev_get = _ggml("ggml_backend_dev_get", _P, _SIZE)
-_dev_reg = _ggml("ggml_backend_dev_backend_reg", _P, _P)
-_dev_type = _ggml("ggml_backend_dev_type", ctypes.c_int, _P)
-_dev_memory = _ggml("ggml_backend_dev_memory", None, _P, ctypes.POINTER(_SIZE), ctypes.POINTER(_SIZE))
-_DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
-_ADD_SERVER = ctypes.CFUNCTYPE(_P, ctypes.c_char_p)
-_START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, _SIZE, _SIZE, ctypes.POINTER(_P))
-
-
-def _rpc_proc(name: str) -> int:
-    reg = _reg_by_name(b"RPC")
-    if not reg:
-        raise RuntimeError("this llama.cpp build has no RPC backend: rebuild llama-cpp-python with -DGGML_RPC=ON "
-                           "(scripts/install.sh does)")
-    return int(_reg_proc(reg, name.encode()))
-
-
-def rpc_devices(endpoint: str) -> list[int]:
-    """The devices of the RPC server at ``endpoint`` (``host:port``), as ggml device handles.
-
-    llama.cpp aborts the process if nothing answers there: check the endpoint first (``llamafleet.rpc``).
-    """
-    reg = _ADD_SERVER(_rpc_proc("ggml_backend_rpc_add_server"))(endpoint.encode())
-    if not reg:
-        raise RuntimeError(f"RPC server {endpoint} reports no devices")
-    return [int(_reg_dev_get(reg, i)) for i in range(_reg_dev_count(reg))]
-
-
-def device_memory(dev: int) -> tuple[int, int]:
-    """(free, total) bytes of a device; for an RPC device, as its server reports them."""
-    free, total = _SIZE(), _SIZE()
-    _dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-    return int(free.value), int(total.value)
-
-
-def _local_devices(kinds: tuple[int, ...]) -> list[int]:
-    devs = [int(_dev_get(i)) for i in range(_dev_count())]
-    return [d for d in devs if _dev_type(d) in kinds and _reg_name(_dev_reg(d)) != b"RPC"]
-
-
-def _own_devices() -> list[int]:
-    """This host's GPUs (those the process sees), or its CPU when it sees none."""
-    return _local_devices((_DEV_GPU, _DEV_IGPU)) or _local_devices((_DEV_CPU,))
-
-
-def serve_rpc(endpoint: str, n_threads: int, cache_dir: str | None) -> None:
-    """Be llama.cpp's RPC server on ``endpoint`` until the process is killed (what its rpc-server tool runs) for
-    :func:`_own_devices`. Returns only if it could not start (it says why on stderr)."""
-    devs = _own_devices()
-    arr = (_P * len(devs))(*devs)
-    start = _START_SERVER(_rpc_proc("ggml_backend_rpc_start_server"))
-    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads, len(devs), arr)
-
-
-class _Native:
-    """Base for objects that own native memory: ``close()`` is idempotent and ``with`` calls it."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Model: weights, vocabulary, chat template
 # ---------------------------------------------------------------------------------------------------------------
-class Model(_Native):
+class Model(Native):
     """A loaded GGUF model. ``progress(fraction)`` is called while loading."""
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
@@ -172,8 +65,7 @@ class Model(_Native):
             params.tensor_split = ctypes.cast(arr, ctypes.POINTER(ctypes.c_float))
         if cfg.rpc_servers:  # the RPC servers' devices first (as llama.cpp orders them), then this host's GPUs or
             # CPU: the last layers and the output head stay here, so only activations cross the network, not logits
-            devs = [d for e in cfg.rpc_servers for d in rpc_devices(e)] + _own_devices()
-            self._devices = (_P * (len(devs) + 1))(*devs, None)
+            self._devices = model_devices(cfg.rpc_servers)
             params.devices = ctypes.addressof(self._devices)
         self._progress_cb = None
         if progress is not None:
@@ -304,7 +196,7 @@ def _utf8(text: str) -> bytes:
 # ---------------------------------------------------------------------------------------------------------------
 # Batch: numpy-backed so a step fills it with a few array copies, not per-token Python work
 # ---------------------------------------------------------------------------------------------------------------
-class Batch(_Native):
+class Batch(Native):
     """A ``llama_batch`` whose arrays are numpy buffers we own (one sequence id per token)."""
 
     def __init__(self, capacity: int) -> None:
@@ -335,7 +227,7 @@ class Batch(_Native):
 # ---------------------------------------------------------------------------------------------------------------
 # Context: KV cache + compute buffers for n_seq parallel sequences
 # ---------------------------------------------------------------------------------------------------------------
-class Context(_Native):
+class Context(Native):
     """A llama.cpp context over ``model`` with ``n_seq`` sequences of ``n_ctx_per_seq`` tokens each.
 
     With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``embeddings=True`` makes a
@@ -369,7 +261,7 @@ class Context(_Native):
         # need no logits copied to the host. A request that needs CPU sampling detaches its slot's chain.
         self._greedy: list[Any] = []
         if cfg.backend_sampling:
-            self._greedy = [_greedy_chain() for _ in range(cfg.n_seq)]
+            self._greedy = [greedy_chain() for _ in range(cfg.n_seq)]
             confs = (lc.llama_sampler_seq_config * cfg.n_seq)()
             for i, ch in enumerate(self._greedy):
                 confs[i].seq_id = i
@@ -413,7 +305,7 @@ class Context(_Native):
         if not on:
             return bool(lc.llama_set_sampler(self.ptr, seq, None))
         lc.llama_sampler_free(self._greedy[seq])
-        self._greedy[seq] = _greedy_chain()
+        self._greedy[seq] = greedy_chain()
         return bool(lc.llama_set_sampler(self.ptr, seq, self._greedy[seq]))
 
     def sampled_token(self, batch_index: int) -> int:
@@ -498,103 +390,3 @@ class Context(_Native):
     def perf(self) -> dict[str, float]:
         d = lc.llama_perf_context(self.ptr)
         return {"t_eval_ms": float(d.t_eval_ms), "n_eval": float(d.n_eval), "t_p_eval_ms": float(d.t_p_eval_ms)}
-
-
-def _greedy_chain() -> Any:
-    sp = lc.llama_sampler_chain_default_params()
-    sp.no_perf = True
-    chain = lc.llama_sampler_chain_init(sp)
-    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
-    return chain
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Sampler chains (CPU): [grammar] -> penalties -> top_k -> typical_p -> top_p -> min_p -> temperature -> seeded draw
-# ---------------------------------------------------------------------------------------------------------------
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
-
-
-class Candidates:
-    """A ``llama_token_data_array`` over a numpy buffer (a context keeps one: sequences are sampled in turn)."""
-
-    def __init__(self, n: int) -> None:
-        self.data, self.ids = np.zeros(n, dtype=_TOKEN_DATA), np.arange(n, dtype=np.int32)
-        self.struct = lc.llama_token_data_array(ctypes.cast(self.data.ctypes.data, ctypes.POINTER(lc.llama_token_data)))
-
-    def run(self, sampler: Any, logits: npt.NDArray[np.float32] | None, ids: Sequence[int] | None = None) -> bool:
-        """Refill from ``logits`` (None: keep what is there) and apply ``sampler``; False if it refused every token."""
-        if logits is not None:
-            n = len(logits)
-            self.data["id"][:n] = self.ids[:n] if ids is None else ids
-            self.data["logit"][:n], self.data["p"][:n] = logits, 0.0
-            self.struct.size, self.struct.selected, self.struct.sorted = n, -1, False
-        lc.llama_sampler_apply(sampler, ctypes.byref(self.struct))
-        return not np.isneginf(self.data["logit"][: self.struct.size]).all()
-
-    def selected(self) -> int:  # the token a sampler chose
-        return int(self.data["id"][self.struct.selected])
-
-
-class SamplerChain(_Native):
-    """A per-sequence llama.cpp sampler chain built from :class:`SamplingParams`, and beside it the request's grammar
-    sampler (its parse state is this sequence's alone). The chain picks a token and the grammar checks that one;
-    only if it is refused does the grammar mask the whole vocabulary (~5 ms for 49k tokens on one core) and the
-    chain pick again (as llama.cpp's common sampler does). So every token fits the grammar, under any settings."""
-
-    def __init__(self, params: SamplingParams, model: Model, seed: int) -> None:
-        self.grammar = None if params.grammar is None else model.grammar_sampler(params.grammar)
-        self.end = int(np.flatnonzero(model.eog)[0])  # answered when the grammar has no token left to allow
-        sp = lc.llama_sampler_chain_default_params()
-        sp.no_perf = True
-        self.ptr = lc.llama_sampler_chain_init(sp)
-        add = lc.llama_sampler_chain_add
-        if params.logit_bias:  # first, so every later step (and greedy) sees the biased logits
-            bias = (lc.llama_logit_bias * len(params.logit_bias))(*(lc.llama_logit_bias(t, b) for t, b in
-                                                                    params.logit_bias))
-            add(self.ptr, lc.llama_sampler_init_logit_bias(model.n_vocab, len(params.logit_bias), bias))
-        if params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
-            add(self.ptr, lc.llama_sampler_init_penalties(
-                model.n_vocab, params.penalty_last_n, params.repeat_penalty, params.frequency_penalty,
-                params.presence_penalty))
-        if params.greedy:
-            add(self.ptr, lc.llama_sampler_init_greedy())
-            return
-        if params.top_k > 0:
-            add(self.ptr, lc.llama_sampler_init_top_k(params.top_k))
-        if params.typical_p < 1.0:
-            add(self.ptr, lc.llama_sampler_init_typical(params.typical_p, 1))
-        if params.top_p < 1.0:
-            add(self.ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            add(self.ptr, lc.llama_sampler_init_min_p(params.min_p, 1))
-        add(self.ptr, lc.llama_sampler_init_temp(params.temperature))
-        add(self.ptr, lc.llama_sampler_init_dist(seed))
-
-    def accept(self, tokens: Sequence[int]) -> None:
-        """Feed ``tokens`` (the prompt's tail) to the penalties' window; the grammar never sees them."""
-        for t in tokens:
-            lc.llama_sampler_accept(self.ptr, t)
-
-    def sample(self, ctx: Context, logits: npt.NDArray[np.float32]) -> int:
-        """The next token from one row of ``logits``, accepted by the chain and the grammar. A grammar that allows
-        no token at all (a dead end of a client's GBNF) ends the answer with end-of-generation."""
-        (cands := ctx.candidates).run(self.ptr, logits)
-        tok = cands.selected()
-        if self.grammar is not None:
-            if not ctx.candidate.run(self.grammar, logits[tok:tok + 1], [tok]):
-                if not cands.run(self.grammar, logits):
-                    log.warning("the grammar allows no token here (a dead end); ending the answer")
-                    return self.end
-                cands.run(self.ptr, None)
-                tok = cands.selected()
-            lc.llama_sampler_accept(self.grammar, tok)
-        lc.llama_sampler_accept(self.ptr, tok)
-        return tok
-
-    def close(self) -> None:
-        if getattr(self, "ptr", None):
-            lc.llama_sampler_free(self.ptr)
-            self.ptr = None
-        if self.grammar is not None:
-            lc.llama_sampler_free(self.grammar)
-            self.grammar = None

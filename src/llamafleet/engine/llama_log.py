@@ -1,7 +1,7 @@
 """llama.cpp's log text, turned into Python ``logging`` lines under the logger ``llamafleet.llama_cpp``.
 
 llama.cpp logs in fragments (level 5 continues the previous line), so text is buffered until a newline. The ctypes
-callback that feeds :func:`on_log` is in :mod:`llamafleet.engine.llama`; this part needs no llama.cpp.
+callback that feeds :func:`on_log` is in :mod:`llamafleet.engine.llama_backend`; this part needs no llama.cpp.
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ do their top alternatives (one ``argpartition`` over those rows) and the scores 
 from __future__ import annotations
 
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
 
+from llamafleet.engine.cores import host_cores
 from llamafleet.engine.llama import Context
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import TopLogprobs
@@ -89,7 +89,7 @@ _pool: ThreadPoolExecutor | None = None
 
 @functools.cache
 def _threads() -> int:
-    return min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return min(8, host_cores())
 
 
 def argmax_rows(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:

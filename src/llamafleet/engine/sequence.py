@@ -10,7 +10,7 @@ from llamafleet.engine.text import Detokenizer, StopMatcher
 from llamafleet.engine.types import CacheOrigin, PromptLogprobs, Request
 
 if TYPE_CHECKING:  # only a type here: the scheduler and its tests import this module without loading llama.cpp
-    from llamafleet.engine.llama import SamplerChain
+    from llamafleet.engine.llama_sampler import SamplerChain
 
 
 @dataclass(eq=False)

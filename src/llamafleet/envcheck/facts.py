@@ -79,7 +79,7 @@ class LlamaBuild:
     loaded: bool = False  # a child process imported it and asked llama.cpp for its system info
     load_error: str | None = None  # why loading failed (exception text, signal, timeout)
     load_signal: int | None = None  # the signal that killed the loading process (4 = SIGILL)
-    offload: bool | None = None  # engine.llama.supports_gpu_offload(): a GPU of this host, not RPC
+    offload: bool | None = None  # engine.llama_backend.supports_gpu_offload(): a GPU of this host, not RPC
     system_info: str = ""  # llama_print_system_info(): "CPU : SSE3 = 1 | ... | CUDA : ARCHS = 900 | ..."
     cudart_file: str | None = None  # the libcudart file the loading process mapped, e.g. libcudart.so.12.4.127
 

@@ -194,13 +194,13 @@ def _llama() -> LlamaBuild:
 
 
 def run_probe() -> None:
-    """Child-process entry: load llama.cpp through the engine module and print one marked JSON line about it."""
+    """Child-process entry: load llama.cpp through the engine's bindings and print one marked JSON line about it."""
     out: dict[str, object] = {}
     try:
-        from llamafleet.engine import llama
+        from llamafleet.engine import llama_backend
 
-        out["offload"] = bool(llama.supports_gpu_offload())
-        out["system_info"] = llama.system_info()
+        out["offload"] = bool(llama_backend.supports_gpu_offload())
+        out["system_info"] = llama_backend.system_info()
     except Exception as e:  # ImportError, or OSError for a shared library that cannot load: all reported
         out["error"] = f"{type(e).__name__}: {e}"
     try:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from llamafleet.engine.types import ContextOverflow, RequestOutput
 from llamafleet.fleet.messages import Abort, Ready, StepOutputs, Submit
-from llamafleet.fleet.remote import unrelayable
 from llamafleet.fleet.replicas import ReplicaSet
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.telemetry import FleetMetrics
@@ -171,8 +170,8 @@ class Dispatcher:
 
     def _able(self, msg: Submit) -> list[int] | None:
         """The replicas that can serve ``msg`` (None: all); :class:`Unservable` if none can (remote members
-        cannot serve everything, see :func:`~llamafleet.fleet.remote.unrelayable`)."""
-        why = {i: unrelayable(msg, s.remote) for i, s in enumerate(self.replicas.specs) if s.remote is not None}
+        cannot serve everything: a spec's ``refuses``, see :func:`~llamafleet.fleet.remote.unrelayable`)."""
+        why = {i: s.refuses(msg) for i, s in enumerate(self.replicas.specs) if s.refuses is not None}
         if not any(why.values()):
             return None
         able = [i for i in range(len(self.replicas)) if not why.get(i)]

@@ -33,7 +33,8 @@ from dataclasses import KW_ONLY, dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher
-from llamafleet.fleet.remote import RemoteMember, member_specs, remote_context
+from llamafleet.fleet.relay import RemoteMember
+from llamafleet.fleet.remote import member_specs, remote_context
 from llamafleet.fleet.replicas import Launcher, LoadError, ReplicaSet, ReplicaSpec
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.specs import plan_specs
@@ -83,8 +84,7 @@ class ManagedModel:
     def where(self) -> list[str]:
         """Where its replicas run ("GPU 0", "GPUs 0,1", "CPU", "remote URL"); empty while it holds no memory."""
         if self.placed is not None:
-            remote = [s.remote.label for s in self.dispatcher.replicas.specs if s.remote] if self.dispatcher else []
-            return [r.label for r in self.placed.plan.replicas] + remote
+            return [r.label for r in self.placed.plan.replicas] + [m.label for m in self.remote]
         return [spec.label for spec in self.dispatcher.replicas.specs] if self.dispatcher else []
 
 

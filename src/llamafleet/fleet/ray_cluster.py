@@ -90,7 +90,7 @@ def ray_fleet(model: ModelInfo, cfg: FleetConfig, model_path: str) -> RayFleet:
         node, p = node_plan.node, node_plan.plan
         node_specs = plan_specs(p, node_plan.cfg, model_path, f"node {node.address}, ", here=False)
         specs += node_specs
-        placements += [Placement(node.node_id, node.address, 0 if r.gpus else float(s.engine.n_threads or 1),
+        placements += [Placement(node.node_id, node.address, 0 if r.gpus else float(s.model_engine.n_threads or 1),
                                  len(r.gpus)) for r, s in zip(p.replicas, node_specs, strict=True)]
     host = ray.util.get_node_ip_address()
     try:

@@ -186,14 +186,14 @@ class RayLauncher:
         self._actor_class = ray.remote(ReplicaActor)
 
     async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched:
-        place = self._placements[replica]
+        place, engine = self._placements[replica], spec.model_engine
         need = f"{place.num_gpus} GPU(s)" if place.num_gpus else f"{place.num_cpus:g} CPU(s)"
         actor = self._actor_class.options(
             name=None, num_cpus=place.num_cpus, num_gpus=place.num_gpus, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(place.node_id, soft=True),
         ).remote()
         try:
-            pid, node_id, has_model, gpus = await asyncio.wait_for(_wait(actor.where.remote(spec.engine.model_path)),
+            pid, node_id, has_model, gpus = await asyncio.wait_for(_wait(actor.where.remote(engine.model_path)),
                                                              PLACE_TIMEOUT_S)
         except TimeoutError:
             ray.kill(actor, no_restart=True)
@@ -204,12 +204,12 @@ class RayLauncher:
         address = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), node_id)
         if not has_model:
             ray.kill(actor, no_restart=True)
-            raise LoadError(f"replica {replica}: the model file {spec.engine.model_path} is not on node {address}; "
+            raise LoadError(f"replica {replica}: the model file {engine.model_path} is not on node {address}; "
                             "every node needs the GGUF at the same path")
         token, connected = self._listener.expect()
         # Ray's GPU assignment stands on a GPU replica: Ray tells the actor which GPUs are its own
         env = {k: v for k, v in spec.env.items() if not (place.num_gpus and k == "CUDA_VISIBLE_DEVICES")}
-        run = actor.run.remote(self._listener.host, self._listener.port, token, replica, env, spec.engine,
+        run = actor.run.remote(self._listener.host, self._listener.port, token, replica, env, engine,
                                log_level, beat_s)
         # never cancelled (that would reach into Ray): it ends with the actor; its outcome is read through RayWorker
         ended = asyncio.ensure_future(_wait(run))

@@ -1,27 +1,48 @@
-"""One sequence relayed to an upstream OpenAI-compatible server: the request it becomes, its stream read back.
+"""One sequence relayed to an upstream OpenAI-compatible server: who the upstream is, the request a sequence becomes,
+its stream read back.
 
-Pure translation, no I/O: :func:`upstream_request` turns a :class:`~llamafleet.fleet.messages.Submit` into the path and
-JSON body of a streamed ``/v1/chat/completions`` (chat turns) or ``/v1/completions`` (a text or token-id prompt) with
-``n`` = 1 (the dispatcher already made one sequence per choice) and usage asked for; :class:`StreamReader` turns the
-SSE lines that come back into the engine's :class:`~llamafleet.engine.types.RequestOutput` s, the same ones a local
-replica sends; :func:`upstream_failure` words an upstream's error answer with the status the front's client gets.
+Pure translation, no I/O: :class:`RemoteMember` is one upstream as its worker needs it; :func:`upstream_request`
+turns a :class:`~llamafleet.fleet.messages.Submit` into the path and JSON body of a streamed ``/v1/chat/completions``
+(chat turns) or ``/v1/completions`` (a text or token-id prompt) with ``n`` = 1 (the dispatcher already made one
+sequence per choice) and usage asked for; :class:`StreamReader` turns the SSE lines that come back (read by
+:func:`llamafleet.openai_wire.parse_sse_line`) into the engine's :class:`~llamafleet.engine.types.RequestOutput` s,
+the same ones a local replica sends; :func:`upstream_failure` words an upstream's error answer with the status the
+front's client gets.
 
-The front has no token ids from an upstream: each content chunk counts as one token for the front's timings
-(time to first token, gaps), and the token counts of usage are the upstream's own (``stream_options.include_usage``;
-an upstream that sends none is counted one token per chunk and no prompt tokens). With logprobs, the tokens the
-upstream scores are the output's tokens, under ids made up per stream (see :class:`StreamReader`).
+The front has no vocabulary of an upstream's model, so a relayed stream has its own: the tokens of its outputs are
+the pieces of text the upstream sent, each under an id made up for this stream (one per distinct piece; see
+:class:`StreamReader`). Without logprobs each content chunk is one token, for the front's timings (time to first
+token, gaps); with logprobs, the tokens are those the upstream scores. The token counts of usage are the upstream's
+own (``stream_options.include_usage``; an upstream that sends none is counted one token per chunk or scored token,
+and no prompt tokens).
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from llamafleet.engine.types import LLAMA_CPP_KNOBS, OPENAI_KNOBS, FinishReason, RequestOutput
 from llamafleet.fleet.messages import Submit
-from llamafleet.fleet.remote import RemoteMember
+from llamafleet.openai_wire import StreamEvent, error_text, parse_sse_line
 
-PLACEHOLDER_TOKEN = -1  # the token id of a relayed chunk: the front only counts and times them
+
+@dataclass(frozen=True)
+class RemoteMember:
+    """One upstream server, as its worker needs it. ``api_key`` is kept out of ``repr`` (and so out of logs)."""
+
+    url: str  # the server's root, without /v1: "http://10.0.0.2:8080"
+    model: str | None  # the upstream's name of the model; None: the first one its /v1/models lists
+    max_concurrency: int = 8  # sequences it is given at once: its slots in the router
+    timeout_s: float = 60.0  # the longest wait for the upstream's next byte (connect, first token, between chunks)
+    llama_cpp: bool = True  # it takes llama.cpp's extra fields (LLAMA_CPP_KNOBS, grammar, ignore_eos)
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"remote {self.url}"
+
+
 # Sampling knobs go upstream when they differ from the defaults (an upstream at its defaults samples as ours do, and
 # an older one need not know a knob added since), except these, whose defaults differ between servers
 ALWAYS_SENT = ("temperature", "top_p")  # llama-server's are 0.8 and 0.95
@@ -56,16 +77,6 @@ def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str
     return "/v1/completions", body
 
 
-def error_text(body: bytes) -> str:
-    """The message of an OpenAI-shaped error body (``{"error": {"message": ...}}``), else the body's start."""
-    try:
-        data = json.loads(body)
-        message = data["error"]["message"] if isinstance(data.get("error"), dict) else data.get("error") or data
-        return str(message)[:500]
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return body[:300].decode("utf-8", errors="replace")
-
-
 def upstream_failure(status: int, body: bytes, label: str) -> tuple[int, str]:
     """The status and message the front's client gets for an upstream's error answer.
 
@@ -88,60 +99,46 @@ class UpstreamError(Exception):
 class StreamReader:
     """Turns one upstream SSE stream into :class:`RequestOutput` s for ``request_id`` (see the module docstring).
 
-    With ``logprobs``, each token the upstream scores becomes one token of the output, under an id made up here
-    (one per distinct token text, in this stream): the front needs ids only to look up the bytes of each token and
-    of its alternatives, which travel with the output as a local replica's do."""
+    The ids of the tokens are this stream's own: one per distinct piece of text (:attr:`ids`). The front needs them
+    only to count and time tokens and, with ``logprobs``, to look up the bytes of each token and of its
+    alternatives, which then travel with the output as a local replica's do."""
 
     def __init__(self, request_id: str, logprobs: bool = False) -> None:
         self.request_id = request_id
         self.logprobs = logprobs
         self.ids: dict[bytes, int] = {}
         self.tokens = 0
-        self.chunks = 0
         self.finish: FinishReason | None = None
-        self.usage: dict[str, Any] | None = None
+        self.usage: StreamEvent | None = None  # the last line that carried token counts
         self.done = False  # data: [DONE] seen
 
     def line(self, line: str) -> tuple[RequestOutput, list[bytes]] | None:
         """The output one SSE line adds, if any, with the bytes of each of its tokens when logprobs were asked for
-        (:class:`UpstreamError` for an error event)."""
-        if not line.startswith("data:"):
-            return None  # blank separators, comments, event names
-        data = line[5:].strip()
-        if data == "[DONE]":
-            self.done = True
+        (:class:`UpstreamError` for an error event, or a line that is not an OpenAI stream's)."""
+        ev = parse_sse_line(line)
+        if ev is None:
             return None
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise UpstreamError(f"sent a line that is not JSON: {data[:100]!r}") from None
-        if not isinstance(chunk, dict):
-            raise UpstreamError(f"sent a chunk that is not an object: {data[:100]!r}")
-        if "error" in chunk:
-            raise UpstreamError(error_text(data.encode()))
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        text = ""
-        scored: list[tuple[bytes, float, list[tuple[bytes, float]]]] = []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta")
-            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            text += piece or ""
-            if self.logprobs:
-                scored += _scored(choice.get("logprobs"))
-            if choice.get("finish_reason"):
-                self.finish = "length" if choice["finish_reason"] == "length" else "stop"
-        if not (text or scored):
-            return None
-        self.chunks += 1
+        if ev.error is not None:
+            raise UpstreamError(ev.error)
+        self.done = self.done or ev.done
+        if ev.usage:
+            self.usage = ev
+        if ev.finish_reason:
+            self.finish = "length" if ev.finish_reason == "length" else "stop"
         if not self.logprobs:
-            return RequestOutput(self.request_id, text=text, token_ids=[PLACEHOLDER_TOKEN],
-                                 completion_tokens=self.chunks), []
+            if not ev.text:
+                return None
+            self.tokens += 1
+            return RequestOutput(self.request_id, text=ev.text, token_ids=[self._id(ev.text.encode())],
+                                 completion_tokens=self.tokens), []
+        scored = [s for lp in ev.logprobs for s in _scored(lp)]
+        if not (ev.text or scored):
+            return None
         self.tokens += len(scored)
         ids = [self._id(b) for b, _, _ in scored]
         top = [[(self._id(b), lp) for b, lp in alts] for _, _, alts in scored]
         words = {i: b for b, i in self.ids.items() if i in {*ids, *(t for alts in top for t, _ in alts)}}
-        return RequestOutput(self.request_id, text=text, token_ids=ids, logprobs=[lp for _, lp, _ in scored],
+        return RequestOutput(self.request_id, text=ev.text, token_ids=ids, logprobs=[lp for _, lp, _ in scored],
                              completion_tokens=self.tokens,
                              top_logprobs=top if any(top) else None, token_bytes=words), [b for b, _, _ in scored]
 
@@ -151,13 +148,11 @@ class StreamReader:
     def last(self) -> RequestOutput:
         """The final output, once the stream has ended with a finish reason, counted from the upstream's usage."""
         assert self.finish is not None
-        usage = self.usage or {}
-        details = usage.get("prompt_tokens_details") or {}
+        usage = self.usage or StreamEvent()
         return RequestOutput(self.request_id, logprobs=[] if self.logprobs else None, finished=True,
-                             finish_reason=self.finish,
-                             prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                             completion_tokens=int(usage.get("completion_tokens") or self.tokens or self.chunks),
-                             cached_tokens=int(details.get("cached_tokens") or 0))
+                             finish_reason=self.finish, prompt_tokens=usage.prompt_tokens or 0,
+                             completion_tokens=usage.completion_tokens or self.tokens,
+                             cached_tokens=usage.cached_tokens or 0)
 
 
 def _word(entry: dict[str, Any]) -> bytes:

@@ -1,57 +1,39 @@
 """Remote members: a replica that is another OpenAI-compatible server (another llamafleet, a llama-server, a provider).
 
-The design: a remote member is a replica like any other, only its worker process loads no model. It runs
-:func:`llamafleet.fleet.remote_worker.remote_main`, which speaks the same pipe protocol as a llama.cpp worker
+The design: a remote member is a replica like any other, only its worker process loads no model. Its replica spec
+has no engine and a launcher of its own, :class:`MemberLauncher`, which starts
+:func:`llamafleet.fleet.remote_worker.remote_main` as a child process (whatever starts the model's other replicas:
+a member relays from this host). That worker speaks the same pipe protocol as a llama.cpp worker
 (:mod:`llamafleet.fleet.messages`): ``Ready`` once the upstream answers, one ``StepOutputs`` per relayed chunk,
 heartbeats, and an exit when the upstream stops answering. So everything above the pipe works unchanged and counts
 members exactly as it counts local replicas: the replica set's supervision (death noticed at once, restart with
 backoff, which is how an unreachable upstream is re-probed), the router (a member's slots are its
-``max_concurrency``), the dispatcher, metrics, aggregation and every API route. The seam in
-:class:`~llamafleet.fleet.replicas.ReplicaSpec` is one field (``remote``) that picks the worker's entry point.
-The alternative, relaying in the API process itself, would have needed a second path through dispatch, health and
-metrics for the same outcomes.
+``max_concurrency``), the dispatcher, metrics, aggregation and every API route. The alternative, relaying in the API
+process itself, would have needed a second path through dispatch, health and metrics for the same outcomes.
 
-This module holds what the API process needs to know of a member: who it is (:class:`RemoteMember`, built from the
-configuration by :func:`members` with its key read from the environment or a file, never printed), its replica spec
-(:func:`member_specs`) and what it cannot relay (:func:`unrelayable`: the dispatcher routes such a request only to
-replicas that can serve it, or refuses it with 400 before routing). The HTTP side is in
-:mod:`llamafleet.fleet.relay` and :mod:`llamafleet.fleet.remote_worker`.
+This module holds what the API process needs to know of a member: the configured members (:func:`members`, each
+key read from the environment or a file, never printed), their replica specs (:func:`member_specs`) and what a
+member cannot relay (:func:`unrelayable`, a spec's ``refuses``: the dispatcher routes such a request only to
+replicas that can serve it, or refuses it with 400 before routing). Who a member is
+(:class:`~llamafleet.fleet.relay.RemoteMember`) and the HTTP side are in :mod:`llamafleet.fleet.relay` and
+:mod:`llamafleet.fleet.remote_worker`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from llamafleet.config import ConfigError, FleetConfig, RemoteEntry
-from llamafleet.engine.types import LLAMA_CPP_KNOBS, EngineConfig
+from llamafleet.engine.types import LLAMA_CPP_KNOBS
 from llamafleet.fleet.messages import Submit
-from llamafleet.fleet.replicas import ReplicaSpec
+from llamafleet.fleet.relay import RemoteMember
+from llamafleet.fleet.remote_worker import remote_main
+from llamafleet.fleet.replicas import Launched, ReplicaSpec, spawn
+from llamafleet.openai_wire import root_url
 
 NO_CONTEXT_LIMIT = 2**31 - 1  # a member's context is the upstream's business; it refuses what does not fit (400)
-
-
-@dataclass(frozen=True)
-class RemoteMember:
-    """One upstream server, as its worker needs it. ``api_key`` is kept out of ``repr`` (and so out of logs)."""
-
-    url: str  # the server's root, without /v1: "http://10.0.0.2:8080"
-    model: str | None  # the upstream's name of the model; None: the first one its /v1/models lists
-    max_concurrency: int = 8  # sequences it is given at once: its slots in the router
-    timeout_s: float = 60.0  # the longest wait for the upstream's next byte (connect, first token, between chunks)
-    llama_cpp: bool = True  # it takes llama.cpp's extra fields (LLAMA_CPP_KNOBS, grammar, ignore_eos)
-    api_key: str | None = field(default=None, repr=False)
-
-    @property
-    def label(self) -> str:
-        return f"remote {self.url}"
-
-
-def root_url(url: str) -> str:
-    """``url`` without a trailing slash or ``/v1`` (both spellings are common in clients' settings)."""
-    url = url.rstrip("/")
-    return url.removesuffix("/v1")
 
 
 def _read_key(entry: RemoteEntry, where: str) -> str | None:
@@ -86,10 +68,22 @@ def remote_context(cfg: FleetConfig) -> int:
     return cfg.context_length if "context_length" in cfg.model_fields_set else NO_CONTEXT_LIMIT
 
 
+class MemberLauncher:
+    """Starts a member's relay (:func:`~llamafleet.fleet.remote_worker.remote_main`) as a child process of this one,
+    with ``n_ctx_per_seq`` as the context it reports (the model's, or :data:`NO_CONTEXT_LIMIT`)."""
+
+    def __init__(self, member: RemoteMember, n_ctx_per_seq: int) -> None:
+        self.member, self.n_ctx_per_seq = member, n_ctx_per_seq
+
+    async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched:
+        return spawn(remote_main, replica, spec.label, spec.env, self.member, self.n_ctx_per_seq, log_level, beat_s)
+
+
 def member_specs(remote: list[RemoteMember], n_ctx_per_seq: int, prefix: str = "") -> list[ReplicaSpec]:
-    """A replica spec per member (``prefix`` starts its label, e.g. the model's name)."""
-    return [ReplicaSpec({}, EngineConfig(m.url, n_seq=m.max_concurrency, n_ctx_per_seq=n_ctx_per_seq),
-                        f"{prefix}{m.label}", remote=m) for m in remote]
+    """A replica spec per member (``prefix`` starts its label, e.g. the model's name): no engine, its own launcher,
+    and what it cannot relay."""
+    return [ReplicaSpec({}, None, f"{prefix}{m.label}", launcher=MemberLauncher(m, n_ctx_per_seq),
+                        refuses=partial(unrelayable, member=m)) for m in remote]
 
 
 def unrelayable(msg: Submit, member: RemoteMember) -> str | None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from llamafleet.engine.types import EngineConfig, EngineStats, RequestOutput
+from llamafleet.engine.types import EngineStats, RequestOutput
 from llamafleet.fleet.messages import (
     Abort,
     FromWorker,
@@ -46,8 +46,8 @@ from llamafleet.fleet.messages import (
     ToWorker,
 )
 from llamafleet.fleet.pipe import WorkerPipe
-from llamafleet.fleet.relay import StreamReader, UpstreamError, error_text, upstream_failure, upstream_request
-from llamafleet.fleet.remote import RemoteMember
+from llamafleet.fleet.relay import RemoteMember, StreamReader, UpstreamError, upstream_failure, upstream_request
+from llamafleet.openai_wire import bearer, error_text
 
 log = logging.getLogger(__name__)
 
@@ -240,14 +240,13 @@ def _pump(pipe: WorkerPipe, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queu
         pass  # the event loop has closed: the worker is exiting
 
 
-async def _serve(pipe: WorkerPipe, cfg: EngineConfig, member: RemoteMember, beat_s: float) -> int:
+async def _serve(pipe: WorkerPipe, member: RemoteMember, n_ctx_per_seq: int, beat_s: float) -> int:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[ToWorker | Unhealthy] = asyncio.Queue()
     threading.Thread(target=_pump, args=(pipe, loop, inbox), name="inbox", daemon=True).start()
-    headers = {"Authorization": f"Bearer {member.api_key}"} if member.api_key else {}
     limits = httpx.Limits(max_connections=member.max_concurrency + 1, max_keepalive_connections=member.max_concurrency)
     t0 = time.monotonic()
-    async with httpx.AsyncClient(base_url=member.url, headers=headers, timeout=member.timeout_s,
+    async with httpx.AsyncClient(base_url=member.url, headers=bearer(member.api_key), timeout=member.timeout_s,
                                  limits=limits) as client:
         try:
             model = await probe(client, member)
@@ -256,7 +255,7 @@ async def _serve(pipe: WorkerPipe, cfg: EngineConfig, member: RemoteMember, beat
             pipe.send(LoadFailed(str(e)))
             return 1
         relays = _Relays(pipe, member, client, model)
-        pipe.send(Ready(os.getpid(), cfg.n_seq, cfg.n_ctx_per_seq, time.monotonic() - t0))
+        pipe.send(Ready(os.getpid(), member.max_concurrency, n_ctx_per_seq, time.monotonic() - t0))
         log.info("%s serves model '%s'", member.label, model)
         background: list[asyncio.Task[Any]] = [loop.create_task(relays.beat(beat_s)),
                                                  loop.create_task(relays.watch(inbox))]
@@ -279,10 +278,11 @@ async def _serve(pipe: WorkerPipe, cfg: EngineConfig, member: RemoteMember, beat
                 task.cancel()
 
 
-def remote_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: EngineConfig, log_level: str,
-                beat_s: float, member: RemoteMember) -> None:
+def remote_main(sock: socket.socket, replica: int, env: dict[str, str], member: RemoteMember, n_ctx_per_seq: int,
+                log_level: str, beat_s: float) -> None:
     """Entry point of a remote member's process (the target of ``multiprocessing`` spawn, like
-    :func:`~llamafleet.fleet.worker.worker_main`); ``cfg`` gives its slots and the context it reports."""
+    :func:`~llamafleet.fleet.worker.worker_main`); its slots are the member's ``max_concurrency``, and
+    ``n_ctx_per_seq`` is the context it reports."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
     logging.basicConfig(level=log_level.upper(), datefmt="%H:%M:%S",
@@ -290,7 +290,7 @@ def remote_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request would drown the server's log
     pipe = WorkerPipe(sock)
     try:
-        code = asyncio.run(_serve(pipe, cfg, member, beat_s))
+        code = asyncio.run(_serve(pipe, member, n_ctx_per_seq, beat_s))
     except OSError:
         log.warning("the server went away; replica %d exits", replica)
         code = 0

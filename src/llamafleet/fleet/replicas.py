@@ -17,10 +17,9 @@
 * Well before that, a loaded worker that sends nothing at all (not even a pulse) for longer than its own recent steps
   explain is *suspect* (:mod:`llamafleet.fleet.suspicion`): the listener is told at once, and again the moment it
   speaks.
-* A replica may be a remote member (``ReplicaSpec.remote``, :mod:`llamafleet.fleet.remote`): its worker relays to an
-  upstream server instead of loading a model, and is supervised the same way. It takes no load lock (no GPU), and
-  it loads in the background: an upstream that does not answer at start is retried with backoff, it never stops the
-  server from starting.
+* A replica may load no model (``engine`` None): a remote member (:mod:`llamafleet.fleet.remote`), started by its
+  spec's own launcher, relays to an upstream server over the same pipe protocol. It takes no load lock (no GPU) and
+  loads in the background: an upstream that does not answer at start is retried with backoff, never fatal.
 * On :meth:`ReplicaSet.stop` every worker is told to cancel its work and exit; one that does not within the bound
   is killed. Workers are daemonic and also exit when the server's end of the pipe closes, so nothing is orphaned.
 """
@@ -36,16 +35,23 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from llamafleet.engine.types import EngineConfig, EngineStats
-from llamafleet.fleet.messages import Heartbeat, LoadFailed, LoadProgress, Pulse, Ready, Shutdown, StepOutputs, ToWorker
+from llamafleet.fleet.messages import (
+    Heartbeat,
+    LoadFailed,
+    LoadProgress,
+    Pulse,
+    Ready,
+    Shutdown,
+    StepOutputs,
+    Submit,
+    ToWorker,
+)
 from llamafleet.fleet.pipe import AsyncPipe
 from llamafleet.fleet.suspicion import SUSPECT_AFTER_S, Silence
 from llamafleet.fleet.worker import worker_main
-
-if TYPE_CHECKING:
-    from llamafleet.fleet.remote import RemoteMember
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +72,26 @@ class LoadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """How to start one replica: the environment its process needs and its engine's configuration."""
+    """How to start one replica: the environment its process needs and its engine's configuration; a replica that
+    loads no model (``engine`` None, a remote member's relay) has a ``launcher`` of its own."""
 
     env: dict[str, str]
-    engine: EngineConfig
+    engine: EngineConfig | None
     label: str  # where it runs, for people: "CPU", "GPU 0", "GPUs 0,1"
     gpus: tuple[int, ...] = ()  # the GPUs (NVML indices) it runs on; none on the CPU
-    remote: RemoteMember | None = None  # set: an upstream server relayed to (llamafleet.fleet.remote), no model
+    launcher: Launcher | None = None  # how it starts when not as the replica set's others do
+    refuses: Callable[[Submit], str | None] | None = None  # why it cannot serve a request (for the client), or None
+
+    @property
+    def loads_model(self) -> bool:
+        """Whether its worker loads a model: then it takes the load lock, and the server waits for it at start."""
+        return self.engine is not None
+
+    @property
+    def model_engine(self) -> EngineConfig:
+        """``engine``, of a replica that loads a model (asking it of one that loads none is a bug)."""
+        assert self.engine is not None, f"replica {self.label} loads no model"
+        return self.engine
 
 
 class ReplicaListener(Protocol):
@@ -118,24 +137,22 @@ class Launcher(Protocol):
     async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched: ...
 
 
-class ProcessLauncher:
-    """Workers as child processes of this one (multiprocessing ``spawn``), each with one end of a socketpair."""
+def spawn(target: Callable[..., None], replica: int, label: str, *args: object) -> Launched:
+    """Start ``target(sock, replica, *args)`` as a child process of this one (multiprocessing ``spawn``: a fresh
+    interpreter), ``sock`` being its end of a socketpair."""
+    parent, child = socket.socketpair()
+    process = mp.get_context("spawn").Process(target=target, args=(child, replica, *args),
+                                              name=f"llamafleet-replica-{replica}", daemon=True)
+    process.start()
+    child.close()
+    return Launched(process, parent, label)
 
-    def __init__(self) -> None:
-        self._mp = mp.get_context("spawn")
+
+class ProcessLauncher:
+    """llama.cpp workers (:func:`~llamafleet.fleet.worker.worker_main`) as child processes of this one."""
 
     async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched:
-        parent, child = socket.socketpair()
-        target, extra = (worker_main, ()) if spec.remote is None else (_remote_main(), (spec.remote,))
-        process = self._mp.Process(
-            target=target,
-            args=(child, replica, spec.env, spec.engine, log_level, beat_s, *extra),
-            name=f"llamafleet-replica-{replica}",
-            daemon=True,
-        )
-        process.start()
-        child.close()
-        return Launched(process, parent, spec.label)
+        return spawn(worker_main, replica, spec.label, spec.env, spec.model_engine, log_level, beat_s)
 
 
 @dataclass
@@ -172,12 +189,6 @@ class _Worker:
         return self.loaded.done() and not self.loaded.cancelled() and self.loaded.exception() is None
 
 
-def _remote_main() -> Callable[..., None]:
-    from llamafleet.fleet.remote_worker import remote_main  # here: it imports the config, which imports the fleet
-
-    return remote_main
-
-
 def describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
         return "still running"
@@ -211,8 +222,7 @@ class ReplicaSet:
         self._restarts: dict[int, asyncio.Task[None]] = {}
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
-        self._processes = ProcessLauncher()
-        self._launcher = launcher or self._processes
+        self._launcher = launcher or ProcessLauncher()
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -222,10 +232,10 @@ class ReplicaSet:
         self._listener = listener
         self._watch = asyncio.get_running_loop().create_task(self._watch_heartbeats())
         for i, spec in enumerate(self.specs):  # an upstream down at start must not stop the server: it is retried
-            if spec.remote is not None:
-                self._restarts[i] = asyncio.get_running_loop().create_task(self._start_remote(i))
+            if not spec.loads_model:
+                self._restarts[i] = asyncio.get_running_loop().create_task(self._start_in_background(i))
         for i, spec in enumerate(self.specs):
-            if spec.remote is None:
+            if spec.loads_model:
                 await self._load(i)
 
     def send(self, replica: int, msg: ToWorker) -> None:
@@ -265,7 +275,7 @@ class ReplicaSet:
 
     # -- loading ------------------------------------------------------------------------------------------------
     async def _load(self, i: int) -> None:
-        async with self._load_lock if self.specs[i].remote is None else contextlib.nullcontext():  # no GPU to share
+        async with self._load_lock if self.specs[i].loads_model else contextlib.nullcontext():  # no GPU to share
             if self._stopping:
                 return
             worker = await self._spawn(i)
@@ -283,7 +293,7 @@ class ReplicaSet:
         assert self._listener is not None
         self._listener.replica_up(i, ready)
 
-    async def _start_remote(self, i: int) -> None:
+    async def _start_in_background(self, i: int) -> None:
         try:
             await self._load(i)
         except LoadError as e:
@@ -292,9 +302,8 @@ class ReplicaSet:
 
     async def _spawn(self, i: int) -> _Worker:
         spec, state = self.specs[i], self.states[i]
-        launcher = self._launcher if spec.remote is None else self._processes  # a member relays from here
         try:
-            launched = await launcher.launch(i, spec, self._log_level, self._beat_s)
+            launched = await (spec.launcher or self._launcher).launch(i, spec, self._log_level, self._beat_s)
         except LoadError as e:
             state.status, state.last_error = "down", str(e)
             raise
@@ -306,8 +315,8 @@ class ReplicaSet:
         state.status, state.pid, state.load_fraction, state.last_error = "loading", process.pid, 0.0, None
         state.stats = None
         await worker.pipe.open(parent)
-        log.info("replica %d/%d (%s): loading %s (pid %s)", i + 1, len(self), state.label, spec.engine.model_path,
-                 process.pid)
+        log.info("replica %d/%d (%s): loading %s (pid %s)", i + 1, len(self), state.label,
+                 spec.engine.model_path if spec.engine is not None else "no model", process.pid)
         return worker
 
     async def _reap(self, i: int, process: WorkerHandle) -> None:

@@ -36,9 +36,9 @@ from collections.abc import Collection
 from fractions import Fraction
 from typing import Literal, get_args
 
+from llamafleet.config import RoutingPolicy
 from llamafleet.fleet.affinity import PrefixIndex, Prompt, prefix_keys
 
-RoutingPolicy = Literal["prefix", "least_outstanding", "round_robin"]
 ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
 
 # A shared prefix shorter than this (about 64 tokens) is not worth any imbalance: on a GPU it prefills in milliseconds.

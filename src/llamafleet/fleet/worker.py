@@ -29,6 +29,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from llamafleet.engine.types import (
@@ -236,7 +237,8 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
     os.environ.update(env)  # before llama.cpp is imported: CUDA reads CUDA_VISIBLE_DEVICES once, at load
     logging.basicConfig(
         level=log_level.upper(),
-        format=f"%(asctime)s %(levelname)s replica {replica} %(name)s: %(message)s",
+        # the model's file names it in the log: a server of several models has a replica 0 of each
+        format=f"%(asctime)s %(levelname)s replica {replica} of {Path(cfg.model_path).stem} %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
     # llama.cpp after the env is set, and before anything imports numpy (see engine/llama.py's docstring)
@@ -258,8 +260,8 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
         with engine:
             _send(pipe, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0))
             _serve(engine, pipe, inbox, beat_s)
-        log.info("context and model freed; replica %d exits", replica)  # the server's shutdown waits for this exit
+        log.info("context and model freed; exiting")  # the server's shutdown waits for this exit
     except _ParentGone:
-        log.warning("the server went away; replica %d exits", replica)
+        log.warning("the server went away; exiting")
     finally:
         pipe.close()

@@ -1,4 +1,5 @@
-"""Plain-words advice for the planner: what would make a refused plan fit, and whether a given split is lopsided."""
+"""Plain-words advice for the planner: what would make a refused plan fit, whether a given split is lopsided, and
+which valid keys cannot apply on this machine."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 
 from llamafleet.config import FleetConfig
 from llamafleet.model.header import ModelInfo
-from llamafleet.placement.gpus import Gpu
+from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import (
     CTX_PAD,
     MIB,
@@ -45,7 +46,8 @@ def how_to_fit(model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, usable: Se
     out = []
     where = "RAM" if host else f"the {len(usable)} selected GPU(s)"
     if weights > avail:
-        out.append(f"the weights alone need {mib(weights)} MiB but {where} offer {max(0, mib(avail))} MiB after "
+        out.append(f"the weights alone need {mib(weights)} MiB but {where} {'offers' if host else 'offer'} "
+                   f"{max(0, mib(avail))} MiB after "
                    "the margin and compute buffers")
         q4 = model.n_params * Q4_0_BITS / 8
         if q4 < model.weights_bytes * 0.9:
@@ -87,3 +89,21 @@ def ratio_warning(gpus: Sequence[Gpu], needs: Sequence[DeviceNeed], ratios: Sequ
     levels = ", ".join(f"GPU {g.index} to {f:.0%}" for g, f in zip(gpus, fill, strict=True))
     return (f"split_ratio {list(ratios)} is lopsided for these GPUs ({', '.join(f'{g.free_mib} MiB' for g in gpus)}"
             f" free): it fills {levels}; split_ratio {balanced} (proportional to what each can hold) balances them")
+
+
+def inapplicable(cfg: FleetConfig, inventory: Inventory, cores: int | None) -> list[str]:
+    """Keys that are valid but cannot apply here, each with what to do: GPU placement keys on a machine with no GPU
+    in ``inventory``, ``threads`` above ``cores`` (``None``: not known, not checked). The planner takes such keys
+    without effect; the commands print these lines so that nobody believes a setting is in force when it is not."""
+    out = []
+    if not inventory.gpus:
+        why = inventory.note or "no GPU found"
+        gpu_keys = [k for k in ("main_gpu", "split_ratio") if getattr(cfg, k) is not None]
+        if cfg.split_mode == "tensor" or (cfg.split_mode == "layer" and not cfg.rpc_servers):
+            gpu_keys.append("split_mode")
+        out += [f"{k} is set but this machine has no GPU ({why}): it does nothing on the CPU; remove it, or run "
+                "`llamafleet check-env` if a GPU should be there" for k in gpu_keys]
+    if cfg.threads is not None and cores is not None and cfg.threads > cores:
+        out.append(f"threads {cfg.threads} is more than this machine's {cores} CPU cores: the extra threads only "
+                   f"contend for the same cores; set threads to {cores} or fewer, or leave it unset")
+    return out

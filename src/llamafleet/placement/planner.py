@@ -24,48 +24,25 @@ configuration's part of it mapped by :func:`engine_config`.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from llamafleet.config import FleetConfig
+from llamafleet.engine.cores import default_threads
 from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.header import ModelInfo
+from llamafleet.placement import rpc_plan
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
 from llamafleet.placement.autofit import fit_unset
+from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_plan
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
-from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
+from llamafleet.placement.plan import Budget, Plan, ReplicaPlan
 
 KV_TIER_MAX_MIB = 8192  # the RAM tier's default bound per replica (llama-server's --cache-ram default)
 KV_TIER_UNKNOWN_MIB = 1024  # ... when the host's memory is unknown
 
 __all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "engine_config", "launch_spec", "make_plan"]
-
-
-@dataclass
-class _Notes:
-    reasons: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    refused: bool = False  # a rule (not memory) rules the plan out
-
-    def refuse(self, reason: str) -> None:
-        self.reasons.append(reason)
-        self.refused = True
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    """A candidate replica: GPUs, mode, ratios and what each GPU would need."""
-
-    gpus: tuple[Gpu, ...]
-    mode: SplitModeName
-    ratios: tuple[float, ...]
-    needs: tuple[DeviceNeed, ...]
-
-    def overflows(self, margin: int) -> list[tuple[Gpu, int]]:
-        return [(g, n.total + margin - g.free_mib * MIB) for g, n in zip(self.gpus, self.needs, strict=True)
-                if n.total + margin > g.free_mib * MIB]
 
 
 def context_shape(model: ModelInfo, cfg: FleetConfig) -> ContextShape:
@@ -94,7 +71,7 @@ def make_plan(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> Plan:
 def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Plan, bool]:
     """The plan for exactly ``cfg``'s shape, and whether a rule (not memory) refused it."""
     ctx = context_shape(model, cfg)
-    notes = _Notes()
+    notes = Notes()
     if ctx.n_ctx_per_seq != cfg.context_length:
         notes.warnings.append(f"context_length {cfg.context_length} rounded up to {ctx.n_ctx_per_seq} (llama.cpp "
                               "sizes each sequence in steps of 256)")
@@ -102,30 +79,29 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         notes.warnings.append(f"context_length {ctx.n_ctx_per_seq} exceeds the {model.n_ctx_train} tokens the model "
                               "was trained on; answers past that length degrade")
     notes.reasons.append(
-        f"{model.name} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, {model.n_layer} layers); "
+        f"{cfg.served_name(model.path)} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, "
+        f"{model.n_layer} layers); "
         f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
     )
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
-        return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
+        return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if cfg.gpus is not None:
         missing = [i for i in cfg.gpus if i not in {g.index for g in inventory.gpus}]
         if missing:
             have = ", ".join(str(g.index) for g in inventory.gpus) or "none"
             notes.refuse(f"gpus lists {missing}, which this machine does not have (GPUs: {have}); "
                          "fix the 'gpus' key or remove it to use every GPU")
-            return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu"), True
+            return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu"), True
     gpus = tuple(g for g in inventory.gpus if cfg.gpus is None or g.index in cfg.gpus)
     if inventory.rpc:
-        from llamafleet.placement import rpc_plan  # here, not on top: it builds on this module's helpers
-
         return rpc_plan.place(model, inventory, gpus, cfg, ctx, notes, _local)
     return _local(model, inventory, gpus, cfg, ctx, notes), notes.refused
 
 
 def _local(model: ModelInfo, inventory: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
-           notes: _Notes) -> Plan:
+           notes: Notes) -> Plan:
     """The plan on this host's own devices: its selected GPUs, or the CPU."""
     if not gpus or cfg.n_gpu_layers == 0:
         why = inventory.note or ("gpus: [] selects none" if inventory.gpus else "no GPU found")
@@ -135,16 +111,7 @@ def _local(model: ModelInfo, inventory: Inventory, gpus: tuple[Gpu, ...], cfg: F
     return _gpu_plan(model, inventory, gpus, cfg, ctx, notes)
 
 
-def _plan(*, model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, notes: _Notes, device: Device, fits: bool = False,
-          replicas: tuple[ReplicaPlan, ...] = (), budgets: tuple[Budget, ...] = (), host: int = 0) -> Plan:
-    """The plan of ``model`` in shape ``ctx`` with ``notes``' reasons; left at the defaults, a refused one."""
-    return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
-                n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
-                budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
-                model=model.name)
-
-
-def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextShape, notes: _Notes,
+def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextShape, notes: Notes,
               why: str) -> Plan:
     n = cfg.replicas or 1
     _, host = replica_needs(model, ctx, "none", ())
@@ -163,11 +130,11 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
         notes.reasons.extend(how_to_fit(model, ctx, cfg, [((budget.capacity_mib or 0) - cfg.vram_margin_mib) * MIB],
                                          n, host=True))
     replicas = tuple(ReplicaPlan(gpus=(), split_mode="none", tensor_split=(), main_gpu=-1) for _ in range(n))
-    return replace(_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="cpu", fits=fits, replicas=replicas,
+    return replace(to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="cpu", fits=fits, replicas=replicas,
                          budgets=(budget,)), kv_tier_mib=tier)
 
 
-def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: _Notes) -> int:
+def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: Notes) -> int:
     """The RAM tier of the KV cache per replica: ``cache_ram_mib``, or unset, a quarter of the host memory
     (``free_mib``) the plan leaves, shared by its ``n`` replicas, at most :data:`KV_TIER_MAX_MIB` each (1024 when
     the memory is unknown). Off without the prefix cache."""
@@ -184,7 +151,7 @@ def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: _Notes) -
 
 
 def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
-              notes: _Notes) -> Plan:
+              notes: Notes) -> Plan:
     margin = cfg.vram_margin_mib * MIB
     (one,), host = replica_needs(model, ctx, "none", (1.0,), cfg.n_gpu_layers)
     holders = [g for g in gpus if one.total + margin <= g.free_mib * MIB]
@@ -211,25 +178,25 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
     n = max(1, len(groups))
     free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
     tier = kv_tier_mib(cfg, free, n, notes)
-    return replace(_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
+    return replace(to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
                          budgets=budgets, host=host.total), kv_tier_mib=tier)
 
 
 def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], one: DeviceNeed, cfg: FleetConfig,
-                   notes: _Notes) -> list[_Candidate]:
+                   notes: Notes) -> list[Candidate]:
     need = mib(one.total) + cfg.vram_margin_mib
     if not holders:
         best = max(gpus, key=lambda g: g.free_mib)
         notes.reasons.append(f"split_mode none keeps each replica on one GPU, and none holds one ({need} MiB); "
                              "split_mode: auto would split it over several GPUs")
-        return [_Candidate((best,), "none", (), (one,))]
+        return [Candidate((best,), "none", (), (one,))]
     # main_gpu first when it can hold a replica, then the GPUs with the most free memory.
     order = sorted(holders, key=lambda g: (g.index != cfg.main_gpu, -g.free_mib, g.index))
     n = cfg.replicas or len(order)
     if n > len(order):
         notes.refuse(f"replicas: {n} needs {n} GPUs that each hold the model ({need} MiB), but only "
                      f"{len(order)} can: lower replicas, or raise parallel for more slots per replica")
-        return [_Candidate((g,), "none", (), (one,)) for g in sorted(order, key=lambda g: g.index)]
+        return [Candidate((g,), "none", (), (one,)) for g in sorted(order, key=lambda g: g.index)]
     chosen = order[:n]
     notes.reasons.append(f"the model with its KV cache and buffers needs {need} MiB, which fits one GPU: "
                          f"{n} replica(s), one per GPU (data parallel, the fastest way to use several GPUs)")
@@ -239,11 +206,11 @@ def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], 
                                   f"({need} MiB); it stays unused")
         elif g not in chosen:
             notes.warnings.append(f"GPU {g.index} stays unused (replicas: {n})")
-    return [_Candidate((g,), "none", (), (one,)) for g in sorted(chosen, key=lambda g: g.index)]
+    return [Candidate((g,), "none", (), (one,)) for g in sorted(chosen, key=lambda g: g.index)]
 
 
 def _split(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
-           notes: _Notes, latency: bool) -> list[_Candidate]:
+           notes: Notes, latency: bool) -> list[Candidate]:
     margin = cfg.vram_margin_mib * MIB
     k: int | None = None
     if cfg.split_ratio is not None:
@@ -261,7 +228,7 @@ def _split(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetCo
     elif latency:
         k = len(gpus)
 
-    def groups_of(size: int) -> list[_Candidate]:
+    def groups_of(size: int) -> list[Candidate]:
         return [_fit_group(model, inv, members, cfg, ctx) for members in _partition(inv, gpus, size)]
 
     if k is not None:
@@ -303,10 +270,10 @@ def _partition(inv: Inventory, gpus: tuple[Gpu, ...], k: int) -> list[tuple[Gpu,
 
 
 def _fit_group(model: ModelInfo, inv: Inventory, members: tuple[Gpu, ...], cfg: FleetConfig,
-               ctx: ContextShape) -> _Candidate:
+               ctx: ContextShape) -> Candidate:
     if len(members) == 1:
         (need,), _ = replica_needs(model, ctx, "none", (1.0,), cfg.n_gpu_layers)
-        return _Candidate(members, "none", (), (need,))
+        return Candidate(members, "none", (), (need,))
     mode: SplitModeName
     if cfg.split_mode in ("layer", "tensor"):
         mode = "tensor" if cfg.split_mode == "tensor" else "layer"
@@ -314,43 +281,12 @@ def _fit_group(model: ModelInfo, inv: Inventory, members: tuple[Gpu, ...], cfg: 
         nvlink = inv.all_linked(tuple(g.index for g in members), "nvlink")
         mode = "tensor" if nvlink and cfg.flash_attn is not False else "layer"
     if cfg.split_ratio is not None:
-        ratios = _normalize(cfg.split_ratio)
-        return _Candidate(members, mode, ratios, replica_needs(model, ctx, mode, ratios, cfg.n_gpu_layers)[0])
-    return _balance(model, members, mode, cfg, ctx)
+        ratios = normalize(cfg.split_ratio)
+        return Candidate(members, mode, ratios, replica_needs(model, ctx, mode, ratios, cfg.n_gpu_layers)[0])
+    return balance(model, members, mode, cfg, ctx)
 
 
-def _normalize(shares: list[float] | tuple[float, ...]) -> tuple[float, ...]:
-    total = sum(shares)
-    return tuple(round(s / total, 4) for s in shares)
-
-
-def _balance(model: ModelInfo, members: tuple[Gpu, ...], mode: SplitModeName, cfg: FleetConfig,
-             ctx: ContextShape) -> _Candidate:
-    """Ratios proportional to what each GPU can hold for the parts that scale with the ratio (layers, KV).
-
-    Whole layers (and whole KV heads under tensor split) can still tip one GPU over; its share is then lowered by
-    the overflow and the ratios recomputed, a few times at most. The least-overflowing attempt is returned.
-    """
-    free = [g.free_mib * MIB - cfg.vram_margin_mib * MIB for g in members]
-    even = replica_needs(model, ctx, mode, _normalize([1.0] * len(members)), cfg.n_gpu_layers)[0]
-    head = [model.output_bytes if mode == "layer" and i == len(members) - 1 else 0 for i in range(len(members))]
-    room = [f - n.compute - h for f, n, h in zip(free, even, head, strict=True)]
-    best: _Candidate | None = None
-    best_over = 0
-    for _ in range(4 * len(members) + 8):
-        ratios = _normalize([max(r, 1) for r in room])
-        needs = replica_needs(model, ctx, mode, ratios, cfg.n_gpu_layers)[0]
-        over = [n.total - f for n, f in zip(needs, free, strict=True)]
-        if best is None or max(over) < best_over:
-            best, best_over = _Candidate(members, mode, ratios, needs), max(over)
-        if max(over) <= 0:
-            break
-        room = [r - max(o, 0) - (MIB if o > 0 else 0) for r, o in zip(room, over, strict=True)]
-    assert best is not None
-    return best
-
-
-def _explain(model: ModelInfo, inv: Inventory, g: _Candidate, cfg: FleetConfig, notes: _Notes, latency: bool) -> None:
+def _explain(model: ModelInfo, inv: Inventory, g: Candidate, cfg: FleetConfig, notes: Notes, latency: bool) -> None:
     ids = ", ".join(str(x.index) for x in g.gpus)
     if g.mode == "none":
         notes.reasons.append(f"one replica on GPU {ids} (one GPU per replica)")
@@ -375,7 +311,7 @@ def _explain(model: ModelInfo, inv: Inventory, g: _Candidate, cfg: FleetConfig, 
             notes.warnings.append(warning)
 
 
-def _layout(groups: list[_Candidate], gpus: tuple[Gpu, ...], cfg: FleetConfig) -> tuple[tuple[ReplicaPlan, ...],
+def _layout(groups: list[Candidate], gpus: tuple[Gpu, ...], cfg: FleetConfig) -> tuple[tuple[ReplicaPlan, ...],
                                                                                       tuple[Budget, ...]]:
     replicas = []
     where: dict[int, tuple[int | None, DeviceNeed]] = {}
@@ -433,7 +369,7 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in r.gpus)}
     threads = cfg.threads
     if plan.device == "cpu" and threads is None:
-        threads = max(1, len(os.sched_getaffinity(0)) // len(plan.replicas))
+        threads = default_threads(len(plan.replicas))
     return env, engine_config(
         cfg, model_path, n_seq=plan.n_seq, n_ctx_per_seq=plan.n_ctx_per_seq, n_batch=plan.n_batch,
         n_ubatch=plan.n_ubatch, n_threads=threads,

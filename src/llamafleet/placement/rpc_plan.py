@@ -22,18 +22,18 @@ from dataclasses import replace
 from llamafleet.config import FleetConfig
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.advice import mib
+from llamafleet.placement.draft import Notes, balance, to_plan
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import HOST, ContextShape, DeviceNeed, layer_devices, replica_needs
 from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
-from llamafleet.placement.planner import _balance, _Notes, _plan
 
 REMOTE_INDEX = 1_000_000  # pseudo GPU indices of remote devices inside this module (never shown)
 
-LocalPlanner = Callable[[ModelInfo, Inventory, tuple[Gpu, ...], FleetConfig, ContextShape, _Notes], Plan]
+LocalPlanner = Callable[[ModelInfo, Inventory, tuple[Gpu, ...], FleetConfig, ContextShape, Notes], Plan]
 
 
 def place(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
-          notes: _Notes, local: LocalPlanner) -> tuple[Plan, bool]:
+          notes: Notes, local: LocalPlanner) -> tuple[Plan, bool]:
     """The plan with ``inv.rpc`` in play, and whether a rule (not memory) refused it."""
     if cfg.split_mode in ("none", "tensor"):
         notes.refuse(f"rpc_servers split the model by layers, but split_mode is {cfg.split_mode}: set split_mode "
@@ -45,9 +45,9 @@ def place(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetCon
         notes.refuse("split_ratio cannot be combined with rpc_servers yet: remove it (the planner splits by the "
                      "free memory of each device)")
     if notes.refused:
-        return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if gpus else "cpu"), True
+        return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if gpus else "cpu"), True
     if cfg.split_mode == "auto":
-        alone = _Notes(list(notes.reasons), list(notes.warnings))
+        alone = Notes(list(notes.reasons), list(notes.warnings))
         plan = local(model, inv, gpus, cfg, ctx, alone)
         if plan.fits:
             why = (f"rpc_servers are not used: the model fits this host, where it decodes faster than over the "
@@ -60,8 +60,8 @@ def place(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetCon
 
 
 def _with_gpus(model: ModelInfo, inv: Inventory, remote: tuple[Gpu, ...], gpus: tuple[Gpu, ...], cfg: FleetConfig,
-               ctx: ContextShape, notes: _Notes) -> Plan:
-    cand = _balance(model, remote + gpus, "layer", cfg, ctx)
+               ctx: ContextShape, notes: Notes) -> Plan:
+    cand = balance(model, remote + gpus, "layer", cfg, ctx)
     host = replica_needs(model, ctx, "layer", cand.ratios, cfg.n_gpu_layers)[1]
     replica = ReplicaPlan(gpus=tuple(g.index for g in gpus), split_mode="layer", tensor_split=cand.ratios,
                           main_gpu=gpus[0].index, rpc_servers=_endpoints(inv), n_gpu_layers=cfg.n_gpu_layers)
@@ -72,11 +72,11 @@ def _with_gpus(model: ModelInfo, inv: Inventory, remote: tuple[Gpu, ...], gpus: 
 
 
 def _with_cpu(model: ModelInfo, inv: Inventory, remote: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
-              notes: _Notes) -> Plan:
+              notes: Notes) -> Plan:
     """This host's CPU is the split's last device (llama.cpp's CPU device): the last layers and the output head."""
     known = inv.host_mem_mib is not None
     here = inv.host_mem_mib if inv.host_mem_mib is not None else sum(g.free_mib for g in remote) // len(remote)
-    cand = _balance(model, (*remote, Gpu(REMOTE_INDEX - 1, "CPU", here, here)), "layer", cfg, ctx)
+    cand = balance(model, (*remote, Gpu(REMOTE_INDEX - 1, "CPU", here, here)), "layer", cfg, ctx)
     need, host = cand.needs[-1], replica_needs(model, ctx, "layer", cand.ratios)[1]
     cpu = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(need.weights + host.weights),
                  kv_mib=mib(need.kv + host.kv), compute_mib=mib(need.compute + host.compute),
@@ -90,7 +90,7 @@ def _with_cpu(model: ModelInfo, inv: Inventory, remote: tuple[Gpu, ...], cfg: Fl
 
 
 def _finish(model: ModelInfo, inv: Inventory, needs: tuple[DeviceNeed, ...], replica: ReplicaPlan, cfg: FleetConfig,
-            ctx: ContextShape, notes: _Notes, device: Device, host: int, local: list[Budget]) -> Plan:
+            ctx: ContextShape, notes: Notes, device: Device, host: int, local: list[Budget]) -> Plan:
     """Budgets for every device (``needs`` starts with the remote ones), the verdict and the reasons."""
     n = len(inv.rpc)
     remote_budgets = [Budget(device=d.label, name="rpc-server", replica=0, weights_mib=mib(need.weights),
@@ -106,8 +106,8 @@ def _finish(model: ModelInfo, inv: Inventory, needs: tuple[DeviceNeed, ...], rep
                          f"{'split_mode: layer' if cfg.split_mode == 'layer' else 'the model does not fit this host'})"
                          f", tensor_split {list(replica.tensor_split)} (remote devices first)")
     notes.reasons.append(_link_cost(model, ctx, inv, cfg, replica))
-    return _plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device=device, fits=fits, replicas=(replica,),
-                 budgets=budgets, host=host)
+    return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device=device, fits=fits, replicas=(replica,),
+                   budgets=budgets, host=host)
 
 
 def _endpoints(inv: Inventory) -> tuple[str, ...]:

@@ -59,12 +59,12 @@ def probe(endpoints: list[str]) -> tuple[RemoteDevice, ...]:
 
 def child() -> None:
     """Child-process entry: print each endpoint's devices with their memory as one marked JSON line."""
-    from llamafleet.engine import llama
+    from llamafleet.engine import llama_backend
 
-    llama.init_backend("error")
+    llama_backend.init_backend("error")
     out = []
     for endpoint in sys.argv[1:]:
-        for i, dev in enumerate(llama.rpc_devices(endpoint)):
-            free, total = llama.device_memory(dev)
+        for i, dev in enumerate(llama_backend.rpc_devices(endpoint)):
+            free, total = llama_backend.device_memory(dev)
             out.append({"endpoint": endpoint, "device": i, "free": free, "total": total})
     print(PROBE_MARK + json.dumps(out), flush=True)

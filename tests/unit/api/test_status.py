@@ -9,6 +9,7 @@ from pathlib import Path
 from llamafleet.api.service import Service
 from llamafleet.api.status import Dashboard, status
 from llamafleet.config import FleetConfig
+from llamafleet.fleet.pace import Pace
 from llamafleet.fleet.specs import plan_specs
 from llamafleet.fleet.telemetry import GpuSample
 from llamafleet.model.header import read_model_info
@@ -64,3 +65,12 @@ def test_a_stopped_replica_goes_on_the_errors_list_once(model_path: Path) -> Non
         [("replica 1", "worker exited (killed by SIGKILL)")]
     samples = doc["history"]["samples"]
     assert len(samples) == 3 and samples[-1]["gpus"][0] == {"index": 0, "used_bytes": 3 * GiB, "utilization": 0.4}
+
+
+def test_what_slows_the_fleet_down_is_in_the_warnings(model_path: Path) -> None:
+    dash = Dashboard(_service(model_path))
+    assert status(dash, 0.0)["warnings"] == []
+    dash.pace = Pace(cores=2, load=lambda: 5.0)  # a host as busy as the one of issue 30
+    dash.sample()
+    (warning,) = status(dash, 0.0)["warnings"]
+    assert warning.startswith("the host's load (5.0, 1-minute average) exceeds its 2 cores")

@@ -16,7 +16,7 @@ from llamafleet.bench import report as bench_report
 from llamafleet.bench.loadgen import BenchConfig, LevelRun
 from llamafleet.bench.multiturn import Conversation, MultiTurnConfig, MultiTurnRun
 from llamafleet.bench.prompts import PromptSet
-from llamafleet.bench.streaming import RequestResult, parse_sse_line
+from llamafleet.bench.streaming import RequestResult
 from llamafleet.commands import bench as bench_command
 
 CFG = MultiTurnConfig(url="http://127.0.0.1:9", model="m", conversations=2, turns=3, system_tokens=8,
@@ -89,16 +89,6 @@ def test_config_checks() -> None:
                 {"max_tokens": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             MultiTurnConfig(url="u", model="m", **bad)  # type: ignore[arg-type]
-
-
-def test_cached_tokens_are_read_from_usage() -> None:
-    ev = parse_sse_line('data: {"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 4, '
-                        '"prompt_tokens_details": {"cached_tokens": 96}}}')
-    assert ev is not None and (ev.prompt_tokens, ev.cached_tokens) == (100, 96)
-    for usage in ('{"prompt_tokens": 100, "completion_tokens": 4}',
-                  '{"prompt_tokens": 100, "completion_tokens": 4, "prompt_tokens_details": null}'):
-        ev = parse_sse_line(f'data: {{"choices": [], "usage": {usage}}}')
-        assert ev is not None and ev.prompt_tokens == 100 and ev.cached_tokens is None
 
 
 def run_of(cached: bool) -> MultiTurnRun:

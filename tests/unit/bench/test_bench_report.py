@@ -13,7 +13,7 @@ from matplotlib.image import imread
 from llamafleet.bench import report as bench_report
 from llamafleet.bench.loadgen import BenchConfig, LevelRun, request_body
 from llamafleet.bench.prompts import Prompt, PromptFileError, PromptSet, load_prompts
-from llamafleet.bench.streaming import BenchError, RequestResult, base_url, parse_sse_line, resolve_model
+from llamafleet.bench.streaming import BenchError, RequestResult, resolve_model
 from llamafleet.commands import bench as bench_command
 
 
@@ -206,25 +206,6 @@ def test_flags_before_http_are_kept(capsys: pytest.CaptureFixture[str]) -> None:
     assert (args.url, args.chat, args.requests, args.form) == ("http://x", True, 3, "http")
 
 
-def test_parse_sse_lines() -> None:
-    assert parse_sse_line("") is None and parse_sse_line(": keep-alive") is None
-    assert parse_sse_line("data: [DONE]") == parse_sse_line("data:[DONE]")
-    done = parse_sse_line("data: [DONE]")
-    assert done is not None and done.done
-    comp = parse_sse_line('data: {"choices": [{"index": 0, "text": " Paris", "finish_reason": null}]}')
-    assert comp is not None and comp.text == " Paris" and comp.finish_reason is None
-    role = parse_sse_line('data: {"choices": [{"delta": {"role": "assistant"}, "finish_reason": null}]}')
-    assert role is not None and role.text == ""
-    chat = parse_sse_line('data: {"choices": [{"delta": {"content": "Hi"}, "finish_reason": "length"}]}')
-    assert chat is not None and (chat.text, chat.finish_reason) == ("Hi", "length")
-    usage = parse_sse_line('data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 8}}')
-    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (7, 8)
-    err = parse_sse_line('data: {"error": {"message": "model not found", "type": "invalid_request_error"}}')
-    assert err is not None and err.error == "model not found"
-    broken = parse_sse_line("data: {not json")
-    assert broken is not None and broken.error is not None and "malformed" in broken.error
-
-
 def test_request_bodies() -> None:
     body = request_body(CFG, Prompt(text="hello"))
     assert body["prompt"] == "hello" and body["stream"] and body["temperature"] == 0.0
@@ -245,7 +226,6 @@ def test_config_checks_and_defaults() -> None:
         BenchConfig(url="u", model="m", requests=3, duration=1.0)
     with pytest.raises(ValueError, match="concurrency"):
         BenchConfig(url="u", model="m", concurrency=(0,))
-    assert base_url("http://h:1/v1/") == base_url("http://h:1") == "http://h:1"
 
 
 def test_synthetic_prompts_are_distinct_and_sized() -> None:

@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_dispatch import Replicas, run
 
 from llamafleet.config import ConfigError, load_config
 from llamafleet.engine.types import SamplingParams
+from llamafleet.fleet.dispatch import Dispatcher, Unservable
 from llamafleet.fleet.messages import Submit
-from llamafleet.fleet.relay import StreamReader, UpstreamError, upstream_failure, upstream_request
-from llamafleet.fleet.remote import RemoteMember, members, unrelayable
+from llamafleet.fleet.relay import RemoteMember, StreamReader, UpstreamError, upstream_failure, upstream_request
+from llamafleet.fleet.remote import NO_CONTEXT_LIMIT, MemberLauncher, member_specs, members, unrelayable
 
 
 def config(tmp_path: Path, text: str) -> Path:
@@ -126,6 +128,29 @@ def test_an_upstream_stream_becomes_the_engines_outputs() -> None:
         True, "stop", 9, 2, 4)
     with pytest.raises(UpstreamError, match="replica died"):
         StreamReader("r").line('data: {"error": {"message": "replica died", "code": 503}}')
+    with pytest.raises(UpstreamError, match="not JSON"):
+        StreamReader("r").line("data: <html>")
+
+
+def test_a_relayed_streams_tokens_are_its_own_pieces_of_text() -> None:
+    """No made-up placeholder: each content chunk is one token, whose id stands for its text in this stream."""
+    reader = StreamReader("r")
+    chunks = ["Hel", "lo", "Hel"]
+    outs = [reader.line(f'data: {{"choices":[{{"index":0,"delta":{{"content":"{c}"}}}}]}}') for c in chunks]
+    ids = [o[0].token_ids for o in outs if o is not None]
+    assert ids == [[0], [1], [0]] and reader.ids == {b"Hel": 0, b"lo": 1}
+    assert [o[0].completion_tokens for o in outs if o is not None] == [1, 2, 3]
+    reader.line('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}')
+    assert reader.last().completion_tokens == 3  # the upstream sent no usage: one token per chunk
+
+
+def test_a_members_spec_loads_no_model_and_brings_its_own_launcher() -> None:
+    provider = RemoteMember("https://api.example.com", "m", max_concurrency=3, llama_cpp=False)
+    (spec,) = member_specs([provider], NO_CONTEXT_LIMIT, "chat on ")
+    assert spec.engine is None and not spec.loads_model and spec.label == "chat on remote https://api.example.com"
+    assert isinstance(spec.launcher, MemberLauncher) and spec.launcher.member is provider
+    assert spec.refuses is not None and spec.refuses(Submit("r", SamplingParams(), prompt="x")) is None
+    assert "llama.cpp upstream" in (spec.refuses(Submit("r", SamplingParams(ignore_eos=True), prompt="x")) or "")
 
 
 @pytest.mark.parametrize(("status", "want"), [(400, 400), (404, 404), (429, 429), (401, 502), (403, 502),
@@ -133,3 +158,23 @@ def test_an_upstream_stream_becomes_the_engines_outputs() -> None:
 def test_upstream_errors_reach_the_client_with_a_status_that_says_whose_fault(status: int, want: int) -> None:
     got, text = upstream_failure(status, b'{"error": {"message": "nope"}}', "remote http://h")
     assert got == want and "remote http://h" in text and "nope" in text
+
+
+def test_the_dispatcher_asks_each_spec_what_it_refuses() -> None:
+    """A member's spec carries what it cannot relay: such a request goes to the local replicas only, and with no
+    local replica it is refused before anything is routed."""
+    provider = RemoteMember("https://api.example.com", "m", llama_cpp=False)
+    grammar = Submit("g", SamplingParams(grammar='root ::= "x"'), prompt="x")
+
+    async def mixed(d: Dispatcher, reps: Replicas) -> None:
+        reps.specs = [reps.specs[0], *member_specs([provider], NO_CONTEXT_LIMIT)]
+        assert d.submit([grammar, Submit("g2", grammar.params, prompt="x")]).replicas == [0, 0]
+
+    async def members_only(d: Dispatcher, reps: Replicas) -> None:
+        reps.specs = member_specs([provider], NO_CONTEXT_LIMIT)
+        with pytest.raises(Unservable, match="served by remote members only, and a grammar"):
+            d.submit([grammar])
+        assert reps.sent == []
+
+    run(mixed, n_replicas=2)
+    run(members_only, n_replicas=1)

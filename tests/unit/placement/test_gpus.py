@@ -79,7 +79,7 @@ def test_defaults_free_is_total_and_interconnect_is_pcie(tmp_path: Path) -> None
         ("gpus: [{total_mib: 1}, {total_mib: 1}]\nlinks: [[nvlink, nvlink], [nvlink, self]]\n",
          "'self' belongs exactly on the diagonal"),
         ("gpus: [{total_mib: 1, index: 0}, {total_mib: 1, index: 0}]\n", "two GPUs share an index"),
-        ("gpus: [\n", "is not valid YAML"),
+        ("gpus: [\n", "line 2, column 1: not valid YAML"),
     ],
 )
 def test_bad_files_are_refused_with_the_key_named(tmp_path: Path, text: str, message: str) -> None:

@@ -361,7 +361,7 @@ def test_plan_command(models: dict[str, ModelInfo], capsys: pytest.CaptureFixtur
     bad.write_text("gpus: [{name: x}]\n")
     assert main(["plan", "--model", models["7b-q4_0"].path, "--inventory", str(bad)]) == 2
     assert "total_mib" in capsys.readouterr().err
-    assert main(["plan", "--model", str(bad), "--inventory", inv]) == 2
+    assert main(["plan", "--model", str(bad), "--inventory", inv]) == 3  # not a model: its own exit code
     assert "is not a GGUF file" in capsys.readouterr().err
 
 

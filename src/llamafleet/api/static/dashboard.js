@@ -182,7 +182,7 @@ async function poll() {
     const resp = await lf.call(`/v1/status?since=${seen.lastT}`);
     if (!resp.ok) throw new Error(`GET /v1/status answered ${resp.status}`);
     const s = await resp.json();
-    lf.banner("");
+    lf.banner((s.warnings || []).join(" "));  // slow steps, an overloaded host (fleet/pace.py)
     merge(s.history);
     for (const render of [renderHeader, renderOverview, renderDevices, renderPlans, renderReplicas, renderRecent]) {
       render(s);
