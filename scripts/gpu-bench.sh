@@ -14,6 +14,12 @@
 #   serve        HTTP, one GPU: llamafleet serve vs llama-server, same slots and context, concurrency 1..128
 #   multiturn    HTTP, one GPU: 32 conversations x 4 turns sharing a 1300-token system prompt (bench multiturn),
 #                llamafleet vs llama-server with its prompt cache on: TTFT per turn, wall time, cache hit rate
+#   sessions     HTTP, one GPU: sessions that outnumber the slots (scripts/sessions-bench.sh): SESSIONS_N (64)
+#                conversations x 4 turns, each with SESSIONS_PRIVATE (8192) private words, 32 conversations at a
+#                time (each running its turns back to back) on 16 slots; llama-server with --cache-ram
+#                SESSIONS_RAM (8192 MiB), llamafleet with a RAM tier of SESSIONS_FLEET_RAM (65536 MiB) and a disk
+#                tier of SESSIONS_DISK_MIB (40960) under $WORK, and without tiers; not in the default phases (a
+#                7B state of 8k tokens is 4 GiB: the tiers must hold the ~16 sessions waiting between two turns)
 #   fleet        several models on one GPU in a budget that cannot hold them all (scripts/fleet_probe.py): loads
 #                on demand, evictions, planned vs measured memory, /v1/embeddings alone and beside chats
 #   multi        (2+ GPUs) one llamafleet endpoint over one replica per GPU, against the one-GPU run
@@ -203,6 +209,16 @@ if has spec; then
   CUDA_VISIBLE_DEVICES=0 MODEL=${SPEC_MODEL:-} LLAMA_SERVER=$BIN/llama-server REPORT=$REPORT/spec NGL=99 SLOTS=128 \
     CTX=2048 LEVELS=${SPEC_LEVELS:-1,8,128} ENGINE_STREAMS=128 MAX_TOKENS=256 PYTHON=$PY PORT=$PORT \
     bash "$repo/scripts/spec-bench.sh" || log "spec phase failed (see $REPORT/spec/run.log)"
+fi
+
+# --- sessions that outnumber the slots, one GPU ---------------------------------------------------------------------
+if has sessions; then
+  log "sessions: ${SESSIONS_N:-64} x 4 turns, ${SESSIONS_PRIVATE:-8192} private words each, 32 at a time, 16 slots"
+  CUDA_VISIBLE_DEVICES=0 MODEL=$M7 LLAMA_SERVER=$BIN/llama-server DEVICE=gpu PYTHON=$PY PORT=$PORT \
+    SESSIONS=${SESSIONS_N:-64} TURNS=4 PRIVATE=${SESSIONS_PRIVATE:-8192} CONC=32 BY_TURN=0 SLOTS=16 \
+    CTX=$(( (${SESSIONS_PRIVATE:-8192} + 4 * (25 + 48) + 511) / 256 * 256 )) MAX_TOKENS=48 \
+    CACHE_RAM=${SESSIONS_RAM:-8192} FLEET_CACHE_RAM=${SESSIONS_FLEET_RAM:-65536} DISK_MIB=${SESSIONS_DISK_MIB:-40960} \
+    "$repo/scripts/sessions-bench.sh" "$REPORT/sessions" || log "sessions phase failed (see $REPORT/sessions/run.log)"
 fi
 
 # --- several models on one GPU, in a budget that does not hold them all -------------------------------------------

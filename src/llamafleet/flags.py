@@ -53,6 +53,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("prefer", "--prefer", "what automatic placement optimises"),
     Flag("backend_sampling", "--backend-sampling",
          "sample greedy requests inside llama.cpp's graph (on the GPU) instead of on the host"),
+    Flag("cache_ram_mib", "--cache-ram", "RAM tier of the KV cache per replica (0 = off): a slot's KV is kept "
+         "there when the slot is reused, and restored for a prompt that starts with it", "MIB",
+         unset="a quarter of the RAM the plan leaves, at most 8192"),
+    Flag("cache_dir", "--cache-dir", "disk tier of the KV cache: what leaves the RAM tier, and the slots at "
+         "shutdown, kept in this folder across restarts", "DIR", unset="off"),
     Flag("routing", "--routing", "how requests are spread over replicas"),
     Flag("max_queue_per_replica", "--max-queue-per-replica",
          "sequences waiting beyond a replica's slots before it refuses more with 429", "N"),

@@ -88,3 +88,18 @@ def test_shared_prefix_users_a_given_number_at_a_time(fleet: FleetServer) -> Non
     # two workers: the third user starts only when one of the first two has its answer
     ends = sorted(r.sent_at + r.latency for r in run.results()[:2])
     assert run.results()[2].sent_at >= ends[0]
+
+
+def test_private_contexts_turn_by_turn(fleet: FleetServer) -> None:
+    """--private-tokens gives each conversation a context of its own; --by-turn sends every conversation's turn
+    before any conversation's next one."""
+    cfg = multiturn.MultiTurnConfig(url=fleet.url, model=fleet.model(), conversations=3, turns=2, system_tokens=8,
+                                    private_tokens=16, user_tokens=USER_WORDS, max_tokens=MAX_TOKENS,
+                                    concurrency=2, seed=5, by_turn=True)
+    run = multiturn.run(cfg, progress=False)
+    assert all(r.ok for r in run.results()) and len(run.results()) == 6
+    systems = [c.system for c in run.conversations]
+    assert len(set(systems)) == 3 and len({s.split("\n\n")[0] for s in systems}) == 1  # shared, then its own
+    assert all(len(s.split("\n\n")[1].split()) == 16 for s in systems)
+    turn1_end = max(r.sent_at + r.latency for r in run.results(0))
+    assert min(r.sent_at for r in run.results(1)) >= turn1_end

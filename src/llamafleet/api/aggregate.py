@@ -57,7 +57,7 @@ def usage(choices: Sequence[Generation], n: int) -> Usage:
     prompt = sum(c.prompt_tokens for c in choices[::n])
     completion = sum(c.completion_tokens for c in choices)
     cached = PromptTokensDetails(cached_tokens=sum(c.cached_tokens for c in choices[::n]))
-    note_usage(prompt, completion, cached.cached_tokens)
+    note_usage(prompt, completion, cached.cached_tokens, [c.cache for c in choices[::n] if c.cache is not None])
     accepted = sum(c.accepted_tokens for c in choices)
     drafts = CompletionTokensDetails(accepted_prediction_tokens=accepted,
                                      rejected_prediction_tokens=sum(c.drafted_tokens for c in choices) - accepted)

@@ -22,10 +22,13 @@ import collections
 import contextvars
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from starlette.types import Message, Receive, Scope
+
+from llamafleet.engine.types import CacheOrigin
 
 KEEP_REQUESTS = 100
 KEEP_ERRORS = 50
@@ -50,6 +53,9 @@ class Entry:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    # of those, how many came from a slot, the RAM tier and the disk tier, and, for a prompt not served whole, the
+    # token index where it first differed from the longest prefix any slot or tier held (engine/kv_tiers.py)
+    cache: dict[str, int | None] | None = None
     replicas: str | None = None  # the x-llamafleet-replicas header: which replica ran each choice
     error: str | None = None
     request_body: str | None = None  # only with recent_request_contents
@@ -61,12 +67,17 @@ class Entry:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
 
-def note_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
-    """Token counts of the request being answered (no-op outside one)."""
+def note_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+               origins: Sequence[CacheOrigin] = ()) -> None:
+    """Token counts of the request being answered (no-op outside one), and where its prompts' cached tokens came
+    from (``origins``: one per prompt; the first differing token is the first prompt's)."""
     entry = _CURRENT.get()
     if entry is not None:
         entry.prompt_tokens, entry.completion_tokens, entry.cached_tokens = prompt_tokens, completion_tokens, \
             cached_tokens
+        if origins:
+            entry.cache = {"slot": sum(o.slot for o in origins), "ram": sum(o.ram for o in origins),
+                           "disk": sum(o.disk for o in origins), "differs_at": origins[0].differs_at}
 
 
 def note_error(message: str) -> None:

@@ -32,6 +32,7 @@ from llamafleet.fleet.metrics import Counter
 from llamafleet.fleet.pace import Pace
 from llamafleet.fleet.snapshot import FleetSnapshot, ReplicaView
 from llamafleet.fleet.telemetry import GpuSample
+from llamafleet.fleet.tier_metrics import tier_json
 
 log = logging.getLogger(__name__)
 routes = APIRouter()
@@ -106,6 +107,7 @@ def _replica(r: ReplicaView, svc: Service, latest: dict[str, Any] | None) -> dic
         "tokens_per_s": sampled["tokens_per_s"] if sampled else 0.0,
         "ttft_s": mean_of(m.ttft, r.id), "itl_s": mean_of(m.token_gap, r.id),
         "memory_pss_bytes": _pss_bytes(r.pid), "last_error": r.last_error,
+        "kv_tiers": tier_json(stats.tiers if stats else None),
     }
 
 

@@ -14,10 +14,16 @@ new user line. Over ``/v1/completions`` the history is one text::
     Assistant:
 
 so turn t+1's prompt starts with exactly turn t's prompt and answer; with ``chat`` it is a list of messages.
+With ``private_tokens`` every conversation's system prompt goes on with a text of its own (a coding agent's files,
+a RAG session's documents) that no other conversation shares: with more conversations than the server has slots,
+a conversation's next turn finds its KV only if the server kept it beyond the slot (a RAM or disk tier).
 Answers are ``max_tokens`` long (greedy, ``ignore_eos`` as in the sweep). ``concurrency`` workers (default: one per
 conversation) each take the next conversation and run its turns one after another: turn t+1 is sent when turn t has
-finished. A failed turn ends its conversation (its later turns are counted as not sent). One turn per conversation
-(``turns`` 1) is the shared-prefix case: many users, one long system prompt, nothing else in common.
+finished. With ``by_turn`` the replay goes turn by turn instead, as agents taking turns do: every conversation's
+turn t is sent (``concurrency`` at a time) before any turn t+1, so with more conversations than slots a
+conversation's slot has served others before its next turn. A failed turn ends its conversation (its later turns
+are counted as not sent). One turn per conversation (``turns`` 1) is the shared-prefix case: many users, one long
+system prompt, nothing else in common.
 
 The texts come from ``seed`` (a fresh one per run unless given, written to the report), so a second run does not
 find the first run's system prompt still cached in the server. :mod:`llamafleet.bench.multiturn_report` makes the
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,16 +56,18 @@ class MultiTurnConfig(Target):
     turns: int = 4
     system_tokens: int = 1300
     user_tokens: int = 25
+    private_tokens: int = 0
     concurrency: int | None = None
     seed: int = 0
+    by_turn: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("conversations", "turns", "user_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.system_tokens < 0:
-            raise ValueError("system_tokens must be >= 0 (0: no system prompt)")
+        if self.system_tokens < 0 or self.private_tokens < 0:
+            raise ValueError("system_tokens and private_tokens must be >= 0 (0: none)")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be >= 1 (conversations running at once)")
 
@@ -93,7 +102,10 @@ class Conversation:
 
     @classmethod
     def make(cls, cfg: MultiTurnConfig, index: int) -> Conversation:
-        return cls(index, synthetic_text(cfg.system_tokens, f"{cfg.seed}/system"),
+        """Conversation ``index``: the shared system text, then its private one (if any), and its user lines."""
+        parts = [synthetic_text(cfg.system_tokens, f"{cfg.seed}/system"),
+                 synthetic_text(cfg.private_tokens, f"{cfg.seed}/private/{index}")]
+        return cls(index, "\n\n".join(p for p in parts if p),
                    [synthetic_text(cfg.user_tokens, f"{cfg.seed}/user/{index}/{t}") for t in range(cfg.turns)])
 
     @property
@@ -170,24 +182,29 @@ async def run_async(cfg: MultiTurnConfig, progress: bool = True) -> MultiTurnRun
     """Warm up, then replay every conversation."""
     await warm_up(cfg, lambda i: _warmup_body(cfg, i))
     conversations = [Conversation.make(cfg, i) for i in range(cfg.conversations)]
-    waiting = iter(conversations)  # shared by the workers: each takes the next conversation
     t0, cpu0 = time.perf_counter(), time.process_time()
     with tqdm(total=cfg.conversations * cfg.turns, desc=f"{cfg.conversations} conversations x {cfg.turns} turns",
               unit="req", disable=not progress, leave=True) as bar:
         tick = counting(bar)
 
-        async def worker(conn: Connection) -> None:
-            try:
-                for conv in waiting:
-                    while not conv.finished:
-                        prompt, body = conv.request(cfg)
-                        res = await send(conn, cfg, body)
-                        conv.record(prompt, res)
-                        tick(res)
-            finally:
-                await conn.close()
+        async def worker(conn: Connection, waiting: Iterator[Conversation]) -> None:
+            for conv in waiting:
+                while not conv.finished:
+                    prompt, body = conv.request(cfg)
+                    res = await send(conn, cfg, body)
+                    conv.record(prompt, res)
+                    tick(res)
+                    if cfg.by_turn:
+                        break
 
-        await asyncio.gather(*(worker(cfg.connection()) for _ in range(cfg.workers)))
+        conns = [cfg.connection() for _ in range(cfg.workers)]
+        try:
+            for _ in range(cfg.turns if cfg.by_turn else 1):
+                waiting = iter([c for c in conversations if not c.finished])  # shared: each takes the next one
+                await asyncio.gather(*(worker(conn, waiting) for conn in conns))
+        finally:
+            for conn in conns:
+                await conn.close()
     wall = time.perf_counter() - t0
     return MultiTurnRun(conversations, wall, (time.process_time() - cpu0) / wall if wall else 0.0)
 

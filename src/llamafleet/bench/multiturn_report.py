@@ -82,7 +82,8 @@ def build_report(cfg: MultiTurnConfig, run: MultiTurnRun, label: str) -> MultiTu
     config = {
         "url": cfg.url, "model": cfg.model, "endpoint": cfg.endpoint, "conversations": cfg.conversations,
         "turns": cfg.turns, "system_tokens": cfg.system_tokens, "user_tokens": cfg.user_tokens,
-        "max_tokens": cfg.max_tokens, "concurrency": cfg.workers, "seed": cfg.seed, "temperature": 0.0,
+        "private_tokens": cfg.private_tokens, "by_turn": cfg.by_turn, "max_tokens": cfg.max_tokens,
+        "concurrency": cfg.workers, "seed": cfg.seed, "temperature": 0.0,
         "ignore_eos": cfg.ignore_eos, "warmup": cfg.warmup,
     }
     sample = [{"turn": t + 1, "prompt": rec.prompt, "answer": rec.result.text, "ok": rec.result.ok,
@@ -107,9 +108,12 @@ def _hit(row: TurnStats) -> str:
 
 def describe(report: MultiTurnReport) -> str:
     cfg = report["config"]
+    private = f" + {cfg['private_tokens']} private" if cfg.get("private_tokens") else ""  # (older reports: none)
+    order = ", turn by turn" if cfg.get("by_turn") else ""
     return (f"{cfg['model']} at {cfg['url']} ({cfg['endpoint']}, {cfg['conversations']} conversations x "
-            f"{cfg['turns']} turns, system prompt {cfg['system_tokens']} + user lines {cfg['user_tokens']} words, "
-            f"max_tokens {cfg['max_tokens']}, concurrency {cfg['concurrency']}, seed {cfg['seed']})")
+            f"{cfg['turns']} turns, system prompt {cfg['system_tokens']}{private} + user lines {cfg['user_tokens']} "
+            "words, "
+            f"max_tokens {cfg['max_tokens']}, concurrency {cfg['concurrency']}{order}, seed {cfg['seed']})")
 
 
 def markdown(report: MultiTurnReport) -> str:

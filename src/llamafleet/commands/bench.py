@@ -163,7 +163,8 @@ def run_multiturn(args: argparse.Namespace) -> int:
     try:
         cfg = multiturn.MultiTurnConfig(
             **_target(args, 48), conversations=args.conversations, turns=args.turns,
-            system_tokens=args.system_tokens, user_tokens=args.user_tokens,
+            system_tokens=args.system_tokens, user_tokens=args.user_tokens, private_tokens=args.private_tokens,
+            by_turn=args.by_turn,
             concurrency=args.concurrency[0] if args.concurrency else None,
             seed=multiturn.new_seed() if args.seed is None else args.seed)
         result = multiturn.run(cfg, progress=not args.no_progress)
@@ -322,8 +323,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="one-token words in the system prompt all conversations share (default %(default)s)")
     m.add_argument("--user-tokens", type=_number(int), default=25, metavar="U",
                    help="one-token words in each turn's user line (default %(default)s)")
+    m.add_argument("--private-tokens", type=_number(int, allow_zero=True), default=0, metavar="P",
+                   help="one-token words of a context of each conversation's own, after the shared system prompt "
+                        "(default %(default)s); with more conversations than slots, later turns find their KV "
+                        "only in a cache beyond the slots")
     m.add_argument("--concurrency", type=_levels, metavar="N",
-                   help="conversations running at once (default: all of them)")
+                   help="conversations running at once (default: all of them; fewer than the conversations and "
+                        "more conversations than slots: sessions outnumber slots)")
+    m.add_argument("--by-turn", action="store_true", default=False,
+                   help="send every conversation's turn t (--concurrency at a time) before any turn t+1, as agents "
+                        "taking turns do (default: each worker runs one conversation's turns back to back)")
     m.add_argument("--seed", type=_number(int, allow_zero=True), default=None, metavar="N",
                    help="seed of the synthetic texts (default: a fresh one, written to the report)")
     m.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP)")

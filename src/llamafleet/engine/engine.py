@@ -31,7 +31,8 @@ import numpy as np
 from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
-from llamafleet.engine.llama import Batch, Context, Model
+from llamafleet.engine.kv_tiers import KvTiers, first_origin
+from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
 from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
@@ -76,6 +77,7 @@ class Engine(TextSide):
         self._waiting: deque[Request] = deque()
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
+        self.tiers = KvTiers.of(cfg, self._slots.min_reuse, STATE_FORMAT)  # KV beyond the slots: RAM, disk
         self._steps = 0
         self._launch_s = 0.0  # how long the last llama_decode call took
         self._prompt_total = 0
@@ -94,6 +96,8 @@ class Engine(TextSide):
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:
+        if getattr(self, "tiers", None) is not None and self.ctx.ptr:  # the slots' KV to disk, for the next start
+            self.tiers.flush(self.ctx, self._slots.contents())
         for s in self._running + self._deferred:
             if s.chain is not None:
                 s.chain.close()
@@ -142,6 +146,7 @@ class Engine(TextSide):
             prompt_tokens_cached_total=self._prompt_cached,
             draft_tokens_total=self.spec.drafted_total if self.spec else 0,
             draft_accepted_total=self.spec.accepted_total if self.spec else 0,
+            tiers=self.tiers.stats() if self.tiers.enabled else None,
         )
 
     # -- the loop body ----------------------------------------------------------------------------------------
@@ -219,9 +224,14 @@ class Engine(TextSide):
             if self.spec is not None:
                 self.spec.admit(s)
 
-    # -- prefix reuse (the choices are engine/prefix.py's; here they are applied) ----------------------------
+    # -- prefix reuse (the choices are engine/prefix.py's and engine/kv_tiers.py's; here they are applied) -------
     def _start(self, s: Sequence, place: Placement[Sequence]) -> None:
-        """Give the new sequence ``s`` the KV that ``place`` found for its prompt; only the rest is prefilled."""
+        """Give the new sequence ``s`` the KV that ``place`` (or a KV tier) found for its prompt; only the rest is
+        prefilled."""
+        restored = self.tiers.admit(self.ctx, s, place)
+        if restored:
+            self._reuse(s, restored)
+            return
         if place.wait and place.source is not None:
             self._reuse(s, 0)
             s.wait_for = (place.source, place.reuse)
@@ -383,7 +393,8 @@ class Engine(TextSide):
                             finished=end is not None, finish_reason=end, prompt_tokens=s.n_prompt,
                             completion_tokens=n_generated, cached_tokens=s.n_reused,
                             top_logprobs=None if top is None else [top], prompt_logprobs=s.scores,
-                            drafted_tokens=s.drafted, accepted_tokens=s.accepted)
+                            drafted_tokens=s.drafted, accepted_tokens=s.accepted,
+                            cache=first_origin(s))
         s.scores = None
         return out
 

@@ -33,6 +33,10 @@ log = llama_log.log
 
 _SPLIT = {"none": lc.LLAMA_SPLIT_MODE_NONE, "layer": lc.LLAMA_SPLIT_MODE_LAYER, "tensor": lc.LLAMA_SPLIT_MODE_TENSOR}
 _KV_TYPE = {"f16": lc.GGML_TYPE_F16, "q8_0": lc.GGML_TYPE_Q8_0, "q4_0": lc.GGML_TYPE_Q4_0}
+# what a saved sequence state depends on besides the model and the context's shape (llama.cpp's in-memory state
+# carries no version of its own, so the bindings' version stands for it)
+STATE_FORMAT = (f"llama.cpp state seq v{lc.LLAMA_STATE_SEQ_VERSION} session v{lc.LLAMA_SESSION_VERSION}, "
+                f"llama-cpp-python {lc.__version__}")
 _FLASH = {None: lc.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
           False: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 
@@ -280,6 +284,7 @@ class Context(Native):
         self.candidates, self.candidate = Candidates(model.n_vocab), Candidates(1)  # scratch for sampler chains
         self.n_ctx = int(lc.llama_n_ctx(ptr))
         self.memory = lc.llama_get_memory(ptr)
+        self.copy_sources: set[int] = set()  # sequences copied from since the last decode (copies still queued)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -316,6 +321,7 @@ class Context(Native):
         (the engine turns the previous step's tokens into text) and then :meth:`wait`. On the CPU it runs to the end.
         """
         batch.struct.n_tokens = batch.n_tokens
+        self.copy_sources.clear()  # this decode applies the queued copies first
         return int(lc.llama_decode(self.ptr, batch.struct))
 
     def wait(self) -> None:
@@ -346,6 +352,34 @@ class Context(Native):
         """
         lc.llama_memory_seq_rm(self.memory, dst, -1, -1)  # a unified cache adds to dst's cells; start it empty
         lc.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+        self.copy_sources.add(src)  # its data must not change before that decode: see restore_sequence
+
+    def sequence_state_size(self, seq: int) -> int:
+        """Bytes of :meth:`save_sequence`'s copy of sequence ``seq``'s state."""
+        return int(lc.llama_state_seq_get_size_ext(self.ptr, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
+
+    def save_sequence(self, seq: int) -> bytearray | None:
+        """Sequence ``seq``'s state (its KV cells, in llama.cpp's per-sequence state format), copied to host memory;
+        None if llama.cpp wrote less than it announced."""
+        n = self.sequence_state_size(seq)
+        buf = bytearray(n)
+        arr = (ctypes.c_uint8 * n).from_buffer(buf)
+        got = int(lc.llama_state_seq_get_data_ext(self.ptr, arr, n, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
+        del arr  # the buffer may not be resized while a ctypes view exports it
+        return buf if got == n else None
+
+    def restore_sequence(self, seq: int, state: bytearray) -> bool:
+        """Replace what sequence ``seq`` holds with ``state`` (from :meth:`save_sequence` of a context of the same
+        model and shape); False if llama.cpp refused it, and then ``seq`` is left empty. ``seq`` must not be in
+        :attr:`copy_sources`: the state is written at once, before a queued copy out of ``seq`` has read it."""
+        assert seq not in self.copy_sources
+        arr = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        got = int(lc.llama_state_seq_set_data_ext(self.ptr, arr, len(state), seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
+        del arr
+        if got != len(state):
+            lc.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            return False
+        return True
 
     def kv_length(self, seq: int) -> int:
         """How many positions sequence ``seq`` has in the KV cache (``llama_memory_seq_pos_max`` + 1)."""

@@ -68,12 +68,16 @@ class Placement(Generic[H]):
 
     ``source is None``: the slot's own KV keeps its first ``reuse`` tokens. Otherwise ``source``'s whole KV is
     copied into ``slot`` and cut to ``reuse`` tokens: now, or, with ``wait``, once ``source`` has computed them.
+    ``lost`` is the sequence whose KV ``slot`` held until now (given up, but for the ``reuse`` tokens kept in
+    place); ``best`` the longest prefix of the prompt any slot held, used or not (where a miss differed).
     """
 
     slot: int
     reuse: int = 0
     source: H | None = None
     wait: bool = False
+    lost: H | None = None
+    best: int = 0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -119,7 +123,7 @@ class SlotIndex(Generic[H]):
         e.g. to score it): the lowest free slot, starting empty."""
         lowest = self._free[0]
         if not self.enabled or not reuse:
-            return Placement(lowest)
+            return Placement(lowest, lost=self._held[lowest])
         prompt = list(prompt)
         cap = len(prompt) - 1  # the last prompt token is always decoded: it yields the first answer's logits
         free = set(self._free)
@@ -137,11 +141,19 @@ class SlotIndex(Generic[H]):
                 planned = common_prefix(prompt, h.tokens, min(cap, h.n_prompt))
                 later = max(later, (planned, h.n_cached, -slot))
         best_here, slot = here[0], -here[2]
+        best = max(other[0], later[0])
         if later[0] >= max(best_here, other[0]) + self.min_reuse:
-            return Placement(lowest, later[0], self._held[-later[2]], wait=True)
+            return Placement(lowest, later[0], self._held[-later[2]], wait=True, lost=self._held[lowest], best=best)
         if other[0] >= best_here + self.min_reuse:
-            return Placement(lowest, other[0], self._held[other[1]])
-        return Placement(slot if best_here else lowest, best_here)
+            return Placement(lowest, other[0], self._held[other[1]], lost=self._held[lowest], best=best)
+        slot = slot if best_here else lowest
+        return Placement(slot, best_here, lost=self._held[slot], best=best)
+
+    def contents(self) -> list[tuple[int, list[int]]]:
+        """Every slot that holds KV and the tokens it holds, the most recently used first."""
+        held = [(slot, h) for slot, h in enumerate(self._held) if h is not None and h.n_cached]
+        held.sort(key=lambda x: -self._used[x[0]] if x[0] in self._free else -self._clock - 1)
+        return [(slot, list(h.tokens[:h.n_cached])) for slot, h in held]
 
     def take(self, h: H) -> None:
         """``h`` now runs in its slot, which was free (that KV is ``h``'s from now on)."""

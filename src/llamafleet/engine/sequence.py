@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from llamafleet.engine.speculative.policy import Track
 from llamafleet.engine.text import Detokenizer, StopMatcher
-from llamafleet.engine.types import PromptLogprobs, Request
+from llamafleet.engine.types import CacheOrigin, PromptLogprobs, Request
 
 if TYPE_CHECKING:  # only a type here: the scheduler and its tests import this module without loading llama.cpp
     from llamafleet.engine.budget import ThinkBudget
@@ -34,6 +34,7 @@ class Sequence:
     scores: PromptLogprobs | None = None
     budget: ThinkBudget | None = None  # a reasoning budget to enforce (engine/budget.py)
     spec: Track | None = None  # speculative decoding's state, when it speculates (engine/speculative/)
+    origin: CacheOrigin | None = None  # what the KV tiers gave it (engine/kv_tiers.py), until its first output
 
     def __post_init__(self) -> None:
         self.tokens = list(self.req.prompt_tokens)

@@ -160,6 +160,18 @@ class PromptLogprobs:
     top: list[TopLogprobs] | None = None
 
 
+@dataclass(frozen=True)
+class CacheOrigin:
+    """Where a prompt's reused KV came from, in tokens: a slot (in place or copied), the RAM tier or the disk tier;
+    for a prompt not served up to its last token, the token index where it first differed from the longest prefix
+    any slot or tier held (``differs_at``: a changed system prompt shows as a small number)."""
+
+    slot: int = 0
+    ram: int = 0
+    disk: int = 0
+    differs_at: int | None = None
+
+
 @dataclass
 class _Result:
     """What a request's outputs and the :class:`Generation` gathered from them both hold; every field but the
@@ -179,6 +191,7 @@ class _Result:
     drafted_tokens: int = 0  # speculative decoding: tokens drafted for it so far, and of those the ones the model
     accepted_tokens: int = 0  # kept (each kept token is also one of completion_tokens)
     prompt_ids: list[int] | None = None  # a request only tokenized: its prompt's tokens (nothing is generated)
+    cache: CacheOrigin | None = None  # (from a sequence's first output) where its prompt's cached KV came from
 
 
 @dataclass(kw_only=True)
@@ -232,7 +245,32 @@ class EngineConfig:
     overlap: bool = True  # detokenize a step's tokens while the next decode runs (False: one pass at a time)
     prefix_cache: bool = True  # start new sequences from KV already computed for their prompt's prefix
     speculative: SpeculativeConfig = SpeculativeConfig()  # drafts verified in the batched step (engine/speculative/)
+    cache_ram_bytes: int = 0  # RAM tier of the KV cache (0: off; engine/kv_tiers.py)
+    cache_dir: str | None = None  # disk tier's folder (None: off; engine/kv_disk.py)
+    cache_disk_bytes: int = 0
     llama_log_level: str = "warning"
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """The KV cache tiers of one engine (:mod:`llamafleet.engine.kv_tiers`); per-tier dicts are keyed "ram", "disk"."""
+
+    ram_bytes: int
+    ram_limit_bytes: int
+    ram_entries: int
+    disk_on: bool
+    disk_bytes: int
+    disk_limit_bytes: int
+    disk_entries: int
+    hits: dict[str, int]  # prompts that started from a tier's state
+    misses: dict[str, int]  # prompts no slot served and that tier did not either
+    tokens: dict[str, int]  # prompt tokens restored from each tier
+    restore_seconds: dict[str, float]
+    saves: int  # states copied out of slots about to be overwritten
+    save_seconds: float
+    evictions: dict[str, int]  # ram: moved out of RAM (to disk, if on); disk: files deleted for room
+    dropped_files: int  # damaged files deleted unread
+    failed_restores: int  # states llama.cpp refused
 
 
 @dataclass(frozen=True)
@@ -253,6 +291,7 @@ class EngineStats:
     prompt_tokens_cached_total: int = 0  # prompt tokens whose KV came from the prefix cache
     draft_tokens_total: int = 0  # speculative decoding: tokens drafted and verified
     draft_accepted_total: int = 0  # of those, tokens the model kept
+    tiers: TierStats | None = None  # the KV tiers beyond the slots, when on
 
 
 @dataclass(kw_only=True)
@@ -265,6 +304,7 @@ class Generation(_Result):
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
+        self.cache = out.cache or self.cache
         self.token_ids.extend(out.token_ids)
         if out.logprobs:
             self.logprobs.extend(out.logprobs)

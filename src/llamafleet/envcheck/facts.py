@@ -174,6 +174,7 @@ class ModelFacts:
     is_gguf: bool  # the file starts with the GGUF magic
     cache_dir: str  # where llamafleet keeps fetched models, built wheels and synthetic models
     cache_free: int | None  # bytes free on the cache's file system
+    kv_tier_bytes: int = 0  # the config's RAM tier of the KV cache, all replicas (cache_ram_mib x replicas)
 
 
 @dataclass(frozen=True)

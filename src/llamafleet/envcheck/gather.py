@@ -54,6 +54,8 @@ def gather(model: str | None = None, config_path: str | None = None) -> Facts:
     Raises :class:`llamafleet.config.ConfigError` for an unreadable ``config_path`` (a user error, not a finding).
     """
     path, source = resolve_model(model, config_path)
+    cfg = load_config(config_path) if config_path else None
+    tier = (cfg.cache_ram_mib or 0) * (cfg.replicas or 1) << 20 if cfg is not None and cfg.prefix_cache else 0
     return Facts(
         inventory=detect_inventory(),
         driver=_driver(),
@@ -61,7 +63,7 @@ def gather(model: str | None = None, config_path: str | None = None) -> Facts:
         llama=_llama(),
         python=_python(),
         host=_host(),
-        model=model_facts(path, source),
+        model=replace(model_facts(path, source), kv_tier_bytes=tier),
     )
 
 

@@ -199,10 +199,14 @@ def check_model(f: Facts) -> CheckResult:
 
 def check_ram(f: Facts) -> CheckResult:
     """Available RAM against the model: all of it on the CPU, a pass through the page cache on GPUs."""
-    h, size = f.host, f.model.size_bytes
+    h, size, tier = f.host, f.model.size_bytes, f.model.kv_tier_bytes
     if h.mem_available is None or h.mem_total is None:
         return CheckResult("ram", "skip", "memory unknown (no /proc/meminfo)")
     summary = f"{size_text(h.mem_available)} of {size_text(h.mem_total)} RAM available"
+    if tier and h.mem_available < tier + (size or 0):
+        text = f"the KV cache's RAM tier (cache_ram_mib, {size_text(tier)} for all replicas) and the model do not fit"
+        return combine("ram", summary, [Finding("fail", text, "lower cache_ram_mib, or leave it unset (sized from "
+                                                "the RAM left)")])
     if size is None:
         return CheckResult("ram", "pass", f"{summary}; no model to compare")
     on_gpu = bool(f.inventory.gpus) and f.llama.offload is not False

@@ -173,6 +173,7 @@ def publish(snap: FleetSnapshot, metrics: FleetMetrics) -> None:
         if r.stats:
             m.kv_total.set(r.stats.kv_tokens_total, r.id)
             m.count_steps(r.id, r.pid, r.stats.steps)
+            m.kv_tiers.refresh(r.id, r.pid, r.stats.tiers)
     m.queue_depth.set(snap.queue_depth())
     for reason, n in (m.retired + snap.decisions()).items():
         m.routing.set_total(n, reason)

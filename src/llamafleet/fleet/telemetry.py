@@ -16,6 +16,7 @@ from typing import Literal, get_args
 
 from llamafleet.fleet.metrics import Counter, Gauge, Histogram, Registry
 from llamafleet.fleet.router import Router
+from llamafleet.fleet.tier_metrics import TierMetrics
 
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 LOAD_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -87,6 +88,7 @@ class FleetMetrics:
                                         "past its bound: no new work, its queued sequences moved)", ("replica",)))
         self.moved = r.add(Counter("llamafleet_sequences_moved_total",
                                    "sequences moved off a suspect replica before they started"))
+        self.kv_tiers = TierMetrics(r)  # the KV cache tiers beyond the slots (fleet/tier_metrics.py)
         self.slots_total = r.add(Gauge("llamafleet_replica_slots", "sequence slots of a replica", ("replica",)))
         self.slots_busy = r.add(Gauge("llamafleet_replica_slots_busy", "slots running a sequence", ("replica",)))
         self.engine_waiting = r.add(Gauge("llamafleet_replica_waiting",

@@ -40,10 +40,11 @@ class Budget:
     compute_mib: int
     margin_mib: int
     capacity_mib: int | None
+    kv_tier_mib: int = 0  # host memory: the RAM tier of the KV cache, all replicas (engine/kv_tiers.py)
 
     @property
     def used_mib(self) -> int:
-        return self.weights_mib + self.kv_mib + self.compute_mib + self.margin_mib
+        return self.weights_mib + self.kv_mib + self.compute_mib + self.margin_mib + self.kv_tier_mib
 
     @property
     def overflow_mib(self) -> int:
@@ -68,6 +69,7 @@ class Plan:
     reasons: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     model: str = ""
+    kv_tier_mib: int = 0  # the RAM tier of the KV cache per replica (cache_ram_mib, or the size chosen for it)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

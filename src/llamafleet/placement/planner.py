@@ -40,6 +40,9 @@ from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
 from llamafleet.placement.plan import Budget, Plan, ReplicaPlan
 
+KV_TIER_MAX_MIB = 8192  # the RAM tier's default bound per replica (llama-server's --cache-ram default)
+KV_TIER_UNKNOWN_MIB = 1024  # ... when the host's memory is unknown
+
 __all__ = ["Budget", "Plan", "ReplicaPlan", "context_shape", "engine_config", "launch_spec", "make_plan"]
 
 
@@ -116,6 +119,8 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
     budget = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(host.weights),
                     kv_mib=mib(host.kv * n), compute_mib=mib(host.compute * n), margin_mib=cfg.vram_margin_mib,
                     capacity_mib=inv.host_mem_mib)
+    tier = kv_tier_mib(cfg, None if inv.host_mem_mib is None else inv.host_mem_mib - budget.used_mib, n, notes)
+    budget = replace(budget, kv_tier_mib=tier * n)
     notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU sharing one mapping of the weights")
     if budget.capacity_mib is None:
         notes.warnings.append("available RAM is unknown; memory was not checked")
@@ -126,8 +131,24 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
         notes.reasons.extend(how_to_fit(model, ctx, cfg, [((budget.capacity_mib or 0) - cfg.vram_margin_mib) * MIB],
                                          n, host=True))
     replicas = tuple(ReplicaPlan(gpus=(), split_mode="none", tensor_split=(), main_gpu=-1) for _ in range(n))
-    return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="cpu", fits=fits, replicas=replicas,
-                 budgets=(budget,))
+    return replace(to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="cpu", fits=fits, replicas=replicas,
+                         budgets=(budget,)), kv_tier_mib=tier)
+
+
+def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: Notes) -> int:
+    """The RAM tier of the KV cache per replica: ``cache_ram_mib``, or unset, a quarter of the host memory
+    (``free_mib``) the plan leaves, shared by its ``n`` replicas, at most :data:`KV_TIER_MAX_MIB` each (1024 when
+    the memory is unknown). Off without the prefix cache."""
+    if not cfg.prefix_cache:
+        return 0
+    if cfg.cache_ram_mib is not None:
+        if free_mib is not None and cfg.cache_ram_mib * n > free_mib:
+            notes.warnings.append(f"cache_ram_mib {cfg.cache_ram_mib} x {n} replica(s) is more than the "
+                                  f"{max(0, free_mib)} MiB of RAM the plan leaves: lower cache_ram_mib")
+        return cfg.cache_ram_mib
+    tier = KV_TIER_UNKNOWN_MIB if free_mib is None else min(KV_TIER_MAX_MIB, max(0, free_mib) // 4 // max(1, n))
+    notes.reasons.append(f"KV cache RAM tier: {tier} MiB per replica (cache_ram_mib)")
+    return tier
 
 
 def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
@@ -155,8 +176,11 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
         usable = [max(usable)] if cfg.split_mode == "none" else usable
         notes.reasons.extend(how_to_fit(model, ctx, cfg, usable, max(1, len(groups)), host=False))
     replicas, budgets = _layout(groups, gpus, cfg)
-    return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
-                 budgets=budgets, host=host.total)
+    n = max(1, len(groups))
+    free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
+    tier = kv_tier_mib(cfg, free, n, notes)
+    return replace(to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
+                         budgets=budgets, host=host.total), kv_tier_mib=tier)
 
 
 def _data_parallel(model: ModelInfo, gpus: tuple[Gpu, ...], holders: list[Gpu], one: DeviceNeed, cfg: FleetConfig,
@@ -326,6 +350,9 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
         backend_sampling=cfg.backend_sampling,
         prefix_cache=cfg.prefix_cache,
         speculative=SpeculativeConfig(**cfg.speculative.model_dump()),
+        cache_ram_bytes=(cfg.cache_ram_mib or 0) * MIB,
+        cache_dir=cfg.cache_dir,
+        cache_disk_bytes=cfg.cache_disk_mib * MIB,
         llama_log_level=cfg.llama_log_level,
     ), **decided)
 
@@ -350,4 +377,4 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
         n_ubatch=plan.n_ubatch, n_threads=threads,
         n_gpu_layers=r.n_gpu_layers if r.n_gpu_layers is not None else cfg.n_gpu_layers if r.gpus else 0,
         split_mode=r.split_mode, main_gpu=r.gpus.index(r.main_gpu) if r.gpus else 0, tensor_split=r.tensor_split,
-        rpc_servers=r.rpc_servers)
+        rpc_servers=r.rpc_servers, cache_ram_bytes=(plan.kv_tier_mib or cfg.cache_ram_mib or 0) * MIB)

@@ -119,3 +119,18 @@ def test_a_forgotten_slot_offers_nothing_and_holds_tells_whose_kv_a_slot_has() -
     assert not index.holds(s)
     assert index.place(SYSTEM + [1, 2]).reuse == 0
     assert index.n_free == 2
+
+
+def test_a_placement_names_the_kv_it_gives_up_and_the_longest_prefix_held() -> None:
+    """What the KV tiers need: the sequence whose KV the chosen slot held (saved before it is overwritten), and how
+    far the prompt matched anything held (where a miss differed)."""
+    index = SlotIndex[Seq](2)
+    a = run(index, SYSTEM + [1] * 50, done=False)  # slot 0
+    b = run(index, [3] * 80, done=False)  # slot 1, running
+    index.release(a.slot)  # slot 0: free and warm
+    place = index.place([3] * 10 + [4] * 40)  # matches b for 10 tokens: too few to copy, the lowest free slot
+    assert (place.slot, place.reuse, place.lost, place.best) == (0, 0, a, 10)
+    place = index.place(SYSTEM + [1] * 20 + [2])  # in place: a's KV is kept but for its tail
+    assert (place.slot, place.reuse, place.lost) == (0, 120, a)
+    index.release(b.slot)
+    assert index.contents() == [(1, b.tokens), (0, a.tokens)]  # most recently used first

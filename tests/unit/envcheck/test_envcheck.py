@@ -194,6 +194,10 @@ def test_ram_and_disk(h200x2: Facts, tmp_path: Path) -> None:
     assert run(cpu_box)["ram"].status == "fail"
     tight = replace(cpu_box, host=replace(cpu_box.host, mem_available=int(4.5 * GIB)))
     assert run(tight)["ram"].status == "warn"
+    # the config's RAM tier of the KV cache is counted: 4 GiB of model and 500 GiB of tier do not fit 480 GiB
+    tier = run(replace(h200x2, model=replace(h200x2.model, kv_tier_bytes=500 * GIB)))["ram"]
+    assert tier.status == "fail" and "cache_ram_mib" in tier.detail and tier.fix and "cache_ram_mib" in tier.fix
+    assert run(replace(h200x2, model=replace(h200x2.model, kv_tier_bytes=400 * GIB)))["ram"].status == "pass"
     assert run(replace(h200x2, model=replace(h200x2.model, cache_free=GIB)))["disk"].status == "warn"
     assert run(replace(h200x2, model=replace(h200x2.model, cache_free=100 * 2**20)))["disk"].status == "fail"
 

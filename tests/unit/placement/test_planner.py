@@ -363,3 +363,23 @@ def test_plan_command(models: dict[str, ModelInfo], capsys: pytest.CaptureFixtur
     assert "total_mib" in capsys.readouterr().err
     assert main(["plan", "--model", str(bad), "--inventory", inv]) == 3  # not a model: its own exit code
     assert "is not a GGUF file" in capsys.readouterr().err
+
+
+def test_the_kv_ram_tier_is_sized_from_the_ram_left_and_counted_against_it(models: dict[str, ModelInfo]) -> None:
+    m, MiB = models["7b-q4_0"], 2**20
+    cpu = Inventory((), (), "none", host_mem_mib=64000)
+    plan = make_plan(m, cpu, FleetConfig(replicas=2, parallel=2, context_length=2048))
+    (b,) = plan.budgets
+    left = 64000 - (b.used_mib - b.kv_tier_mib)
+    assert plan.kv_tier_mib == min(8192, left // 4 // 2) and b.kv_tier_mib == 2 * plan.kv_tier_mib
+    assert launch_spec(plan, 0, FleetConfig(replicas=2), "m.gguf")[1].cache_ram_bytes == plan.kv_tier_mib * MiB
+    # an explicit bound is taken as it is, counted, and a plan it overflows does not fit
+    big = make_plan(m, cpu, FleetConfig(replicas=2, parallel=2, context_length=2048, cache_ram_mib=30000))
+    assert not big.fits and big.budgets[0].kv_tier_mib == 60000
+    assert any("cache_ram_mib 30000 x 2 replica(s)" in w for w in big.warnings)
+    off = make_plan(m, cpu, FleetConfig(parallel=2, context_length=2048, prefix_cache=False))
+    assert off.kv_tier_mib == 0 and launch_spec(off, 0, FleetConfig(prefix_cache=False), "m")[1].cache_ram_bytes == 0
+    gpu = plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_dir="/kv")
+    assert gpu.kv_tier_mib > 0
+    spec = launch_spec(gpu, 0, FleetConfig(cache_dir="/kv"), "m")[1]
+    assert (spec.cache_dir, spec.cache_disk_bytes) == ("/kv", 20480 * MiB)

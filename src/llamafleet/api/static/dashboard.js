@@ -130,9 +130,25 @@ function renderReplicas(s) {
     lf.el("td", {class: "ttft"}, lf.ms(r.ttft_s), " ", spark(replicaSeries(r.id, "ttft_s"))),
     lf.el("td", {class: "itl"}, lf.ms(r.itl_s), " ", spark(replicaSeries(r.id, "itl_s"))),
     lf.el("td", {class: "restarts"}, r.restarts),
-    lf.el("td", {class: "cache"}, lf.pct(r.cache_hit_rate)),
+    lf.el("td", {class: "cache", title: tierTitle(r.kv_tiers)}, lf.pct(r.cache_hit_rate),
+          r.kv_tiers ? ` · RAM ${r.kv_tiers.ram.hits} / disk ${r.kv_tiers.disk.hits} hits` : ""),
     lf.el("td", {}, r.kv_tokens ? lf.pct(r.kv_tokens_used / r.kv_tokens) : "–"),
     lf.el("td", {class: "error"}, r.last_error || ""))));
+}
+
+function tierTitle(t) {  // the KV tiers beyond the slots, for a replica's cache cell
+  if (!t) return "KV tiers off";
+  const mib = (b) => lf.num(b / 1048576, 0) + " MiB";
+  return `RAM tier: ${mib(t.ram.bytes)} of ${mib(t.ram.limit_bytes)}, ${t.ram.entries} states, ` +
+    `${t.ram.tokens} tokens restored, ${t.ram.evictions} evicted\n` +
+    (t.disk.on ? `disk tier: ${mib(t.disk.bytes)} of ${mib(t.disk.limit_bytes)}, ${t.disk.entries} files, ` +
+      `${t.disk.tokens} tokens restored, ${t.disk.evictions} evicted` : "disk tier off");
+}
+
+function cacheText(c) {  // where a recent request's cached prompt tokens came from
+  if (!c) return "";
+  const at = c.differs_at === null ? "" : `; differs from the best cached prefix at token ${c.differs_at}`;
+  return `cached: slot ${c.slot}, RAM ${c.ram}, disk ${c.disk}${at}`;
 }
 
 function renderRecent(s) {
@@ -151,7 +167,8 @@ function renderRecent(s) {
       const tokens = e.prompt_tokens === null ? "–" : `${e.prompt_tokens} / ${e.completion_tokens}`;
       return lf.el("tr", {class: e.error ? "failed" : null, title: e.error},
         lf.el("td", {}, lf.clock(e.t)), lf.el("td", {}, e.method), route, lf.el("td", {class: "status"}, e.status),
-        lf.el("td", {}, lf.ms(e.latency_s)), lf.el("td", {class: "tokens"}, tokens), lf.el("td", {}, e.replicas || ""));
+        lf.el("td", {}, lf.ms(e.latency_s)), lf.el("td", {class: "tokens", title: cacheText(e.cache)}, tokens),
+        lf.el("td", {}, e.replicas || ""));
     }));
   }
   const errors = document.getElementById("errors");

@@ -1,0 +1,235 @@
+"""KV cache tiers beyond the slots: a sequence's KV, saved before its slot is given to another prompt, and restored
+when a later prompt starts with what it holds.
+
+A slot's KV stays there after its sequence ends (:mod:`llamafleet.engine.prefix`), but only until the slot is taken:
+with more sessions than slots (agents, long private documents) every session's next turn would prefill it all again.
+So before a slot's KV is overwritten, :meth:`KvTiers.save` copies that sequence's state out of llama.cpp
+(``llama_state_seq_get_data_ext``: its cells, a few hundred bytes per token per layer) into the **RAM tier**, keyed
+by the tokens it holds. A new prompt is then placed on the longest prefix found among the live slots *and* the
+tiers (:meth:`KvTiers.restore`): a state from a tier is written back into the slot
+(``llama_state_seq_set_data_ext``), cut after the shared prefix, and only the rest is prefilled.
+
+The RAM tier is bounded in bytes (``cache_ram_bytes``), least recently used first out. With a **disk tier**
+(:mod:`llamafleet.engine.kv_disk`) what leaves RAM is written to a file instead of being lost, and at shutdown
+(:meth:`KvTiers.flush`, within a time bound) the slots' and the RAM tier's states are written too, so the next start
+is warm. A state that is a prefix of a newer one is dropped (the newer one serves it); one already covered by a kept
+state is not saved again. A state stays in its tier when restored (the slot's copy may be overwritten again soon).
+
+Pure host-side bookkeeping around two :class:`~llamafleet.engine.llama.Context` calls; no threads: a save or restore
+runs inside the engine's step, between passes (llama.cpp is idle then).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from llamafleet.engine.kv_disk import DiskTier, entry_name, fingerprint
+from llamafleet.engine.prefix import Placement, common_prefix
+from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.types import CacheOrigin, EngineConfig, TierStats
+
+if TYPE_CHECKING:  # only a type: this module's unit tests load no llama.cpp
+    from llamafleet.engine.llama import Context
+
+log = logging.getLogger(__name__)
+
+FLUSH_S = 5.0  # most seconds a shutdown spends writing states to disk (the worker is killed after 10)
+
+
+@dataclass
+class _State:
+    tokens: list[int]
+    state: bytearray
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a prompt got from the tiers: ``tokens`` of KV (0: none) from ``tier`` ("ram" or "disk"), and the
+    longest prefix any tier held (``candidate``; what a miss was closest to)."""
+
+    tokens: int = 0
+    tier: str = ""
+    candidate: int = 0
+
+
+class KvTiers:
+    """The RAM tier of one engine, in front of an optional disk tier."""
+
+    def __init__(self, ram_bytes: int, disk: DiskTier | None, min_reuse: int) -> None:
+        self.ram_limit = ram_bytes
+        self.disk = disk
+        self.min_reuse = min_reuse
+        self._ram: OrderedDict[str, _State] = OrderedDict()  # least recently used first
+        self.ram_bytes = 0
+        self.hits = {"ram": 0, "disk": 0}
+        self.misses = {"ram": 0, "disk": 0}
+        self.tokens = {"ram": 0, "disk": 0}  # prompt tokens restored from each tier
+        self.restore_s = {"ram": 0.0, "disk": 0.0}
+        self.evictions = {"ram": 0}
+        self.saves = 0
+        self.save_s = 0.0
+        self.failed = 0  # restores llama.cpp refused (the state did not fit this context)
+
+    @classmethod
+    def of(cls, cfg: EngineConfig, min_reuse: int, state_format: str) -> KvTiers:
+        """The tiers ``cfg`` asks for (both off: :attr:`enabled` is False, and only the diagnostics work)."""
+        disk = None
+        if cfg.cache_dir and cfg.prefix_cache:
+            shape = f"kv {cfg.kv_cache_type}, streams {1 if cfg.kv_unified else cfg.n_seq}, flash {cfg.flash_attn}"
+            fp = fingerprint(cfg.model_path, shape, state_format)
+            disk = DiskTier(cfg.cache_dir, cfg.model_path, fp, state_format, cfg.cache_disk_bytes)
+        return cls(cfg.cache_ram_bytes if cfg.prefix_cache else 0, disk, min_reuse)
+
+    @property
+    def enabled(self) -> bool:
+        return self.ram_limit > 0 or self.disk is not None
+
+    def admit(self, ctx: Context, s: Sequence, place: Placement[Sequence]) -> int:
+        """A new sequence ``s`` is placed by ``place``: save what its slot held, unless it is kept in place, and
+        restore a tier's state into the slot if it beats what the slots offer. The tokens restored (0: none; the
+        caller keeps that many of the slot's KV). Sets ``s.origin`` for the diagnostics either way."""
+        lost, got = place.lost, Restored()
+        kept = place.reuse if place.source is None and not place.wait else 0
+        if self.enabled and lost is not None and lost.n_cached - kept >= self.min_reuse:
+            self.save(ctx, s.slot, lost.tokens[:lost.n_cached])
+        if self.enabled and not place.wait and not s.req.params.prompt_logprobs:
+            got = self.restore(ctx, s.slot, s.tokens, place.reuse)
+        s.origin = CacheOrigin(ram=got.tokens if got.tier == "ram" else 0, disk=got.tokens if got.tier == "disk"
+                               else 0, differs_at=max(place.best, got.candidate, place.reuse))
+        return got.tokens
+
+    # -- save ----------------------------------------------------------------------------------------------------
+    def save(self, ctx: Context, slot: int, tokens: list[int]) -> None:
+        """Keep what ``slot`` holds (``tokens``) before the slot is overwritten, unless a tier already has it."""
+        if len(tokens) < self.min_reuse or self._covered(tokens):
+            return
+        t0 = time.perf_counter()
+        tokens = list(tokens)
+        self._drop_prefixes_of(tokens)
+        size = ctx.sequence_state_size(slot)
+        if size <= self.ram_limit:
+            self._make_room(size)  # before the copy: the tier never holds more than its bound
+        elif self.disk is None or not self.disk.on:
+            return  # larger than the whole RAM tier, and no disk to take it
+        state = ctx.save_sequence(slot)
+        self.save_s += time.perf_counter() - t0
+        if state is None:
+            return
+        self.saves += 1
+        if len(state) > self.ram_limit:  # straight to disk
+            self._spill(tokens, state)
+            return
+        self._ram[entry_name(tokens)] = _State(tokens, state)
+        self.ram_bytes += len(state)
+
+    def _covered(self, tokens: list[int]) -> bool:
+        n = len(tokens)
+        if any(len(e.tokens) >= n and e.tokens[:n] == tokens for e in self._ram.values()):
+            return True
+        return self.disk is not None and self.disk.on and self.disk.covers(tokens)
+
+    def _drop_prefixes_of(self, tokens: list[int]) -> None:
+        """A state that ``tokens``' state extends is served by it: out of the RAM tier."""
+        for key in [k for k, e in self._ram.items() if len(e.tokens) < len(tokens)
+                    and tokens[:len(e.tokens)] == e.tokens]:
+            self.ram_bytes -= len(self._ram.pop(key).state)
+
+    def _make_room(self, size: int) -> None:
+        """Evict the least recently used states (to disk, when on) until ``size`` more bytes fit the bound."""
+        while self._ram and self.ram_bytes + size > self.ram_limit:
+            _, old = self._ram.popitem(last=False)
+            self.ram_bytes -= len(old.state)
+            self.evictions["ram"] += 1
+            self._spill(old.tokens, old.state)
+
+    def _spill(self, tokens: list[int], state: bytearray) -> None:
+        if self.disk is not None:
+            self.disk.put(tokens, state)
+
+    # -- restore -------------------------------------------------------------------------------------------------
+    def restore(self, ctx: Context, slot: int, prompt: list[int], have: int) -> Restored:
+        """Write into ``slot`` the tier state holding the longest prefix of ``prompt`` if it holds
+        :attr:`min_reuse` tokens more than the ``have`` the slots offer (the prompt's last token never counts: it
+        is decoded for the first answer's logits). The slot's KV then holds the state's tokens; the caller keeps
+        the returned ``tokens`` of them. A prompt the slots served is no miss of the tiers."""
+        cap = len(prompt) - 1
+        key, n_ram = None, 0
+        for k, e in self._ram.items():
+            n = common_prefix(prompt, e.tokens, cap)
+            if n > n_ram:
+                key, n_ram = k, n
+        name, n_disk = self.disk.best(prompt, cap) if self.disk is not None and self.disk.on else (None, 0)
+        best = max(n_ram, n_disk)
+        if best < have + self.min_reuse:
+            if have < self.min_reuse:
+                self.misses["ram"] += 1
+                if self.disk is not None:
+                    self.misses["disk"] += 1
+            return Restored(candidate=best)
+        if slot in ctx.copy_sources:  # a copy out of this slot is still queued: its KV must stay as it is
+            return Restored(candidate=best)
+        t0 = time.perf_counter()
+        if key is not None and n_ram >= n_disk:
+            self._ram.move_to_end(key)
+            ok, tier, n = ctx.restore_sequence(slot, self._ram[key].state), "ram", n_ram
+        else:
+            assert self.disk is not None and name is not None
+            self.misses["ram"] += 1
+            state = self.disk.load(name)
+            ok, tier, n = state is not None and ctx.restore_sequence(slot, state), "disk", n_disk
+        self.restore_s[tier] += time.perf_counter() - t0
+        if not ok:
+            self.failed += 1
+            self.misses[tier] += 1
+            return Restored(candidate=best)
+        self.hits[tier] += 1
+        self.tokens[tier] += n
+        return Restored(n, tier, best)
+
+    # -- shutdown ------------------------------------------------------------------------------------------------
+    def flush(self, ctx: Context, held: list[tuple[int, list[int]]], budget_s: float = FLUSH_S) -> int:
+        """Write the slots' states (``held``: slot, tokens it holds) and then the RAM tier's, most recently used
+        first, to the disk tier, for at most ``budget_s`` seconds; the number written."""
+        if self.disk is None or not self.disk.on:
+            return 0
+        deadline = time.monotonic() + budget_s
+        written = 0
+        for slot, tokens in held:
+            if time.monotonic() >= deadline:
+                break
+            if len(tokens) >= self.min_reuse and not self.disk.covers(tokens):
+                state = ctx.save_sequence(slot)
+                written += state is not None and self.disk.put(tokens, state)
+        for e in reversed(list(self._ram.values())):
+            if time.monotonic() >= deadline:
+                break
+            written += self.disk.put(e.tokens, e.state)
+        log.info("KV tiers: %d states written to disk at shutdown", written)
+        return written
+
+    def stats(self) -> TierStats:
+        d = self.disk
+        return TierStats(
+            ram_bytes=self.ram_bytes, ram_limit_bytes=self.ram_limit, ram_entries=len(self._ram),
+            disk_on=d is not None and d.on, disk_bytes=d.bytes if d else 0, disk_limit_bytes=d.limit_bytes if d else 0,
+            disk_entries=d.entries if d else 0, hits=dict(self.hits), misses=dict(self.misses),
+            tokens=dict(self.tokens), restore_seconds=dict(self.restore_s), saves=self.saves,
+            save_seconds=self.save_s, evictions={"ram": self.evictions["ram"], "disk": d.evictions if d else 0},
+            dropped_files=d.dropped if d else 0, failed_restores=self.failed)
+
+
+def first_origin(s: Sequence) -> CacheOrigin | None:
+    """Where ``s``'s prompt KV came from, for its first output (None after that): the slot's share is what it
+    reused beyond the tiers; a prompt served up to its last token has no ``differs_at``."""
+    o, s.origin = s.origin, None
+    if o is None:
+        return None
+    o = replace(o, slot=s.n_reused - o.ram - o.disk, differs_at=None if s.n_reused >= s.n_prompt - 1 else o.differs_at)
+    log.debug("request %s: %d prompt tokens, %d from a slot, %d from RAM, %d from disk; %s", s.request_id, s.n_prompt,
+              o.slot, o.ram, o.disk, "served up to its last token" if o.differs_at is None else
+              f"first differs from the best cached prefix at token {o.differs_at}")
+    return o
