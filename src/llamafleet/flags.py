@@ -55,7 +55,7 @@ FLAGS: tuple[Flag, ...] = (
          "sample greedy requests inside llama.cpp's graph (on the GPU) instead of on the host"),
     Flag("cache_ram_mib", "--cache-ram", "RAM tier of the KV cache per replica (0 = off): a slot's KV is kept "
          "there when the slot is reused, and restored for a prompt that starts with it", "MIB",
-         unset="a quarter of the RAM the plan leaves, at most 8192"),
+         unset="CPU plans: a quarter of the RAM the plan leaves, at most 8192; GPU plans: off"),
     Flag("cache_dir", "--cache-dir", "disk tier of the KV cache: what leaves the RAM tier, and the slots at "
          "shutdown, kept in this folder across restarts", "DIR", unset="off"),
     Flag("routing", "--routing", "how requests are spread over replicas"),

@@ -135,10 +135,11 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
                          budgets=(budget,)), kv_tier_mib=tier)
 
 
-def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: Notes) -> int:
+def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: Notes, gpu: bool = False) -> int:
     """The RAM tier of the KV cache per replica: ``cache_ram_mib``, or unset, a quarter of the host memory
     (``free_mib``) the plan leaves, shared by its ``n`` replicas, at most :data:`KV_TIER_MAX_MIB` each (1024 when
-    the memory is unknown). Off without the prefix cache."""
+    the memory is unknown). Off without the prefix cache, and off by default on GPUs: there a state's copy to host
+    memory holds the engine's step longer than prefilling its prompt again takes (docs/BENCHMARKS.md, run 11)."""
     if not cfg.prefix_cache:
         return 0
     if cfg.cache_ram_mib is not None:
@@ -146,6 +147,10 @@ def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: Notes) ->
             notes.warnings.append(f"cache_ram_mib {cfg.cache_ram_mib} x {n} replica(s) is more than the "
                                   f"{max(0, free_mib)} MiB of RAM the plan leaves: lower cache_ram_mib")
         return cfg.cache_ram_mib
+    if gpu:
+        notes.reasons.append("KV cache RAM tier: off on GPUs unless cache_ram_mib is set (saving a slot's KV to RAM "
+                             "costs more than prefilling it again there)")
+        return 0
     tier = KV_TIER_UNKNOWN_MIB if free_mib is None else min(KV_TIER_MAX_MIB, max(0, free_mib) // 4 // max(1, n))
     notes.reasons.append(f"KV cache RAM tier: {tier} MiB per replica (cache_ram_mib)")
     return tier
@@ -178,7 +183,7 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
     replicas, budgets = _layout(groups, gpus, cfg)
     n = max(1, len(groups))
     free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
-    tier = kv_tier_mib(cfg, free, n, notes)
+    tier = kv_tier_mib(cfg, free, n, notes, gpu=True)
     return replace(to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
                          budgets=budgets, host=host.total), kv_tier_mib=tier)
 

@@ -380,6 +380,8 @@ def test_the_kv_ram_tier_is_sized_from_the_ram_left_and_counted_against_it(model
     off = make_plan(m, cpu, FleetConfig(parallel=2, context_length=2048, prefix_cache=False))
     assert off.kv_tier_mib == 0 and launch_spec(off, 0, FleetConfig(prefix_cache=False), "m")[1].cache_ram_bytes == 0
     gpu = plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_dir="/kv")
-    assert gpu.kv_tier_mib > 0
+    assert gpu.kv_tier_mib == 0  # off by default on GPUs: a save there costs more than prefilling again
+    assert any("off on GPUs unless cache_ram_mib is set" in r for r in gpu.reasons)
+    assert plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_ram_mib=4096).kv_tier_mib == 4096
     spec = launch_spec(gpu, 0, FleetConfig(cache_dir="/kv"), "m")[1]
     assert (spec.cache_dir, spec.cache_disk_bytes) == ("/kv", 20480 * MiB)
