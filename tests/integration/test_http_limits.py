@@ -226,6 +226,6 @@ def test_ready_shows_details_only_to_callers_with_a_key(guarded: FleetServer) ->
         r = httpx.get(f"{guarded.url}/ready", headers=headers)
         assert r.status_code == 200 and r.json()["status"] == "ready"
         (replica,) = r.json()["replicas"]
-        assert set(replica) == {"index", "where", "status", "restarts", "slots", "slots_busy"}, replica
+        assert set(replica) == {"index", "where", "status", "suspect", "restarts", "slots", "slots_busy"}, replica
     (replica,) = httpx.get(f"{guarded.url}/ready", headers=AUTH).json()["replicas"]
     assert replica["pid"] > 0 and "last_error" in replica and "outstanding" in replica
