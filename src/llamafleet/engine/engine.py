@@ -96,7 +96,7 @@ class Engine(TextSide):
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:
-        if getattr(self, "tiers", None) is not None and self.ctx.ptr:  # the slots' KV to disk, for the next start
+        if getattr(self, "tiers", None) is not None and self.tiers.enabled and self.ctx.ptr:  # slots' KV to disk
             self.tiers.flush(self.ctx, self._slots.contents())
         for s in self._running + self._deferred:
             if s.chain is not None:
