@@ -11,7 +11,7 @@ from llamafleet.fleet.replicas import ReplicaSpec
 from llamafleet.fleet.telemetry import FleetMetrics
 from llamafleet.placement.plan import Plan
 
-NEVER_LOADED = [ReplicaSpec({}, EngineConfig(model_path="never-loaded.gguf"), "CPU")]
+NEVER_LOADED = [ReplicaSpec(env={}, engine=EngineConfig(model_path="never-loaded.gguf"), label="CPU")]
 
 
 def one_model_service(name: str, specs: list[ReplicaSpec] | None = None, cfg: FleetConfig | None = None,

@@ -33,8 +33,8 @@ NEEDS: dict[str, dict[str, Any]] = {"top_logprobs": {"logprobs": True}}  # what 
 WIRE: dict[str, Any] = {"stop": ["x"], "logit_bias": {"5": 2.0}}  # the JSON of a value, where it differs
 ENGINE_ONLY = {"penalty_last_n"}  # no route sets it: the engine's window of the repeat penalties
 NOT_RELAYED = {"speculative"}  # how an answer is computed, not what: a remote member speculates as it is set up to
-LLAMA = RemoteMember("http://llama", None)
-PROVIDER = RemoteMember("https://provider", "m", llama_cpp=False)
+LLAMA = RemoteMember(url="http://llama", model=None)
+PROVIDER = RemoteMember(url="https://provider", model="m", llama_cpp=False)
 
 
 def params_with(name: str) -> SamplingParams:

@@ -273,7 +273,7 @@ class TierStats:
     failed_restores: int  # states llama.cpp refused
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineStats:
     """A snapshot for metrics and routing."""
 

@@ -93,7 +93,7 @@ class LoadProgress:
     fraction: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Ready:
     """The engine is loaded and accepting work (the end of the readiness handshake). ``family``: the model family its
     chat template was recognised as (:mod:`llamafleet.engine.families`; None: the generic path), which tells the API
@@ -125,7 +125,7 @@ class Rejected:
     overflow: ContextOverflow | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepOutputs:
     """Everything one engine step produced on one worker.
 

@@ -27,7 +27,7 @@ from llamafleet.fleet.messages import Submit
 from llamafleet.openai_wire import StreamEvent, error_text, parse_sse_line
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RemoteMember:
     """One upstream server, as its worker needs it. ``api_key`` is kept out of ``repr`` (and so out of logs)."""
 

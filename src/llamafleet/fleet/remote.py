@@ -58,8 +58,8 @@ def _read_key(entry: RemoteEntry, where: str) -> str | None:
 
 def members(entries: list[RemoteEntry], where: str = "remote") -> list[RemoteMember]:
     """The configured members, keys read now (:class:`ConfigError` naming the field if one cannot be)."""
-    return [RemoteMember(root_url(e.url), e.model, e.max_concurrency, e.timeout_s, e.llama_cpp,
-                         _read_key(e, f"{where}[{i}]")) for i, e in enumerate(entries)]
+    return [RemoteMember(url=root_url(e.url), model=e.model, max_concurrency=e.max_concurrency, timeout_s=e.timeout_s,
+                         llama_cpp=e.llama_cpp, api_key=_read_key(e, f"{where}[{i}]")) for i, e in enumerate(entries)]
 
 
 def remote_context(cfg: FleetConfig) -> int:
@@ -82,7 +82,7 @@ class MemberLauncher:
 def member_specs(remote: list[RemoteMember], n_ctx_per_seq: int, prefix: str = "") -> list[ReplicaSpec]:
     """A replica spec per member (``prefix`` starts its label, e.g. the model's name): no engine, its own launcher,
     and what it cannot relay."""
-    return [ReplicaSpec({}, None, f"{prefix}{m.label}", launcher=MemberLauncher(m, n_ctx_per_seq),
+    return [ReplicaSpec(env={}, engine=None, label=f"{prefix}{m.label}", launcher=MemberLauncher(m, n_ctx_per_seq),
                         refuses=partial(unrelayable, member=m)) for m in remote]
 
 

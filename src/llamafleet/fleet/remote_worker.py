@@ -130,9 +130,11 @@ class _Relays:
     def flush(self) -> None:
         self.flushing = False
         if self.outputs or self.rejected:
-            stats = EngineStats(self.member.max_concurrency, self.running, len(self.tasks) - self.running, 0, 0, 0,
-                                self.prompt_tokens, self.generated_tokens, 0.0, 0.0, 0.0)
-            msg = StepOutputs(self.outputs, self.rejected, self.pieces, stats)
+            stats = EngineStats(slots_total=self.member.max_concurrency, slots_busy=self.running,
+                                waiting=len(self.tasks) - self.running, kv_tokens_used=0, kv_tokens_total=0, steps=0,
+                                prompt_tokens_total=self.prompt_tokens, generated_tokens_total=self.generated_tokens,
+                                decode_seconds_total=0.0, step_seconds_total=0.0, sample_seconds_total=0.0)
+            msg = StepOutputs(outputs=self.outputs, rejected=self.rejected, pieces=self.pieces, stats=stats)
             self.outputs, self.rejected, self.pieces = [], [], {}
             self.send(msg)
 
@@ -255,7 +257,8 @@ async def _serve(pipe: WorkerPipe, member: RemoteMember, n_ctx_per_seq: int, bea
             pipe.send(LoadFailed(str(e)))
             return 1
         relays = _Relays(pipe, member, client, model)
-        pipe.send(Ready(os.getpid(), member.max_concurrency, n_ctx_per_seq, time.monotonic() - t0))
+        pipe.send(Ready(pid=os.getpid(), n_seq=member.max_concurrency, n_ctx_per_seq=n_ctx_per_seq,
+                       load_seconds=time.monotonic() - t0))
         log.info("%s serves model '%s'", member.label, model)
         background: list[asyncio.Task[Any]] = [loop.create_task(relays.beat(beat_s)),
                                                  loop.create_task(relays.watch(inbox))]

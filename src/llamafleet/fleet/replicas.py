@@ -70,7 +70,7 @@ class LoadError(RuntimeError):
     """A replica's worker failed to load its model."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplicaSpec:
     """How to start one replica: the environment its process needs and its engine's configuration; a replica that
     loads no model (``engine`` None, a remote member's relay) has a ``launcher`` of its own."""

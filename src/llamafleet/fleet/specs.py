@@ -14,5 +14,8 @@ def plan_specs(plan: Plan, cfg: FleetConfig, model_path: str, prefix: str = "", 
     """A spec per replica of ``plan`` (its environment and engine from :func:`launch_spec`), labelled ``prefix`` and
     the replica's own label ("chat on GPU 0"). ``here=False``: the replicas run on another host, so their GPUs are not
     named (this host's watchdog reads the GPUs named, and those are not this host's)."""
-    return [ReplicaSpec(*launch_spec(plan, i, cfg, model_path), f"{prefix}{r.label}", r.gpus if here else ())
-            for i, r in enumerate(plan.replicas)]
+    specs = []
+    for i, r in enumerate(plan.replicas):
+        env, engine = launch_spec(plan, i, cfg, model_path)
+        specs.append(ReplicaSpec(env=env, engine=engine, label=f"{prefix}{r.label}", gpus=r.gpus if here else ()))
+    return specs

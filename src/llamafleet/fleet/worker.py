@@ -220,7 +220,7 @@ def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> No
                 del active[o.request_id]
         outputs += counted
         if outputs or rejected:
-            out.send(StepOutputs(outputs, rejected, pieces, engine.stats()))
+            out.send(StepOutputs(outputs=outputs, rejected=rejected, pieces=pieces, stats=engine.stats()))
             sent_at = time.monotonic()
         elif time.monotonic() - sent_at >= beat_s:
             out.send(Heartbeat())
@@ -272,8 +272,8 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
             raise SystemExit(1) from None
         with engine:
             family = engine.family
-            _send(pipe, Ready(os.getpid(), cfg.n_seq, engine.n_ctx_per_seq, time.monotonic() - t0,
-                              None if family is None else family.name))
+            _send(pipe, Ready(pid=os.getpid(), n_seq=cfg.n_seq, n_ctx_per_seq=engine.n_ctx_per_seq,
+                              load_seconds=time.monotonic() - t0, family=None if family is None else family.name))
             _serve(engine, pipe, inbox, beat_s)
         log.info("context and model freed; exiting")  # the server's shutdown waits for this exit
     except _ParentGone:

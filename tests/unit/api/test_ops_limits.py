@@ -45,7 +45,9 @@ def test_router_per_replica_bound_sends_work_elsewhere() -> None:
 
 def _replica(index: int, busy: int, outstanding: int) -> ReplicaView:
     return ReplicaView(id=str(index), index=index, model=MODEL, where="CPU", status="ready", outstanding=outstanding,
-                       stats=EngineStats(4, busy, 0, 0, 2048, 1, 0, 0, 0.0, 0.0, 0.0))
+                       stats=EngineStats(slots_total=4, slots_busy=busy, waiting=0, kv_tokens_used=0,
+                                         kv_tokens_total=2048, steps=1, prompt_tokens_total=0, generated_tokens_total=0,
+                                         decode_seconds_total=0.0, step_seconds_total=0.0, sample_seconds_total=0.0))
 
 
 def test_leak_is_reported_after_it_lasts_and_only_with_nothing_in_flight() -> None:

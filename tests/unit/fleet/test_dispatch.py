@@ -25,8 +25,8 @@ from llamafleet.fleet.replicas import ReplicaListener, ReplicaSpec
 from llamafleet.fleet.router import QueueFullError, Router
 
 STATS = EngineStats(slots_total=4, slots_busy=0, waiting=0, kv_tokens_used=0, kv_tokens_total=0, steps=0,
-                    prompt_tokens_total=0, generated_tokens_total=0, decode_seconds_total=0.0,
-                    step_seconds_total=0.0, sample_seconds_total=0.0)
+                    prompt_tokens_total=0, generated_tokens_total=0, decode_seconds_total=0.0, step_seconds_total=0.0,
+                    sample_seconds_total=0.0)
 
 
 class Replicas:
@@ -39,7 +39,8 @@ class Replicas:
         self.broken: set[int] = set()
         self.down: set[int] = set()
         self.listener: ReplicaListener | None = None
-        self.specs = [ReplicaSpec({}, EngineConfig("model.gguf"), "CPU")] * n  # local replicas: they serve anything
+        # local replicas: they serve anything
+        self.specs = [ReplicaSpec(env={}, engine=EngineConfig("model.gguf"), label="CPU")] * n
 
     def __len__(self) -> int:
         return self.n
@@ -87,7 +88,7 @@ def output(rid: str, text: str, finished: bool = False, reason: str | None = Non
 
 
 def step(*outputs: RequestOutput, rejected: tuple[Rejected, ...] = ()) -> StepOutputs:
-    return StepOutputs(list(outputs), list(rejected), {}, STATS)
+    return StepOutputs(outputs=list(outputs), rejected=list(rejected), pieces={}, stats=STATS)
 
 
 async def drain(group: Group) -> list[tuple[int, Delta | Failure]]:

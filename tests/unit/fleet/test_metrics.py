@@ -60,7 +60,11 @@ def _fleet(*replicas: ReplicaView, queue_depth: int = 0, gpus: tuple[GpuSample, 
 def test_fleet_refresh_reflects_replicas_queue_and_gpus() -> None:
     m = FleetMetrics()
     up = ReplicaView(id="0", index=0, model="m", where="GPU 0", status="ready", slots=1, restarts=2, suspicions=1,
-                     outstanding=3, queued=2, stats=EngineStats(1, 1, 1, 30, 512, 9, 10, 20, 0.5, 0.6, 0.1))
+                     outstanding=3, queued=2, stats=EngineStats(slots_total=1, slots_busy=1, waiting=1,
+                                                                kv_tokens_used=30, kv_tokens_total=512, steps=9,
+                                                                prompt_tokens_total=10, generated_tokens_total=20,
+                                                                decode_seconds_total=0.5, step_seconds_total=0.6,
+                                                                sample_seconds_total=0.1))
     down = ReplicaView(id="1", index=1, model="m", where="GPU 1", status="down")
     gpu = GpuSample(0, "H200", used_bytes=3 << 30, total_bytes=4 << 30, utilization_pct=55.0)
     publish(_fleet(up, down, queue_depth=2, gpus=(gpu,), overloaded="GPU 0 is full"), m)
@@ -83,7 +87,10 @@ def test_engine_steps_keep_counting_across_a_replica_restart() -> None:
 
     def refresh(pid: int, steps: int) -> float:
         st = ReplicaView(id="0", index=0, model="m", where="GPU 0", status="ready", pid=pid,
-                         stats=EngineStats(1, 0, 0, 0, 512, steps, 0, 0, 0.0, 0.0, 0.0))
+                         stats=EngineStats(slots_total=1, slots_busy=0, waiting=0, kv_tokens_used=0,
+                                           kv_tokens_total=512, steps=steps, prompt_tokens_total=0,
+                                           generated_tokens_total=0, decode_seconds_total=0.0, step_seconds_total=0.0,
+                                           sample_seconds_total=0.0))
         publish(_fleet(st), m)
         return m.steps.get("0")
 

@@ -38,7 +38,9 @@ from llamafleet.placement.packing import Demand, pack
 from synth_models import sparse_models
 
 TWO = load_inventory(Path(__file__).resolve().parents[3] / "examples" / "inventories" / "2x24gb-pcie.yaml")
-STATS = EngineStats(1, 0, 0, 0, 1, 0, 0, 0, 0.0, 0.0, 0.0)
+STATS = EngineStats(slots_total=1, slots_busy=0, waiting=0, kv_tokens_used=0, kv_tokens_total=1, steps=0,
+                    prompt_tokens_total=0, generated_tokens_total=0, decode_seconds_total=0.0, step_seconds_total=0.0,
+                    sample_seconds_total=0.0)
 WAIT_S = 30.0  # the most any step here may take on a loaded machine; the tests wait on events, not on time
 
 
@@ -64,14 +66,15 @@ class ThreadWorker:
             if model in self.launcher.failing:
                 self.pipe.send(LoadFailed(f"{model} cannot load (as the test asked)"))
                 return
-            self.pipe.send(Ready(os.getpid(), self.spec.engine.n_seq, self.spec.engine.n_ctx_per_seq, 0.0))
+            self.pipe.send(Ready(pid=os.getpid(), n_seq=self.spec.engine.n_seq,
+                                 n_ctx_per_seq=self.spec.engine.n_ctx_per_seq, load_seconds=0.0))
             while not isinstance(msg := self.pipe.recv(), Shutdown):
                 if isinstance(msg, Submit):
                     if (held := self.launcher.held.get(msg.request_id)) is not None:
                         held.wait(WAIT_S)
                     out = RequestOutput(msg.request_id, text="ok", token_ids=[1], finished=True, finish_reason="stop",
                                         prompt_tokens=1, completion_tokens=1)
-                    self.pipe.send(StepOutputs([out], [], {}, STATS))
+                    self.pipe.send(StepOutputs(outputs=[out], rejected=[], pieces={}, stats=STATS))
         except (OSError, EOFError):
             pass
         finally:

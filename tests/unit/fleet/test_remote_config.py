@@ -89,8 +89,8 @@ def test_plan_shows_remote_members_and_places_nothing_for_them(tmp_path: Path, m
 
 
 def test_what_a_provider_that_is_not_llama_cpp_cannot_relay() -> None:
-    provider = RemoteMember("https://api.example.com", "m", llama_cpp=False)
-    llama = RemoteMember("http://10.0.0.2:8080", None)
+    provider = RemoteMember(url="https://api.example.com", model="m", llama_cpp=False)
+    llama = RemoteMember(url="http://10.0.0.2:8080", model=None)
     plain = Submit("r", SamplingParams(temperature=0), chat=(("user", "hi"),))
     assert unrelayable(plain, provider) is None and unrelayable(plain, llama) is None
     grammar = Submit("r", SamplingParams(grammar='root ::= "a"'), prompt="x")
@@ -104,12 +104,13 @@ def test_what_a_provider_that_is_not_llama_cpp_cannot_relay() -> None:
 
 def test_a_submit_becomes_one_streamed_upstream_request() -> None:
     params = SamplingParams(max_tokens=5, temperature=0, seed=7, stop=("\n",), top_k=5)
-    path, body = upstream_request(Submit("r", params, chat=(("user", "hi"),)), RemoteMember("http://h", None), "up")
+    member = RemoteMember(url="http://h", model=None)
+    path, body = upstream_request(Submit("r", params, chat=(("user", "hi"),)), member, "up")
     assert path == "/v1/chat/completions" and body["messages"] == [{"role": "user", "content": "hi"}]
     assert body | {"messages": None} == {
         "model": "up", "stream": True, "stream_options": {"include_usage": True}, "temperature": 0, "top_p": 1.0,
         "max_tokens": 5, "seed": 7, "stop": ["\n"], "top_k": 5, "messages": None}  # knobs at defaults: not sent
-    provider = RemoteMember("http://h", None, llama_cpp=False)
+    provider = RemoteMember(url="http://h", model=None, llama_cpp=False)
     path, body = upstream_request(Submit("r", params, prompt_ids=(1, 2)), provider, "up")
     assert path == "/v1/completions" and body["prompt"] == [1, 2] and "top_k" not in body
 
@@ -145,7 +146,7 @@ def test_a_relayed_streams_tokens_are_its_own_pieces_of_text() -> None:
 
 
 def test_a_members_spec_loads_no_model_and_brings_its_own_launcher() -> None:
-    provider = RemoteMember("https://api.example.com", "m", max_concurrency=3, llama_cpp=False)
+    provider = RemoteMember(url="https://api.example.com", model="m", max_concurrency=3, llama_cpp=False)
     (spec,) = member_specs([provider], NO_CONTEXT_LIMIT, "chat on ")
     assert spec.engine is None and not spec.loads_model and spec.label == "chat on remote https://api.example.com"
     assert isinstance(spec.launcher, MemberLauncher) and spec.launcher.member is provider
@@ -163,7 +164,7 @@ def test_upstream_errors_reach_the_client_with_a_status_that_says_whose_fault(st
 def test_the_dispatcher_asks_each_spec_what_it_refuses() -> None:
     """A member's spec carries what it cannot relay: such a request goes to the local replicas only, and with no
     local replica it is refused before anything is routed."""
-    provider = RemoteMember("https://api.example.com", "m", llama_cpp=False)
+    provider = RemoteMember(url="https://api.example.com", model="m", llama_cpp=False)
     grammar = Submit("g", SamplingParams(grammar='root ::= "x"'), prompt="x")
 
     async def mixed(d: Dispatcher, reps: Replicas) -> None:

@@ -15,8 +15,8 @@ from llamafleet.fleet.telemetry import FleetMetrics, GpuSample
 
 
 def _manager() -> ModelManager:
-    specs = [ReplicaSpec({}, EngineConfig(model_path="m.gguf"), "GPU 0", (0,)),
-             ReplicaSpec({}, EngineConfig(model_path="m.gguf"), "GPU 1", (1,))]
+    specs = [ReplicaSpec(env={}, engine=EngineConfig(model_path="m.gguf"), label="GPU 0", gpus=(0,)),
+             ReplicaSpec(env={}, engine=EngineConfig(model_path="m.gguf"), label="GPU 1", gpus=(1,))]
     dispatcher = Dispatcher(ReplicaSet(specs, "info", 60.0), Router(2, "least_outstanding"), replica_prefix="chat/")
     chat = ManagedModel(name="chat", aliases=("c",), pinned=True, idle_ttl_s=None, n_ctx_per_seq=512,
                         dispatcher=dispatcher, state="loading")
@@ -31,7 +31,9 @@ def test_a_snapshot_copies_states_router_counts_and_placement() -> None:
         assert d is not None
         states, router = d.replicas.states, d.router
         states[0].status, states[0].slots, states[0].pid = "ready", 1, 1234
-        states[0].stats = EngineStats(1, 1, 2, 30, 512, 9, 10, 20, 0.5, 0.6, 0.1)
+        states[0].stats = EngineStats(slots_total=1, slots_busy=1, waiting=2, kv_tokens_used=30, kv_tokens_total=512,
+                                      steps=9, prompt_tokens_total=10, generated_tokens_total=20,
+                                      decode_seconds_total=0.5, step_seconds_total=0.6, sample_seconds_total=0.1)
         states[1].status, states[1].load_fraction = "loading", 0.5
         router.set_up(0, 1)
         for rid in ("a", "b", "c"):
