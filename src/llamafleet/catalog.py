@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from llamafleet.config import ConfigError, FleetConfig, ModelEntry, RemoteEntry, describe_errors
+from llamafleet.config import ConfigError, FleetConfig, ModelEntry, describe_errors
+from llamafleet.config_sections import RemoteEntry
 
 if TYPE_CHECKING:
     from llamafleet.placement.packing import Demand

@@ -24,6 +24,7 @@ HTTP_FRAMEWORKS = ("fastapi", "starlette", "uvicorn")
 LAYERS = (
     ("llamafleet", "paths", "rpc", "exits", "openai_wire"),
     ("engine", "model"),
+    ("config_sections",),
     ("config",),
     ("placement",),
     ("fleet", "catalog", "flags"),

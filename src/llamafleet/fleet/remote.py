@@ -25,7 +25,8 @@ import os
 from functools import partial
 from pathlib import Path
 
-from llamafleet.config import ConfigError, FleetConfig, RemoteEntry
+from llamafleet.config import ConfigError, FleetConfig
+from llamafleet.config_sections import RemoteEntry
 from llamafleet.engine.types import LLAMA_CPP_KNOBS
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.relay import RemoteMember

@@ -1,0 +1,69 @@
+"""Sections of the fleet's configuration that stand on their own: a remote member, speculative decoding.
+
+:mod:`llamafleet.config` puts them together; a new group of settings that needs nothing from the rest of the file
+belongs here (or beside the code it configures), one field in :class:`llamafleet.config.FleetConfig` naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from llamafleet.engine.speculative.settings import MAX_DRAFT_LIMIT, MAX_NGRAM
+
+
+class RemoteEntry(BaseModel):
+    """One remote member: an OpenAI-compatible server that serves the model as one more replica (see
+    docs/OPERATIONS.md, Remote members). Its key is read from the environment or a file, never written here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(min_length=1, description="the server's address, e.g. http://10.0.0.2:8080 (a trailing /v1 "
+                     "is accepted)")
+    model: str | None = Field(None, min_length=1, description="the upstream's name of the model; unset = the first "
+                              "one its /v1/models lists")
+    api_key_env: str | None = Field(None, min_length=1, description="environment variable holding its API key")
+    api_key_file: str | None = Field(None, min_length=1, description="file holding its API key")
+    max_concurrency: int = Field(8, ge=1, le=1024, description="sequences sent to it at once (its slots)")
+    timeout_s: float = Field(60.0, gt=0, description="longest wait for its next byte (then 504)")
+    llama_cpp: bool = Field(True, description="it is llamafleet or llama-server: it takes llama.cpp's fields "
+                            "(its sampling extensions, grammar, ignore_eos); false for other providers")
+
+    @model_validator(mode="after")
+    def _checked(self) -> RemoteEntry:
+        scheme, _, rest = self.url.partition("://")
+        if scheme not in ("http", "https") or not rest.strip("/"):
+            raise ValueError(f"url must start with http:// or https:// and name a host, not {self.url!r}")
+        if "@" in rest.split("/", 1)[0]:
+            raise ValueError("url must not hold credentials (they would show in logs); put the key in a file or "
+                             "variable named by api_key_file or api_key_env")
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give api_key_env or api_key_file, not both")
+        return self
+
+
+class SpeculativeSettings(BaseModel):
+    """Speculative decoding (see docs/OPERATIONS.md, Speculative decoding): drafts verified in the batched step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["off", "ngram"] = Field("off", description="off, or ngram: prompt lookup, drafts copied from the "
+                                          "sequence's own prompt and answer (a draft model is not built yet)")
+    max_draft: int = Field(8, ge=1, le=MAX_DRAFT_LIMIT, description="most tokens drafted for one sequence per step")
+    ngram_min: int = Field(2, ge=1, le=MAX_NGRAM, description="shortest tail of the sequence looked up (ngram)")
+    ngram_max: int = Field(4, ge=1, le=MAX_NGRAM, description="longest tail looked up, tried first (ngram)")
+    max_batch: int = Field(4, ge=1, description="speculate only in steps where at most this many sequences decode")
+    draft_cost: float | None = Field(None, ge=0.0, le=1.0, description="one more token's cost as a share of a "
+                                     "one-token step, which decides whether drafts pay; unset = measured, 0 = always")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> SpeculativeSettings:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) cannot exceed ngram_max ({self.ngram_max})")
+        return self
