@@ -17,7 +17,6 @@ one pass per step: :mod:`llamafleet.engine.embedding`.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import time
@@ -26,8 +25,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Self
 
-import numpy as np
-
+from llamafleet.engine.batch_fill import fill
 from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
@@ -35,7 +33,7 @@ from llamafleet.engine.kv_tiers import KvTiers, first_origin
 from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
 from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
-from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
+from llamafleet.engine.sampling import Rows, sample, score_prompts
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.speculative.speculator import Speculator
@@ -200,7 +198,10 @@ class Engine(TextSide):
 
     def _admit(self) -> None:
         self._end_waits()
+        self.tiers.budget.new_step()
         while self._waiting and self._slots.n_free:
+            if self.tiers.budget.spent_out():  # this step's KV copies took a pass's time: the rest wait a step
+                break
             req = self._waiting.popleft()
             p = req.params
             chain = None
@@ -267,36 +268,13 @@ class Engine(TextSide):
         """Fill the batch from ``plan`` and start its ``llama_decode`` (see :meth:`Context.launch`); the error
         message if llama.cpp refused it."""
         b = self.batch
-        n = len(plan)
-        self._rows = None
-        if all(k == 1 and s.n_cached + 1 == len(s.tokens) for s, k in plan):  # one token each, each sampled
-            b.token[:n] = [s.tokens[s.n_cached] for s, _ in plan]
-            b.pos[:n] = [s.n_cached for s, _ in plan]
-            b.seq[:n] = [s.slot for s, _ in plan]
-            b.logits[:n] = 1
-            sampled = [(s, i) for i, (s, _) in enumerate(plan)]
-        else:  # prompt chunks too: a few array operations over the whole plan, no per-token Python work
-            counts = np.fromiter((k for _, k in plan), dtype=np.int32, count=len(plan))
-            n = int(counts.sum())
-            b.token[:n] = list(itertools.chain.from_iterable(s.feed(k) for s, k in plan))
-            first = np.cumsum(counts) - counts  # batch index of each entry's first token
-            starts = np.fromiter((s.n_cached for s, _ in plan), dtype=np.int32, count=len(plan))
-            b.pos[:n] = np.repeat(starts - first, counts) + np.arange(n, dtype=np.int32)
-            b.seq[:n] = np.repeat(np.fromiter((s.slot for s, _ in plan), dtype=np.int32, count=len(plan)), counts)
-            b.logits[:n] = 0
-            # an entry whose tokens reach the end of what it has produces logits at its last token (and drafts)
-            sampled = [(s, int(first[i] + k - 1 - s.n_draft)) for i, (s, k) in enumerate(plan)
-                       if s.n_cached + k == len(s.tokens) + s.n_draft]
-            b.logits[[bi for _, bi in sampled]] = 1
-            Speculator.flag(sampled, b.logits)
-            self._rows = scoring_rows(plan, first, sampled, b.logits[:n])
-        b.n_tokens = n
+        sampled, self._rows = fill(b, plan)
         t0 = time.perf_counter()
         rc = self.ctx.launch(b)
         self._launch_s = time.perf_counter() - t0  # (on a CPU the whole pass; on a GPU, until it is queued)
         self._decode_s += self._launch_s
         if rc != 0:
-            msg = f"llama_decode failed with status {rc} on a batch of {n} tokens"
+            msg = f"llama_decode failed with status {rc} on a batch of {b.n_tokens} tokens"
             log.error(msg)
             return msg
         self._inflight = (plan, sampled)
@@ -314,10 +292,13 @@ class Engine(TextSide):
         self._decode_s += t1 - t0
         if self.spec is not None:  # what the pass cost: whether drafts pay (engine/speculative/)
             self.spec.observe(plan, self._launch_s + t1 - t0)
+        prompt = 0
         for s, k in plan:  # (a speculating sequence's drafts too: Speculator.settle gives back the rejected)
             if s.n_cached < s.n_prompt:
-                self._prompt_total += min(k, s.n_prompt - s.n_cached)
+                prompt += min(k, s.n_prompt - s.n_cached)
             s.n_cached += k
+        self._prompt_total += prompt
+        self.tiers.passed(self._launch_s + t1 - t0, prompt, sum(k for _, k in plan))
         fresh: list[Fresh] = []
         n_rows, rows = None, None
         if self._rows is not None:

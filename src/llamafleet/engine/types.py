@@ -248,6 +248,7 @@ class EngineConfig:
     cache_ram_bytes: int = 0  # RAM tier of the KV cache (0: off; engine/kv_tiers.py)
     cache_dir: str | None = None  # disk tier's folder (None: off; engine/kv_disk.py)
     cache_disk_bytes: int = 0
+    copy_budget_s: float | None = None  # tier copies per step before prompts wait (None: the last pass's time)
     llama_log_level: str = "warning"
 
 
@@ -271,6 +272,9 @@ class TierStats:
     evictions: dict[str, int]  # ram: moved out of RAM (to disk, if on); disk: files deleted for room
     dropped_files: int  # damaged files deleted unread
     failed_restores: int  # states llama.cpp refused
+    declined: dict[str, int]  # save, restore: copies not made, slower than prefilling (engine/kv_cost.py)
+    deferrals: int  # steps whose copies put a prompt off to the next step
+    rates: dict[str, float | None]  # prefill, save, restore_ram, restore_disk: measured seconds per token
 
 
 @dataclass(frozen=True, kw_only=True)
