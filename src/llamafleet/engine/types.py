@@ -164,12 +164,14 @@ class PromptLogprobs:
 class CacheOrigin:
     """Where a prompt's reused KV came from, in tokens: a slot (in place or copied), the RAM tier or the disk tier;
     for a prompt not served up to its last token, the token index where it first differed from the longest prefix
-    any slot or tier held (``differs_at``: a changed system prompt shows as a small number)."""
+    any slot or tier held (``differs_at``: a changed system prompt shows as a small number), and for a chat the
+    message that token falls in (``differs_in_message``, from 0; set by the worker, which has the messages)."""
 
     slot: int = 0
     ram: int = 0
     disk: int = 0
     differs_at: int | None = None
+    differs_in_message: int | None = None
 
 
 @dataclass
