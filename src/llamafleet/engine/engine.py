@@ -36,6 +36,7 @@ from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.speculative.policy import PassCost
 from llamafleet.engine.speculative.speculator import Speculator
 from llamafleet.engine.textside import TextSide
 from llamafleet.engine.types import (
@@ -91,6 +92,7 @@ class Engine(TextSide):
         self._rows: Rows | None = None  # where the in-flight pass's logits rows are, when it scores prompts
         self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
         self.spec = Speculator.create(cfg, self.model.recurrent)
+        self._passes = PassCost()  # what a pass costs by its tokens: whether prompts share one (engine/scheduler.py)
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -161,7 +163,7 @@ class Engine(TextSide):
         ready = [s for s in self._running if s.wait_for is None]
         if self.spec is not None:
             self.spec.draft(ready, self.cfg.n_batch)
-        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens)
+        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens, self._join_tokens())
         error = None
         if plan:
             error = self._launch(plan)
@@ -180,6 +182,14 @@ class Engine(TextSide):
                     outs.append(out)
         self._step_s += time.perf_counter() - t0
         return outs
+
+    def _join_tokens(self) -> float | None:
+        """The most tokens of a prompt that join a pass holding another prompt's: as many as the pass's fixed cost
+        pays for (engine/scheduler.py); None (any) until passes of different sizes were measured."""
+        fit = self._passes.fit()
+        if fit is None or fit[1] <= 0:
+            return None
+        return max(0.0, fit[0] / fit[1])
 
     def _apply_aborts(self, outs: list[RequestOutput]) -> None:
         while self._aborts:
@@ -292,13 +302,14 @@ class Engine(TextSide):
         self._decode_s += t1 - t0
         if self.spec is not None:  # what the pass cost: whether drafts pay (engine/speculative/)
             self.spec.observe(plan, self._launch_s + t1 - t0)
-        prompt = 0
+        prompt, pass_s, n = 0, self._launch_s + t1 - t0, sum(k for _, k in plan)
         for s, k in plan:  # (a speculating sequence's drafts too: Speculator.settle gives back the rejected)
             if s.n_cached < s.n_prompt:
                 prompt += min(k, s.n_prompt - s.n_cached)
             s.n_cached += k
         self._prompt_total += prompt
-        self.tiers.passed(self._launch_s + t1 - t0, prompt, sum(k for _, k in plan))
+        self.tiers.passed(pass_s, prompt, n)
+        self._passes.observe(n, pass_s)
         fresh: list[Fresh] = []
         n_rows, rows = None, None
         if self._rows is not None:

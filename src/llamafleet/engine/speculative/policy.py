@@ -101,13 +101,20 @@ class PassCost:
         x, y = float(tokens), seconds
         self._s = [KEEP * s + v for s, v in zip(self._s, (1.0, x, y, x * x, x * y), strict=True)]
 
-    def share(self, tokens: int) -> float:
-        """One more token's cost as a share of a pass of ``tokens`` (0 until passes of different sizes were seen)."""
+    def fit(self) -> tuple[float, float] | None:
+        """``(a, b)``: seconds per pass and per token (None until passes of different sizes were seen)."""
         n, sx, sy, sxx, sxy = self._s
         var = n * sxx - sx * sx
         if n < 2 or var <= 1e-9 * n * n:
-            return 0.0
+            return None
         b = max(0.0, (n * sxy - sx * sy) / var)
-        a = (sy - b * sx) / n
+        return (sy - b * sx) / n, b
+
+    def share(self, tokens: int) -> float:
+        """One more token's cost as a share of a pass of ``tokens`` (0 until passes of different sizes were seen)."""
+        f = self.fit()
+        if f is None:
+            return 0.0
+        a, b = f
         whole = a + b * tokens
         return b / whole if whole > 0 else 0.0
