@@ -7,11 +7,12 @@ spread over several steps alongside the running decodes instead of stalling them
 
 Several prompts share a pass only while that is cheap. A pass costs about ``a + b * tokens`` (measured by the
 engine); two prompts of ``k1`` and ``k2`` tokens in one pass both get their first token after ``a + b (k1 + k2)``,
-one after the other after ``a + b k1`` and ``2a + b (k1 + k2)``: the mean is lower whenever ``b k2 > a``. So a
-prompt's chunk joins a pass that already holds another's only if it is at most ``join_tokens`` (``a / b``) long.
-On a GPU, where a pass's fixed cost is large, small prompts still share passes; on a CPU, where a pass costs its
-tokens, prompts arriving together are prefilled one after the other, oldest first, and the first one's answer
-starts as soon as its own prompt is done.
+one after the other after ``a + b k1`` and ``2a + b (k1 + k2)``: the mean is lower whenever ``b k2 > a``. In
+general a chunk of ``k`` tokens joining a pass that holds ``i`` prompts' chunks delays those ``i`` by ``b k``, and
+spares itself and the ``r - 1`` prompts queued behind it a pass's fixed cost ``a``: it joins if ``i k <= r a / b``
+(``join_tokens`` is ``a / b``). On a GPU, where a pass's fixed cost is large, prompts still share passes (a burst
+of many fills them); on a CPU, where a pass costs its tokens, a few prompts arriving together are prefilled one after
+the other, oldest first, and the first one's answer starts as soon as its own prompt is done.
 
 The chosen pairs are returned in slot order. With one KV stream per sequence, llama.cpp splits a batch into
 micro-batches that may only hold *consecutive* sequence ids (``split_equal`` with ``sequential``); a batch in
@@ -31,7 +32,8 @@ def schedule(running: list[Sequence], budget: int, rotate: int = 0, prefill_budg
     ``running`` is in admission order. ``rotate`` shifts which generating sequences go first when there are more of
     them than budget (so none starves); with ``budget >= len(running)`` it has no effect. ``prefill_budget`` caps
     the prompt tokens of the step (None: whatever the running answers leave of ``budget``). ``join_tokens``: the
-    longest chunk of a prompt that joins a pass already holding another prompt's (None: any).
+    tokens a pass's fixed cost is worth, which decides whether a prompt's chunk joins a pass already holding other
+    prompts' (see above; None: always).
     """
     decoding = [s for s in running if s.pending == 1]
     prefilling = [s for s in running if s.pending > 1]
@@ -50,7 +52,7 @@ def schedule(running: list[Sequence], budget: int, rotate: int = 0, prefill_budg
         if budget <= 0:
             break
         n = min(s.pending, budget)
-        if i and join_tokens is not None and n > join_tokens:
+        if i and join_tokens is not None and i * n > (len(prefilling) - i) * join_tokens:
             break  # cheaper for it to wait for the next pass (and for the prompts after it: oldest first)
         plan.append((s, n))
         budget -= n
