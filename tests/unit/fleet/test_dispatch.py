@@ -20,8 +20,9 @@ from llamafleet.api.aggregate import respond
 from llamafleet.api.openai import ChatRenderer, TextRenderer
 from llamafleet.engine.types import EngineConfig, EngineStats, RequestOutput, SamplingParams
 from llamafleet.fleet.dispatch import Delta, Dispatcher, Failure, Group
+from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.fleet.messages import Abort, Ready, Rejected, StepOutputs, Submit, ToWorker
-from llamafleet.fleet.replicas import ReplicaListener, ReplicaSpec
+from llamafleet.fleet.replicas import ReplicaListener
 from llamafleet.fleet.router import NoReplicaError, QueueFullError, Router
 
 STATS = EngineStats(slots_total=4, slots_busy=0, waiting=0, kv_tokens_used=0, kv_tokens_total=0, steps=0,
