@@ -101,13 +101,25 @@ class PassCost:
         x, y = float(tokens), seconds
         self._s = [KEEP * s + v for s, v in zip(self._s, (1.0, x, y, x * x, x * y), strict=True)]
 
-    def share(self, tokens: int) -> float:
-        """One more token's cost as a share of a pass of ``tokens`` (0 until passes of different sizes were seen)."""
+    def fit(self) -> tuple[float, float] | None:
+        """``(a, b)``, ``b`` 0 while passes of only one size were seen (then ``a`` is their mean time);
+        None before any pass."""
         n, sx, sy, sxx, sxy = self._s
+        if n <= 0:
+            return None
         var = n * sxx - sx * sx
         if n < 2 or var <= 1e-9 * n * n:
-            return 0.0
+            return sy / n, 0.0
         b = max(0.0, (n * sxy - sx * sy) / var)
-        a = (sy - b * sx) / n
-        whole = a + b * tokens
+        return (sy - b * sx) / n, b
+
+    def seconds(self, tokens: int) -> float:
+        """The expected time of a pass of ``tokens`` (0 before any pass)."""
+        a, b = self.fit() or (0.0, 0.0)
+        return a + b * tokens
+
+    def share(self, tokens: int) -> float:
+        """One more token's cost as a share of a pass of ``tokens`` (0 until passes of different sizes were seen)."""
+        _, b = self.fit() or (0.0, 0.0)
+        whole = self.seconds(tokens)
         return b / whole if whole > 0 else 0.0

@@ -27,8 +27,9 @@ class Ask:
 
 
 class DraftSource(Protocol):
-    """A draft source: prompt lookup here; a draft model, a draft head (EAGLE/MTP-style, fed the target's hidden
-    states) or llama.cpp's own speculative helpers fit the same three calls."""
+    """A draft source: prompt lookup here, a draft model (:mod:`llamafleet.engine.speculative.draft_model`); a draft
+    head (EAGLE/MTP-style, fed the target's hidden states) or llama.cpp's own speculative helpers fit the same
+    three calls."""
 
     def start(self, slot: int, tokens: Sequence[int]) -> None:
         """A sequence starts in ``slot`` with ``tokens`` (its prompt); whatever the slot held before is gone."""

@@ -15,8 +15,9 @@ import logging
 import numpy as np
 import numpy.typing as npt
 
-from llamafleet.engine.llama import Context
+from llamafleet.engine.llama import Context, Model
 from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.speculative.draft_model import DraftModel
 from llamafleet.engine.speculative.policy import PassCost, Track
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.speculative.source import Ask, DraftSource, NgramSource
@@ -30,25 +31,33 @@ Entry = tuple[Sequence, int]  # (sequence, batch index or logits row)
 class Speculator:
     """Speculative decoding for one engine, with the draft source ``cfg.mode`` names."""
 
-    def __init__(self, cfg: SpeculativeConfig, n_ctx_per_seq: int) -> None:
+    def __init__(self, cfg: SpeculativeConfig, n_ctx_per_seq: int, source: DraftSource | None = None) -> None:
         self.cfg = cfg
         self.n_ctx_per_seq = n_ctx_per_seq
-        self.source: DraftSource = NgramSource(cfg.ngram_min, cfg.ngram_max)
+        self.source = source or NgramSource(cfg.ngram_min, cfg.ngram_max)
+        self.draft_model = source if isinstance(source, DraftModel) else None
         self.cost = PassCost()  # what decode passes cost, by their number of tokens
         self.drafted_total = 0
         self.accepted_total = 0
 
     @classmethod
-    def create(cls, cfg: EngineConfig, recurrent: bool) -> Speculator | None:
-        """The engine's speculator, or None: speculation off, or a model whose state cannot be cut back (recurrent
-        or hybrid: the KV of rejected drafts could not be given back)."""
+    def create(cls, cfg: EngineConfig, model: Model) -> Speculator | None:
+        """The engine's speculator for ``model``, or None: speculation off, or a model whose state cannot be cut
+        back (recurrent or hybrid: the KV of rejected drafts could not be given back). With a draft model, that
+        model is loaded (``ValueError`` if its vocabulary is not ``model``'s)."""
         if not cfg.speculative.on:
             return None
-        if recurrent:
+        if model.recurrent:
             log.warning("speculative decoding is off for %s: a recurrent model's state cannot be rolled back past "
                         "rejected drafts", cfg.model_path)
             return None
-        return cls(cfg.speculative, cfg.n_ctx_per_seq)
+        source = DraftModel(model, cfg) if cfg.speculative.mode == "draft" else None
+        return cls(cfg.speculative, cfg.n_ctx_per_seq, source)
+
+    def close(self) -> None:
+        """Free the draft model, if there is one."""
+        if self.draft_model is not None:
+            self.draft_model.close()
 
     def admit(self, s: Sequence) -> None:
         """``s`` has just taken its slot: it speculates from now on if its request allows it."""
@@ -72,6 +81,8 @@ class Speculator:
             return
         c, n = self.cfg.draft_cost, len(decoding)
         r = self.cost.share(n) if c is None else c / (1.0 + c * n)  # one more token's share of this step
+        if c is None and self.draft_model is not None and (step := self.cost.seconds(n)) > 0:
+            r += self.draft_model.cost.seconds(n) / step  # each drafted token costs a pass of the draft model too
         asks: list[tuple[Sequence, Track, Ask]] = []
         for s in decoding:
             t = s.spec
