@@ -25,9 +25,11 @@ from fake_context import FakeContext, install
 from test_speculative import PARAMS, prompts, same
 
 from llamafleet.bench.workloads import edit_prompt
+from llamafleet.engine.llama_backend import quantize
 from llamafleet.engine.speculative.draft_model import DraftModel, check_vocab
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.types import EngineConfig, Generation, Request, SamplingParams
+from llamafleet.model.header import read_model_info
 from llamafleet.model.synth import SHAPES, find_vocab, write_model
 
 WORDS = [" red", " green", " blue", " cat", " dog", " sun"]
@@ -162,6 +164,18 @@ def test_a_draft_model_with_one_token_changed_is_refused(model_path: Path, draft
         draft.pieces[1000] = b"changed"
         with pytest.raises(ValueError, match="token 1000 is b'changed' in it"):
             check_vocab(eng.model, draft, "d.gguf")
+
+
+def test_a_quantized_copy_of_a_model_drafts_for_it(model_path: Path, drafts: dict[str, Path], tmp_path: Path) -> None:
+    """llama.cpp's quantizer makes a smaller copy with the same vocabulary (how docs/BENCHMARKS.md's CPU draft was
+    made from the demo model)."""
+    out = tmp_path / "micro-q4_0.gguf"
+    quantize(str(drafts["same"]), str(out), "q4_0")
+    info = read_model_info(out)
+    assert {t for t, _ in info.tensor_types} == {"Q4_0", "F32"}  # every matrix, the embedding too
+    assert info.weights_bytes < read_model_info(drafts["same"]).weights_bytes
+    with Engine(config(model_path, out)) as eng:
+        assert eng.spec is not None and isinstance(eng.spec.source, DraftModel)  # its vocabulary passed the check
 
 
 def test_speculation_settings_name_the_draft_model_key() -> None:
