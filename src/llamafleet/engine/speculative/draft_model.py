@@ -63,7 +63,10 @@ class DraftModel:
     def __init__(self, target: Model, cfg: EngineConfig) -> None:
         path = cfg.speculative.draft_model
         assert path is not None
-        dcfg = replace(cfg, model_path=path, backend_sampling=False, speculative=SpeculativeConfig())
+        # on this host's devices only: a pass per drafted token over the network to RPC servers would cost more
+        # than it saves (and a tensor_split naming their devices does not apply without them)
+        dcfg = replace(cfg, model_path=path, backend_sampling=False, speculative=SpeculativeConfig(), rpc_servers=(),
+                       tensor_split=() if cfg.rpc_servers else cfg.tensor_split)
         self.model = Model(dcfg)
         try:
             check_vocab(target, self.model, path)
