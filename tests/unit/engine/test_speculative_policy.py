@@ -97,6 +97,10 @@ def test_drafts_are_sized_by_what_they_are_expected_to_gain() -> None:
     picks = [unsure.worth(8, 0.3, 1) for _ in range(PROBE)]
     assert picks == [0] * (PROBE - 1) + [1]  # not worth it: none, but a probe now and then
     assert sure.worth(8, 0.3, 8) == 0  # in a step of 8 answers one answer's drafts slow seven others
+    # a token costing as much as the step's own share of one (a draft model nearly as slow as the model): even
+    # drafts that are always right lose, so not even a probe (which, with a draft model, prefills its prompt)
+    assert [sure.worth(8, 1.2, 1) for _ in range(2 * PROBE)] == [0] * (2 * PROBE)
+    assert [sure.worth(8, 0.3, 4) for _ in range(2 * PROBE)] == [0] * (2 * PROBE)
     unsure.draft = [5]
     unsure.settle(1)
     assert unsure.p > 0.2

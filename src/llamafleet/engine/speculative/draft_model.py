@@ -78,6 +78,17 @@ class DraftModel:
         self.held: list[list[int]] = [[] for _ in range(cfg.n_seq)]  # per slot: the tokens its KV holds
         self._sure = [0] * cfg.n_seq  # per slot: how many of them are the sequence's own (it only grows)
         self.cost = PassCost()  # what a drafting pass costs, by its number of tokens
+        self._time_passes()
+
+    def _time_passes(self) -> None:
+        """Seed :attr:`cost` with drafting passes of 1 and (up to) 4 sequences, then empty their slots: the policy
+        knows what drafting costs, and what one more token costs on this hardware, before it first drafts."""
+        n = min(4, len(self.held))
+        for k in (1, n, 1, n):
+            if self._pass([Ask(i, [], 1) for i in range(k)], [[0] for _ in range(k)]) is None:
+                break
+        for i in range(n):
+            self._cut(i, 0)
 
     def close(self) -> None:
         self.ctx.close()

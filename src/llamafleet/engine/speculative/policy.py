@@ -56,14 +56,15 @@ class Track:
 
     def worth(self, limit: int, r: float, base: int) -> int:
         """How many tokens to draft (at most ``limit``) in a step of ``base`` tokens where one more token costs ``r``
-        of the step: the most gainful number, 0 if none gains (then one, every :data:`PROBE` steps)."""
+        of the step: the most gainful number, 0 if none gains (then one, every :data:`PROBE` steps, unless
+        ``r * base >= 1``: there even drafts that are always right lose)."""
         best, gain, expected, term = 0, 1.0, float(base), 1.0
         for k in range(1, limit + 1):
             term *= self.p
             expected += term
             if (g := expected / (base * (1.0 + r * k))) > gain:
                 best, gain = k, g
-        if best or limit < 1:
+        if best or limit < 1 or r * base >= 1.0:  # (then even drafts always right would not pay: no probe)
             self.idle = 0
             return best
         self.idle += 1

@@ -79,10 +79,13 @@ class Speculator:
         budget -= len(decoding)
         if len(decoding) > self.cfg.max_batch or budget <= 0:
             return
-        c, n = self.cfg.draft_cost, len(decoding)
+        c, n, dm = self.cfg.draft_cost, len(decoding), self.draft_model
         r = self.cost.share(n) if c is None else c / (1.0 + c * n)  # one more token's share of this step
-        if c is None and self.draft_model is not None and (step := self.cost.seconds(n)) > 0:
-            r += self.draft_model.cost.seconds(n) / step  # each drafted token costs a pass of the draft model too
+        if c is None and dm is not None:  # each drafted token costs a pass of the draft model too; until the
+            # target's passes of several sizes were timed, its share of a token is taken to be the draft's
+            r = r or dm.cost.share(n)
+            step = self.cost.seconds(n)
+            r += dm.cost.seconds(n) / step if step > 0 else 1.0  # (no draft before a step of the target was timed)
         asks: list[tuple[Sequence, Track, Ask]] = []
         for s in decoding:
             t = s.spec
