@@ -14,6 +14,7 @@ import dataclasses
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,7 @@ from fake_context import FakeContext, install
 from test_speculative import PARAMS, prompts, same
 
 from llamafleet.bench.workloads import edit_prompt
+from llamafleet.engine.llama import Batch
 from llamafleet.engine.llama_backend import quantize
 from llamafleet.engine.speculative.draft_model import DraftModel, check_vocab
 from llamafleet.engine.speculative.settings import SpeculativeConfig
@@ -68,15 +70,27 @@ def vocab(model_path: Path) -> list[int]:
     return [i[0] for i in ids]
 
 
+class Recording(FakeContext):
+    """The fake target's logits; it records the size of every pass."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.sizes: list[int] = []
+
+    def launch(self, batch: Batch) -> int:
+        self.sizes.append(batch.n_tokens)
+        return super().launch(batch)
+
+
 def run_fake(model_path: Path, draft: Path | None, vocab: list[int], reqs: list[Request],
-             noisy: bool) -> tuple[dict[str, Generation], Engine]:
-    with Engine(config(model_path, draft)) as eng:
+             fake: type[FakeContext] = FakeContext, **kw: Any) -> tuple[dict[str, Generation], Engine]:
+    with Engine(config(model_path, draft, **kw)) as eng:
         install(eng, vocab)
         if draft is not None:
             assert eng.spec is not None and isinstance(eng.spec.source, DraftModel)
             d = eng.spec.source
             d.ctx.close()
-            d.ctx = (NoisyFake if noisy else FakeContext)(d.model, 8, 256, vocab)
+            d.ctx = fake(d.model, 8, 256, vocab)
         return eng.generate(reqs), eng
 
 
@@ -86,8 +100,8 @@ def test_answers_with_a_draft_model_equal_answers_without_token_for_token(
     reqs = [Request(f"{name}-{i}", p, params) for name in ("greedy", "greedy-logprobs", "stop", "max-tokens",
                                                            "penalties", "sampled", "grammar")
             for i, p in enumerate(prompts(vocab)) for params in [PARAMS[name]]]
-    plain, _ = run_fake(model_path, None, vocab, reqs, noisy)
-    fast, eng = run_fake(model_path, drafts["same"], vocab, reqs, noisy)
+    plain, _ = run_fake(model_path, None, vocab, reqs)
+    fast, eng = run_fake(model_path, drafts["same"], vocab, reqs, NoisyFake if noisy else FakeContext)
     for r in reqs:
         same(fast[r.request_id], plain[r.request_id], r.params.logprobs)
     stats = eng.stats()
@@ -98,6 +112,25 @@ def test_answers_with_a_draft_model_equal_answers_without_token_for_token(
         assert 0.2 < acceptance < 0.95, acceptance
     else:
         assert acceptance == 1.0  # the draft is the target: greedy drafts are all kept
+
+
+def test_a_long_prompt_catches_up_in_the_draft_model_a_chunk_a_step(model_path: Path, drafts: dict[str, Path],
+                                                                     vocab: list[int]) -> None:
+    """A draft model prefills a new prompt at most prefill_tokens a step (as the model does), so one long prompt
+    does not hold up every other sequence's step; the answers stay exact."""
+    a, b, c, d, e, f = vocab
+    reqs = [Request("long", (a, b, c, d, e, f, c, a) * 20, PARAMS["greedy"]),
+            Request("short", prompts(vocab)[0], PARAMS["greedy"])]
+    plain, _ = run_fake(model_path, None, vocab, reqs)
+    fast, eng = run_fake(model_path, drafts["same"], vocab, reqs, Recording, prefill_tokens=40)
+    for r in reqs:
+        same(fast[r.request_id], plain[r.request_id], False)
+    assert eng.spec is not None and isinstance(eng.spec.source.ctx, Recording)
+    sizes = eng.spec.source.ctx.sizes
+    # the long prompt's 160 tokens in chunks of 40; the short one (10 tokens and an answer's, under draft_model.LAG)
+    # caught up whole beside a chunk
+    assert max(sizes) <= 40 + 11 and sum(n >= 40 for n in sizes) >= 4, sizes
+    assert fast["long"].drafted_tokens > 0 and fast["short"].drafted_tokens > 0
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

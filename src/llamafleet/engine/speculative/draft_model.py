@@ -28,6 +28,7 @@ from llamafleet.engine.speculative.source import Ask
 from llamafleet.engine.types import EngineConfig
 
 log = logging.getLogger(__name__)
+LAG = 64  # tokens a slot may be behind its sequence and still catch up and draft in one step
 
 
 def check_vocab(target: Model, draft: Model, path: str) -> None:
@@ -78,6 +79,7 @@ class DraftModel:
         self.held: list[list[int]] = [[] for _ in range(cfg.n_seq)]  # per slot: the tokens its KV holds
         self._sure = [0] * cfg.n_seq  # per slot: how many of them are the sequence's own (it only grows)
         self.cost = PassCost()  # what a drafting pass costs, by its number of tokens
+        self.catch_up = max(1, cfg.prefill_tokens or cfg.n_batch)  # most tokens fed a step to catch up on prompts
         self._time_passes()
 
     def _time_passes(self) -> None:
@@ -107,13 +109,24 @@ class DraftModel:
         return n
 
     def propose(self, asks: list[Ask]) -> list[list[int]]:
+        """Drafts for ``asks``. Sequences more than :data:`LAG` tokens behind (a new prompt) catch up at most
+        :attr:`catch_up` tokens a step, all of them together, as the model's own prefill does, and draft once they
+        have caught up: one long prompt never holds up the step of every other sequence."""
         drafts: list[list[int]] = [[] for _ in asks]
         pending: list[list[int]] = []  # per ask: tokens still to feed (the ones it lacks, or its latest draft)
-        for a in asks:  # cut each slot back to what it shares with the sequence (the last token is fed again)
-            sure = self._sure[a.slot]
+        behind: set[int] = set()  # asks that only catch up this step
+        room = self.catch_up
+        for i, a in enumerate(asks):  # cut each slot back to what it shares with the sequence (the last token is
+            sure = self._sure[a.slot]  # fed again, for its logits)
             n = sure + _common(self.held[a.slot][sure:], a.tokens[sure:])
             self._sure[a.slot] = self._cut(a.slot, min(n, len(a.tokens) - 1))
-            pending.append(list(a.tokens[self._sure[a.slot]:]))
+            feed = list(a.tokens[self._sure[a.slot]:])
+            if len(feed) > LAG:  # a prompt, not the few tokens since its last draft
+                if len(feed) > room:
+                    behind.add(i)
+                feed = feed[:room]
+                room -= len(feed)
+            pending.append(feed)
         while any(pending):
             rows = self._pass(asks, pending)
             if rows is None:  # the draft model failed: no drafts this step, and its slots start over
@@ -121,6 +134,8 @@ class DraftModel:
                     self._sure[a.slot] = self._cut(a.slot, 0)
                 return [[] for _ in asks]
             for i, tok in rows.items():
+                if i in behind:
+                    continue
                 drafts[i].append(tok)
                 if len(drafts[i]) < asks[i].n and not self.model.eog[tok]:
                     pending[i] = [tok]
