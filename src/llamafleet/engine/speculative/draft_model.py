@@ -71,6 +71,9 @@ class DraftModel:
         self.model = Model(dcfg)
         try:
             check_vocab(target, self.model, path)
+            if self.model.recurrent:  # its state could not be cut back to the tokens the target kept
+                raise ValueError(f"speculative.draft_model {path}: a recurrent or hybrid model cannot draft (its "
+                                 "state cannot be rolled back past rejected drafts); use a transformer draft")
             self.ctx = Context(self.model, dcfg)
         except BaseException:
             self.model.close()
