@@ -57,7 +57,7 @@ Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReas
 log = logging.getLogger(__name__)
 
 
-class Engine(TextSide):
+class Engine(TextSide[Model]):
     """Loads a model and a context for ``cfg.n_seq`` parallel sequences; ``close()`` (or ``with``) frees both."""
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:

@@ -31,6 +31,7 @@ from llamafleet.config import FleetConfig
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
+from llamafleet.model.checkpoint import is_checkpoint
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement import rpc_plan
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
@@ -84,6 +85,9 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         f"{model.n_layer} layers); "
         f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
     )
+    if model.engine == "torch" and (why := _torch_refusal(cfg)):
+        notes.refuse(why)
+        return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
@@ -101,6 +105,21 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     return _local(model, inventory, gpus, cfg, ctx, notes), notes.refused
 
 
+def _torch_refusal(cfg: FleetConfig) -> str | None:
+    """Why ``cfg`` asks the torch engine (a checkpoint folder) for what only the llama.cpp engine does, if it does."""
+    asks = [(cfg.split_mode == "tensor", "split_mode: tensor (it splits layers over GPUs: use layer or auto)"),
+            (cfg.kv_cache_type != "f16", f"kv_cache_type {cfg.kv_cache_type} (its KV cache is in the model's dtype: "
+                                         "leave kv_cache_type unset)"),
+            (bool(cfg.rpc_servers), "rpc_servers (llama.cpp's RPC backend)"),
+            (cfg.n_gpu_layers not in (-1, 0), f"n_gpu_layers {cfg.n_gpu_layers} (all layers on GPUs, or 0 for the "
+                                                "CPU)")]
+    found = [what for used, what in asks if used]
+    if not found:
+        return None
+    return ("a checkpoint folder is served by the torch engine, which does not take " + "; ".join(found)
+            + "; convert the model to GGUF for the llama.cpp engine, or change those keys")
+
+
 def _local(model: ModelInfo, inventory: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
            notes: Notes) -> Plan:
     """The plan on this host's own devices: its selected GPUs, or the CPU."""
@@ -116,12 +135,16 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
               why: str) -> Plan:
     n = cfg.replicas or 1
     _, host = replica_needs(model, ctx, "none", ())
-    budget = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(host.weights),
+    copies = n if model.engine == "torch" else 1  # llama.cpp's replicas share one mapping; torch's each load theirs
+    budget = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(host.weights * copies),
                     kv_mib=mib(host.kv * n), compute_mib=mib(host.compute * n), margin_mib=cfg.vram_margin_mib,
                     capacity_mib=inv.host_mem_mib)
-    tier = kv_tier_mib(cfg, None if inv.host_mem_mib is None else inv.host_mem_mib - budget.used_mib, n, notes)
+    tier = 0 if model.engine == "torch" else kv_tier_mib(
+        cfg, None if inv.host_mem_mib is None else inv.host_mem_mib - budget.used_mib, n, notes)
     budget = replace(budget, kv_tier_mib=tier * n)
-    notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU sharing one mapping of the weights")
+    notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU "
+                         + ("each with its own copy of the weights (torch engine)" if copies > 1 else
+                            "sharing one mapping of the weights"))
     if budget.capacity_mib is None:
         notes.warnings.append("available RAM is unknown; memory was not checked")
     fits = budget.overflow_mib == 0
@@ -163,7 +186,8 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
     holders = [g for g in gpus if one.total + margin <= g.free_mib * MIB]
     linked = len(gpus) > 1 and inv.all_linked(tuple(g.index for g in gpus), "nvlink")
     explicit = cfg.split_mode in ("layer", "tensor") or cfg.split_ratio is not None
-    latency = cfg.prefer == "latency" and linked and cfg.replicas is None and cfg.flash_attn is not False
+    latency = (cfg.prefer == "latency" and linked and cfg.replicas is None and cfg.flash_attn is not False
+               and model.engine != "torch")
     if cfg.split_mode == "none" or (not explicit and holders and not latency):
         if cfg.split_ratio is not None:
             notes.warnings.append("split_ratio is ignored: split_mode none keeps each replica on one GPU")
@@ -183,7 +207,7 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
     replicas, budgets = _layout(groups, gpus, cfg)
     n = max(1, len(groups))
     free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
-    tier = kv_tier_mib(cfg, free, n, notes, gpu=True)
+    tier = 0 if model.engine == "torch" else kv_tier_mib(cfg, free, n, notes, gpu=True)
     return replace(to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
                          budgets=budgets, host=host.total), kv_tier_mib=tier)
 
@@ -281,7 +305,9 @@ def _fit_group(model: ModelInfo, inv: Inventory, members: tuple[Gpu, ...], cfg: 
         (need,), _ = replica_needs(model, ctx, "none", (1.0,), cfg.n_gpu_layers)
         return Candidate(members, "none", (), (need,))
     mode: SplitModeName
-    if cfg.split_mode in ("layer", "tensor"):
+    if model.engine == "torch":
+        mode = "layer"  # the torch engine's device map places whole layers
+    elif cfg.split_mode in ("layer", "tensor"):
         mode = "tensor" if cfg.split_mode == "tensor" else "layer"
     else:
         nvlink = inv.all_linked(tuple(g.index for g in members), "nvlink")
@@ -343,6 +369,7 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
     ``decided`` holds what a plan (or the caller) decides instead of the keys: slots, context, batch, devices."""
     return replace(EngineConfig(
         model_path=model_path,
+        engine="torch" if is_checkpoint(model_path) else "llama.cpp",
         n_seq=cfg.parallel,
         n_ctx_per_seq=cfg.context_length,
         n_batch=cfg.batch_size,
