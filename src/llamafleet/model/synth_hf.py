@@ -109,9 +109,9 @@ def write_tokenizer(folder: Path, vocab: Path, chat_template: str) -> None:
     tok.save_pretrained(str(folder))
 
 
-def write_checkpoint(folder: str | Path, shape: Shape, dtype: str, vocab: Path, chat_template: str, seed: int = 0,
-                     shard_bytes: int = SHARD_BYTES) -> Path:
-    """Write the checkpoint of ``shape`` (weights in ``dtype``: f32, f16 or bf16) into ``folder``."""
+def write_weights(folder: str | Path, shape: Shape, dtype: str, seed: int = 0, shard_bytes: int = SHARD_BYTES) -> Path:
+    """``config.json`` and the weights of ``shape`` (in ``dtype``: f32, f16 or bf16) into ``folder``: a checkpoint
+    without its tokenizer (enough for the planner)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -127,5 +127,12 @@ def write_checkpoint(folder: str | Path, shape: Shape, dtype: str, vocab: Path, 
         (out / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": wmap}, indent=1))
     (out / CONFIG).write_text(json.dumps(hf_config(shape, dtype), indent=1))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    return out
+
+
+def write_checkpoint(folder: str | Path, shape: Shape, dtype: str, vocab: Path, chat_template: str, seed: int = 0,
+                     shard_bytes: int = SHARD_BYTES) -> Path:
+    """A whole checkpoint: :func:`write_weights` and the tokenizer (:func:`write_tokenizer`)."""
+    out = write_weights(folder, shape, dtype, seed, shard_bytes)
     write_tokenizer(out, vocab, chat_template)
     return out

@@ -26,6 +26,7 @@ from typing import Self
 
 import torch
 
+from llamafleet.engine.infill import Infill
 from llamafleet.engine.pytorch.forward import Group, SlotModel
 from llamafleet.engine.pytorch.sampling import Draw, sample
 from llamafleet.engine.pytorch.vocab import GrammarUnsupported, HfVocab
@@ -99,6 +100,10 @@ class TorchEngine(TextSide[HfVocab]):
     def add_embedding(self, req: EmbeddingRequest) -> None:
         raise GrammarUnsupported(f"the torch engine serves text generation only, not embeddings{ELSEWHERE} (an "
                                  "embedding model)")
+
+    def tokenize_infill(self, req: Infill, max_tokens: int | None) -> list[int]:
+        raise GrammarUnsupported(f"fill-in-the-middle (/infill) is not implemented by the torch engine{ELSEWHERE} "
+                                 "(a code model with FIM tokens)")
 
     def abort(self, request_id: str) -> None:
         self._aborts.append(request_id)
