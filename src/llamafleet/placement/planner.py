@@ -40,6 +40,7 @@ from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
 from llamafleet.placement.plan import Budget, Plan, ReplicaPlan
+from llamafleet.placement.torch_plan import engine_refusal
 
 KV_TIER_MAX_MIB = 8192  # the RAM tier's default bound per replica (llama-server's --cache-ram default)
 KV_TIER_UNKNOWN_MIB = 1024  # ... when the host's memory is unknown
@@ -85,7 +86,7 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         f"{model.n_layer} layers); "
         f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
     )
-    if model.engine == "torch" and (why := _torch_refusal(cfg)):
+    if why := engine_refusal(model, cfg):
         notes.refuse(why)
         return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
@@ -103,21 +104,6 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     if inventory.rpc:
         return rpc_plan.place(model, inventory, gpus, cfg, ctx, notes, _local)
     return _local(model, inventory, gpus, cfg, ctx, notes), notes.refused
-
-
-def _torch_refusal(cfg: FleetConfig) -> str | None:
-    """Why ``cfg`` asks the torch engine (a checkpoint folder) for what only the llama.cpp engine does, if it does."""
-    asks = [(cfg.split_mode == "tensor", "split_mode: tensor (it splits layers over GPUs: use layer or auto)"),
-            (cfg.kv_cache_type != "f16", f"kv_cache_type {cfg.kv_cache_type} (its KV cache is in the model's dtype: "
-                                         "leave kv_cache_type unset)"),
-            (bool(cfg.rpc_servers), "rpc_servers (llama.cpp's RPC backend)"),
-            (cfg.n_gpu_layers not in (-1, 0), f"n_gpu_layers {cfg.n_gpu_layers} (all layers on GPUs, or 0 for the "
-                                                "CPU)")]
-    found = [what for used, what in asks if used]
-    if not found:
-        return None
-    return ("a checkpoint folder is served by the torch engine, which does not take " + "; ".join(found)
-            + "; convert the model to GGUF for the llama.cpp engine, or change those keys")
 
 
 def _local(model: ModelInfo, inventory: Inventory, gpus: tuple[Gpu, ...], cfg: FleetConfig, ctx: ContextShape,
