@@ -19,14 +19,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import torch
 
 from llamafleet.engine.infill import Infill
+from llamafleet.engine.loop import EngineLoop
 from llamafleet.engine.pytorch.forward import Group, SlotModel
 from llamafleet.engine.pytorch.sampling import Draw, sample
 from llamafleet.engine.pytorch.vocab import GrammarUnsupported, HfVocab
@@ -38,7 +37,6 @@ from llamafleet.engine.types import (
     EngineConfig,
     EngineStats,
     FinishReason,
-    Generation,
     Request,
     RequestOutput,
     TopLogprobs,
@@ -48,7 +46,7 @@ log = logging.getLogger(__name__)
 ELSEWHERE = "; serve the model as a GGUF with the llama.cpp engine for it"
 
 
-class TorchEngine(TextSide[HfVocab]):
+class TorchEngine(EngineLoop, TextSide[HfVocab]):
     """Loads the checkpoint folder ``cfg.model_path`` for ``cfg.n_seq`` parallel sequences; ``close()`` frees it."""
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
@@ -80,12 +78,6 @@ class TorchEngine(TextSide[HfVocab]):
         self._running.clear()
         if getattr(self, "net", None) is not None:
             self.net.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
     def add_request(self, req: Request) -> None:
         p = req.params
@@ -151,17 +143,7 @@ class TorchEngine(TextSide[HfVocab]):
 
     def _apply_aborts(self, outs: list[RequestOutput]) -> None:
         while self._aborts:
-            rid = self._aborts.popleft()
-            for req in self._waiting:
-                if req.request_id == rid:
-                    self._waiting.remove(req)
-                    outs.append(RequestOutput(rid, finished=True, finish_reason="cancelled",
-                                              prompt_tokens=len(req.prompt_tokens)))
-                    break
-            for s in self._running:
-                if s.request_id == rid:
-                    outs.append(self._finish(s, "cancelled"))
-                    break
+            self._cancel(self._aborts.popleft(), outs)
 
     def _admit(self) -> None:
         while self._waiting and self._free:
@@ -243,15 +225,3 @@ class TorchEngine(TextSide[HfVocab]):
         self._draws.pop(s.request_id, None)
         self._free.append(s.slot)
         self._free.sort()
-
-    # -- convenience for in-process use -----------------------------------------------------------------------
-    def generate(self, requests: Iterable[Request]) -> dict[str, Generation]:
-        """Run ``requests`` together (continuous batching) to completion; results keyed by request id."""
-        results: dict[str, Generation] = {}
-        for r in requests:
-            self.add_request(r)
-            results[r.request_id] = Generation(r.request_id)
-        while self.has_work():
-            for out in self.step():
-                results[out.request_id].add(out)
-        return results
