@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,8 +17,11 @@ from llamafleet.config import FleetConfig
 from llamafleet.engine.infill import Infill
 from llamafleet.engine.pytorch.engine import TorchEngine
 from llamafleet.engine.pytorch.forward import Group
+from llamafleet.engine.textside import TextSide
 from llamafleet.engine.types import EmbeddingRequest, EngineConfig, Request, SamplingParams
 from llamafleet.model.checkpoint import describe
+from llamafleet.model.convert_hf import checkpoint_to_gguf
+from llamafleet.model.synth import find_vocab
 from llamafleet.placement.gpus import Inventory
 from llamafleet.placement.memory import replica_needs
 from llamafleet.placement.planner import context_shape, launch_spec, make_plan
@@ -34,7 +38,7 @@ def engine(tiny_checkpoint: Path) -> Iterator[TorchEngine]:  # noqa: F811
         yield eng
 
 
-def req(eng: TorchEngine, rid: str, prompt: str, params: SamplingParams = GREEDY) -> Request:
+def req(eng: TextSide[Any], rid: str, prompt: str, params: SamplingParams = GREEDY) -> Request:
     return Request(rid, tuple(eng.tokenize(prompt)), params)
 
 
@@ -134,3 +138,21 @@ def test_the_planner_estimate_is_within_10_percent_of_what_it_allocates(tiny_che
     assert abs(host.weights - weights) <= 0.1 * weights
     assert abs(host.kv - kv) <= 0.1 * kv
     assert plan.budgets[0].weights_mib == -(-host.weights // (1 << 20))  # what the plan shows, rounded up
+
+
+def test_the_same_weights_as_an_f16_gguf_give_llama_cpp_the_same_greedy_answers(
+        engine: TorchEngine, tiny_checkpoint: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The checkpoint converted with the gguf package's writer (llama.cpp's names, its rotary layout, F16 matrices)
+    and served by the llama.cpp engine: the same chat tokens, the same greedy answers, logprobs within 1e-3."""
+    from llamafleet.engine.engine import Engine  # llama.cpp, loaded only here
+
+    gguf = checkpoint_to_gguf(tiny_checkpoint, tmp_path / "tiny.f16.gguf", find_vocab())
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=True)
+    chat = [{"role": "user", "content": "Name three colours."}]
+    with Engine(EngineConfig(model_path=str(gguf), n_seq=4, n_ctx_per_seq=256, n_threads=1)) as cpp:
+        assert cpp.tokenize_chat(chat) == engine.tokenize_chat(chat)
+        theirs = cpp.generate([req(cpp, str(i), p, params) for i, p in enumerate(PROMPTS)])
+    ours = engine.generate([req(engine, str(i), p, params) for i, p in enumerate(PROMPTS)])
+    for i in map(str, range(len(PROMPTS))):
+        assert ours[i].token_ids == theirs[i].token_ids
+        assert max(abs(a - b) for a, b in zip(ours[i].logprobs, theirs[i].logprobs, strict=True)) < 1e-3
