@@ -49,11 +49,11 @@ def test_the_slot_pass_gives_transformers_own_logits(engine: TorchEngine, tiny_c
     a = engine.tokenize("The quick brown fox jumps over")
     b = engine.tokenize("1, 2, 3")
     net = engine.net
-    net.forward(Group(torch.tensor([a[:3]]), torch.tensor([2]), torch.tensor([0])))
-    net.forward(Group(torch.tensor([a[3:-1]]), torch.tensor([2]), torch.tensor([3])))
-    net.forward(Group(torch.tensor([b[:-1]]), torch.tensor([0]), torch.tensor([0])))
-    both = net.forward(Group(torch.tensor([[a[-1]], [b[-1]]]), torch.tensor([2, 0]),
-                             torch.tensor([len(a) - 1, len(b) - 1])))
+    cpu = torch.device("cpu")
+    net.forward(Group.of([a[:3]], [2], [0], cpu))
+    net.forward(Group.of([a[3:-1]], [2], [3], cpu))
+    net.forward(Group.of([b[:-1]], [0], [0], cpu))
+    both = net.forward(Group.of([[a[-1]], [b[-1]]], [2, 0], [len(a) - 1, len(b) - 1], cpu))
     with torch.inference_mode():
         want_a = ref(torch.tensor([a])).logits[0, -1]
         want_b = ref(torch.tensor([b])).logits[0, -1]

@@ -160,9 +160,8 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
         decoding = [s for s, k in plan if s.n_cached + k == len(s.tokens) and k == 1 and s.n_cached >= s.n_prompt]
         rows: list[tuple[Sequence, torch.Tensor]] = []
         if decoding:
-            g = Group(torch.tensor([[s.tokens[s.n_cached]] for s in decoding], device=dev),
-                      torch.tensor([s.slot for s in decoding], device=dev),
-                      torch.tensor([s.n_cached for s in decoding], device=dev))
+            g = Group.of([[s.tokens[s.n_cached]] for s in decoding], [s.slot for s in decoding],
+                         [s.n_cached for s in decoding], dev)
             logits = self.net.forward(g)
             rows += [(s, logits[i]) for i, s in enumerate(decoding)]
             for s in decoding:
@@ -170,8 +169,7 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
         for s, k in plan:
             if s in decoding:
                 continue
-            g = Group(torch.tensor([s.tokens[s.n_cached:s.n_cached + k]], device=dev),
-                      torch.tensor([s.slot], device=dev), torch.tensor([s.n_cached], device=dev))
+            g = Group.of([s.tokens[s.n_cached:s.n_cached + k]], [s.slot], [s.n_cached], dev)
             logits = self.net.forward(g)
             self._prompt_total += min(k, max(0, s.n_prompt - s.n_cached))
             s.n_cached += k

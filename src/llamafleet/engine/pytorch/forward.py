@@ -36,11 +36,19 @@ def pick_dtype(stored: str | None, gpu: bool) -> torch.dtype:
 
 @dataclass
 class Group:
-    """One pass: ``tokens`` ``[B, T]`` of the sequences in ``slots`` at positions ``start[b]`` on."""
+    """One pass: ``tokens`` ``[B, T]`` of the sequences in ``slots`` at positions ``start[b]`` on (the same numbers
+    as tensors on the model's first device, and as lists: reading them back from a GPU would wait for it)."""
 
     tokens: torch.Tensor
     slots: torch.Tensor
     start: torch.Tensor
+    slot_list: list[int]
+    start_list: list[int]
+
+    @classmethod
+    def of(cls, tokens: list[list[int]], slots: list[int], start: list[int], device: torch.device) -> Group:
+        return cls(torch.tensor(tokens, device=device), torch.tensor(slots, device=device),
+                   torch.tensor(start, device=device), slots, start)
 
 
 class SlotModel:
@@ -105,7 +113,7 @@ class SlotModel:
         ``[B, vocab]``, or of every token ``[B, T, vocab]`` with ``all_rows``."""
         b, t = g.tokens.shape
         pos = g.start[:, None] + torch.arange(t, device=g.start.device)[None, :]  # [B, T]
-        n_keys = int(g.start.max()) + t
+        n_keys = max(g.start_list) + t
         keys = torch.arange(n_keys, device=pos.device)
         mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, L]: each row sees its own past
         h = self.inner.embed_tokens(g.tokens.to(self.device))
@@ -141,10 +149,9 @@ class SlotModel:
             kc[slots, :, p] = k[:, :, 0]
             vc[slots, :, p] = v[:, :, 0]
         else:
-            for r in range(b):
-                s0 = int(g.start[r])
-                kc[int(slots[r]), :, s0:s0 + t] = k[r]
-                vc[int(slots[r]), :, s0:s0 + t] = v[r]
+            for r, (slot, s0) in enumerate(zip(g.slot_list, g.start_list, strict=True)):
+                kc[slot, :, s0:s0 + t] = k[r]
+                vc[slot, :, s0:s0 + t] = v[r]
         ks, vs = kc[slots, :, :n_keys], vc[slots, :, :n_keys]
         o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=attn.scaling,
                                            enable_gqa=ks.shape[1] != q.shape[1])
