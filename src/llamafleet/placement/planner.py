@@ -40,7 +40,7 @@ from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
 from llamafleet.placement.plan import Budget, Plan, ReplicaPlan
-from llamafleet.placement.torch_plan import engine_refusal
+from llamafleet.placement.torch_plan import engine_refusal, torch_engine_note
 
 KV_TIER_MAX_MIB = 8192  # the RAM tier's default bound per replica (llama-server's --cache-ram default)
 KV_TIER_UNKNOWN_MIB = 1024  # ... when the host's memory is unknown
@@ -84,7 +84,9 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     notes.reasons.append(
         f"{cfg.served_name(model.path)} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, "
         f"{model.n_layer} layers); "
-        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
+        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache "
+        + (ctx.kv_type if model.engine != "torch" else torch_engine_note(model, bool(inventory.gpus)
+                                                                          and cfg.n_gpu_layers != 0))
     )
     if why := engine_refusal(model, cfg):
         notes.refuse(why)
@@ -129,8 +131,8 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
         cfg, None if inv.host_mem_mib is None else inv.host_mem_mib - budget.used_mib, n, notes)
     budget = replace(budget, kv_tier_mib=tier * n)
     notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU "
-                         + ("each with its own copy of the weights (torch engine)" if copies > 1 else
-                            "sharing one mapping of the weights"))
+                         + ("each with its own copy of the weights (torch engine)" if model.engine == "torch"
+                            else "sharing one mapping of the weights"))
     if budget.capacity_mib is None:
         notes.warnings.append("available RAM is unknown; memory was not checked")
     fits = budget.overflow_mib == 0

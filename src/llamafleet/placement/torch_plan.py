@@ -7,6 +7,13 @@ from __future__ import annotations
 
 from llamafleet.config import FleetConfig
 from llamafleet.model.header import ModelInfo
+from llamafleet.placement.memory import torch_element_bytes
+
+
+def torch_engine_note(model: ModelInfo, gpu: bool) -> str:
+    """How the torch engine holds a replica's KV cache (and weights), for the plan's reasons."""
+    kind = "fp32" if torch_element_bytes(model, gpu) == 4 else "16-bit (fp16/bf16)"
+    return f"in the weights' dtype, {kind} (torch engine: no flash attention, no prefix cache)"
 
 
 def engine_refusal(model: ModelInfo, cfg: FleetConfig) -> str | None:

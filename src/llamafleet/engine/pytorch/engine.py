@@ -131,7 +131,7 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             self._steps += 1
             try:
                 outs += self._run(plan)
-            except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # a failed pass ends its sequences, not us
+            except Exception as e:  # a failed pass (out of memory, ...) ends its sequences, not the replica
                 log.exception("a pass of %d sequences failed", len(plan))
                 for s, _ in plan:
                     if not s.done:
