@@ -11,6 +11,8 @@ same seed gives the same checkpoint. The tokenizer is a vocab GGUF of llama.cpp'
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import numpy as np
 
 from llamafleet.model.checkpoint import CONFIG, INDEX
 from llamafleet.model.synth import Shape
+from llamafleet.paths import cache_dir
 
 DTYPES = {"f32": ("F32", "float32", 4), "f16": ("F16", "float16", 2), "bf16": ("BF16", "bfloat16", 2)}
 CHUNK = 1 << 24  # elements generated at a time
@@ -102,12 +105,23 @@ def _shards(tensors: list[tuple[str, tuple[int, ...]]], size: int, limit: int
 
 
 def write_tokenizer(folder: Path, vocab: Path, chat_template: str) -> None:
-    """``tokenizer.json`` and ``tokenizer_config.json`` (with ``chat_template``) from the vocab GGUF ``vocab``."""
-    from transformers import AutoTokenizer
+    """``tokenizer.json``, ``tokenizer_config.json`` and ``chat_template.jinja`` from the vocab GGUF ``vocab``. The
+    conversion (seconds) is done once per vocabulary and kept in the cache folder."""
+    cached = cache_dir() / "hf-tokenizers" / f"{vocab.stem}-{vocab.stat().st_size}"
+    if not (cached / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(vocab.parent), gguf_file=vocab.name)
-    tok.chat_template = chat_template
-    tok.save_pretrained(str(folder))
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+        AutoTokenizer.from_pretrained(str(vocab.parent), gguf_file=vocab.name).save_pretrained(str(tmp))
+        (tmp / "chat_template.jinja").unlink(missing_ok=True)
+        if (cached / "tokenizer.json").is_file():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            shutil.rmtree(cached, ignore_errors=True)
+            os.replace(tmp, cached)
+    for f in cached.iterdir():
+        shutil.copyfile(f, folder / f.name)
+    (folder / "chat_template.jinja").write_text(chat_template, encoding="utf-8")
 
 
 def write_weights(folder: str | Path, shape: Shape, dtype: str, seed: int = 0, shard_bytes: int = SHARD_BYTES) -> Path:
