@@ -4,8 +4,6 @@ tokens only when parsed, and render as nothing in an answer but as their text in
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from llamafleet.engine.pytorch.vocab import HfVocab
