@@ -153,7 +153,7 @@ class SlotModel:
                 kc[slot, :, s0:s0 + t] = k[r]
                 vc[slot, :, s0:s0 + t] = v[r]
         ks, vs = kc[slots, :, :n_keys], vc[slots, :, :n_keys]
-        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=attn.scaling,
-                                           enable_gqa=ks.shape[1] != q.shape[1])
+        gqa = {"enable_gqa": True} if ks.shape[1] != q.shape[1] else {}  # (torch >= 2.5; asked only when needed)
+        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=attn.scaling, **gqa)
         out: torch.Tensor = attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
         return out
