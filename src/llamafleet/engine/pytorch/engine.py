@@ -6,7 +6,7 @@ returns each sequence's new text; tokenizing, chat templates and the request che
 (:class:`~llamafleet.engine.textside.TextSide`) over the checkpoint's tokenizer (:mod:`.vocab`). Each step: admit
 waiting requests into free slots, schedule tokens under ``n_batch`` (running answers first, then prompt chunks up to
 ``prefill_tokens``: :func:`~llamafleet.engine.scheduler.schedule`), run the answers' tokens as one batched pass and
-each prompt chunk as a pass of its own (:mod:`.forward`), sample (:mod:`.sampling`), detokenize and check stop
+the prompt chunks as another, padded to the longest (:mod:`.forward`), sample (:mod:`.sampling`), detokenize and check stop
 strings. Requests join and leave between steps; a finished slot is reused at once.
 
 What it does not implement is refused when the request arrives, each with a message naming the llama.cpp engine as
@@ -153,8 +153,8 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             self._running.append(s)
 
     def _run(self, plan: list[tuple[Sequence, int]]) -> list[RequestOutput]:
-        """One batched pass of the answers' next tokens and one pass per prompt chunk; then sample those that reached
-        the end of what they have."""
+        """One batched pass of the answers' next tokens and one of the prompt chunks (padded to the longest); then
+        sample those that reached the end of what they have."""
         dev = self.net.device
         t0 = time.perf_counter()
         decoding = [s for s, k in plan if s.n_cached + k == len(s.tokens) and k == 1 and s.n_cached >= s.n_prompt]
@@ -166,15 +166,19 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             rows += [(s, logits[i]) for i, s in enumerate(decoding)]
             for s in decoding:
                 s.n_cached += 1
-        for s, k in plan:
-            if s in decoding:
-                continue
-            g = Group.of([s.tokens[s.n_cached:s.n_cached + k]], [s.slot], [s.n_cached], dev)
-            logits = self.net.forward(g)
-            self._prompt_total += min(k, max(0, s.n_prompt - s.n_cached))
-            s.n_cached += k
-            if s.n_cached == len(s.tokens):
-                rows.append((s, logits[0]))
+        chunks = [(s, k) for s, k in plan if s not in decoding]
+        width = max((k for _, k in chunks), default=0)
+        together = all(s.n_cached + width <= self.cfg.n_ctx_per_seq for s, _ in chunks)  # room for the padding
+        for part in [chunks] if together and chunks else [[c] for c in chunks]:  # prompt chunks: one padded pass
+            width = max(k for _, k in part)
+            g = Group.of([s.tokens[s.n_cached:s.n_cached + k] + [0] * (width - k) for s, k in part],
+                         [s.slot for s, _ in part], [s.n_cached for s, _ in part], dev)
+            logits = self.net.forward(g, last=[k - 1 for _, k in part])
+            for i, (s, k) in enumerate(part):
+                self._prompt_total += min(k, max(0, s.n_prompt - s.n_cached))
+                s.n_cached += k
+                if s.n_cached == len(s.tokens):
+                    rows.append((s, logits[i]))
         t1 = time.perf_counter()
         self._decode_s += t1 - t0
         if not rows:

@@ -108,9 +108,10 @@ class SlotModel:
             torch.cuda.empty_cache()
 
     @torch.inference_mode()
-    def forward(self, g: Group, all_rows: bool = False) -> torch.Tensor:
-        """Run the pass ``g`` (its keys and values written into its slots); float32 logits of each row's last token
-        ``[B, vocab]``, or of every token ``[B, T, vocab]`` with ``all_rows``."""
+    def forward(self, g: Group, last: list[int] | None = None) -> torch.Tensor:
+        """Run the pass ``g`` (its keys and values written into its slots); float32 logits ``[B, vocab]`` of each
+        row's token ``last[b]`` (default: its last; rows padded at the end name their last real token: what the
+        padding writes into the slot lies past it, masked, and is overwritten by the slot's next token)."""
         b, t = g.tokens.shape
         pos = g.start[:, None] + torch.arange(t, device=g.start.device)[None, :]  # [B, T]
         n_keys = max(g.start_list) + t
@@ -126,9 +127,8 @@ class SlotModel:
             h = h + self._attention(i, layer, layer.input_layernorm(h), cos, sin, g, pos.to(dev), mask.to(dev),
                                     n_keys)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h[:, -1] if last is None else h[torch.arange(b, device=h.device), torch.tensor(last, device=h.device)]
         h = self.inner.norm(h.to(self.devices[-1]))
-        if not all_rows:
-            h = h[:, -1]
         out: torch.Tensor = self.head(h.to(self.head.weight.device)).float()
         return out
 
