@@ -6,8 +6,8 @@ returns each sequence's new text; tokenizing, chat templates and the request che
 (:class:`~llamafleet.engine.textside.TextSide`) over the checkpoint's tokenizer (:mod:`.vocab`). Each step: admit
 waiting requests into free slots, schedule tokens under ``n_batch`` (running answers first, then prompt chunks up to
 ``prefill_tokens``: :func:`~llamafleet.engine.scheduler.schedule`), run the answers' tokens as one batched pass and
-the prompt chunks as another, padded to the longest (:mod:`.forward`), sample (:mod:`.sampling`), detokenize and check stop
-strings. Requests join and leave between steps; a finished slot is reused at once.
+the prompt chunks as another, padded to the longest (:mod:`.forward`), sample (:mod:`.sampling`), detokenize and
+check stop strings. Requests join and leave between steps; a finished slot is reused at once.
 
 What it does not implement is refused when the request arrives, each with a message naming the llama.cpp engine as
 the way (docs/API.md, "The torch engine"): grammars and structured output, prompt logprobs, reasoning budgets,
