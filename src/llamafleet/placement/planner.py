@@ -32,13 +32,13 @@ from llamafleet.engine.cores import default_threads
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.checkpoint import is_checkpoint
-from llamafleet.model.header import ModelInfo
+from llamafleet.model.header import GgufError, ModelInfo, read_model_info
 from llamafleet.placement import rpc_plan
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
 from llamafleet.placement.autofit import fit_unset
 from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_plan
 from llamafleet.placement.gpus import Gpu, Inventory
-from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
+from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs, with_draft
 from llamafleet.placement.plan import Budget, Plan, ReplicaPlan
 from llamafleet.placement.torch_plan import engine_refusal, torch_engine_note
 
@@ -63,7 +63,7 @@ def context_shape(model: ModelInfo, cfg: FleetConfig) -> ContextShape:
 
 
 def make_plan(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> Plan:
-    """Plan ``model`` on ``inventory`` under ``cfg``. Pure: reads nothing, loads nothing.
+    """Plan ``model`` on ``inventory`` under ``cfg``. Pure: reads nothing (but a draft model's header), loads nothing.
 
     ``parallel`` and ``context_length`` that the configuration does not set are fitted
     (:func:`~llamafleet.placement.autofit.fit_unset`).
@@ -91,6 +91,15 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     if why := engine_refusal(model, cfg):
         notes.refuse(why)
         return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
+    if (path := cfg.speculative.draft_model) is not None and cfg.speculative.mode == "draft":
+        try:
+            draft = read_model_info(path)
+        except (GgufError, OSError) as e:
+            notes.refuse(f"speculative.draft_model {path}: {e}; name a GGUF model with the served model's vocabulary")
+            return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
+        notes.reasons.append(f"draft model {draft.name or path} ({mib(draft.weights_bytes)} MiB of weights, "
+                             f"{draft.n_layer} layers) beside it in each replica: its weights and KV are counted")
+        model = with_draft(model, draft)
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
