@@ -174,7 +174,7 @@ def _messages(msg: Submit) -> list[dict[str, str]]:
     return [{"role": role, "content": content} for role, content in msg.chat or ()]
 
 
-def _locate_miss(engine: Engine, chat: Submit, out: RequestOutput) -> None:
+def _locate_miss(engine: Engine | TorchEngine, chat: Submit, out: RequestOutput) -> None:
     """A chat's first output: for a prompt not served whole from a cache, the message where it first differed."""
     if out.cache is not None and out.cache.differs_at is not None:
         at = engine.message_at(_messages(chat), chat.tools, out.cache.differs_at)
