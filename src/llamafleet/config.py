@@ -139,8 +139,8 @@ class FleetConfig(BaseModel):
         default_factory=lambda: SpeculativeSettings.model_validate({}), description="speculative decoding: mode, "
         "draft_model, max_draft, ngram_min, ngram_max, max_batch (see docs/OPERATIONS.md, Speculative decoding)")
     cache_ram_mib: int | None = Field(None, ge=0, description="RAM tier of the KV cache per replica: slots' KV kept "
-                                      "when their slot is reused (0 = off; default: on CPU plans a quarter of the "
-                                      "RAM the plan leaves, at most 8192; off on GPU plans)")
+                                      "when their slot is reused (0 = off; default: a quarter of the "
+                                      "RAM the plan leaves, at most 8192)")
     cache_dir: str | None = Field(None, description="disk tier of the KV cache: states evicted from RAM and saved "
                                   "at shutdown, kept across restarts (default: off)")
     cache_disk_mib: int = Field(20480, ge=1, description="most disk the KV tier's files of one model take")

@@ -296,3 +296,23 @@ def test_a_refused_decode_fails_its_batch_and_the_engine_goes_on(engine: Engine)
         assert eng.stats().slots_busy == 0 and not eng.has_work()
         again = eng.generate([req(eng, "after", PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0))])
         assert again["after"].finish_reason in ("length", "stop") and again["after"].completion_tokens > 0
+
+
+def test_on_a_cpu_prompts_arriving_together_are_prefilled_one_after_the_other(engine: Engine) -> None:
+    """A CPU pass costs about its tokens: two prompts in one pass would both wait for both (engine/scheduler.py).
+    Once passes of different sizes were measured, the older prompt's first token comes a step before the other's."""
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    words = "one two three four five six seven eight nine ten " * 12
+    few = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine.generate([Request("w1", tuple(engine.tokenize(words)), few)])  # passes of many and of one token
+    join = engine._join_tokens()
+    assert join is not None and join < 100  # a pass's fixed cost pays for far fewer tokens than a prompt
+    for rid in ("x", "y"):
+        engine.add_request(Request(rid, tuple(engine.tokenize(f"{rid}: {words}")), one))
+    first: dict[str, int] = {}
+    step = 0
+    while engine.has_work():
+        step += 1
+        for o in engine.step():
+            first.setdefault(o.request_id, step)
+    assert first["x"] < first["y"]

@@ -87,6 +87,16 @@ def test_without_tiers_an_evicted_session_is_a_miss_that_says_where_it_differed(
     assert g.cache.differs_at is not None and g.cache.differs_at < 32  # the sessions' documents differ early
 
 
+def test_a_miss_names_the_chat_message_where_the_prompt_differed(model_path: Path) -> None:
+    with Engine(cfg(model_path)) as eng:
+        msgs = chat(0, [("What is the first word?", "It is the first one.")], "And the last one?")  # 4 messages
+        upto = [len(eng.tokenize_chat(msgs[:k + 1])) for k in range(len(msgs))]  # each with the assistant header
+        assert eng.message_at(msgs, None, 5) == 0  # in the system prompt
+        assert eng.message_at(msgs, None, upto[0] + 2) == 1
+        assert eng.message_at(msgs, None, upto[1] + 2) == 2  # the assistant's answer
+        assert eng.message_at(msgs, None, upto[3] - 1) == 3
+
+
 def test_the_ram_bound_evicts_and_never_grows_past_it(model_path: Path) -> None:
     with Engine(cfg(model_path, cache_ram_bytes=6 * MIB)) as eng:
         limit = eng.tiers.ram_limit
@@ -158,3 +168,4 @@ def test_turn_two_after_a_server_restart_comes_from_disk(
     assert len(recent) == sessions and all(e["cache"]["disk"] > 0.9 * e["prompt_tokens"] for e in recent)
     assert all(e["cache"]["slot"] == e["cache"]["ram"] == 0 and e["cache"]["differs_at"] is not None
                for e in recent)  # a new question follows what was cached
+    assert all(e["cache"]["differs_in_message"] in (2, 3) for e in recent)  # the answer's end or the question

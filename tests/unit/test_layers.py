@@ -168,7 +168,8 @@ def test_the_fleet_runs_without_loading_an_http_framework() -> None:
 
 
 @pytest.mark.parametrize("module", ["llamafleet.engine.scheduler", "llamafleet.engine.sequence",
-                                    "llamafleet.engine.prefix", "llamafleet.engine.text", "llamafleet.engine.types"])
+                                    "llamafleet.engine.prefix", "llamafleet.engine.text", "llamafleet.engine.types",
+                                    "llamafleet.engine.kv_cost"])
 def test_the_engine_logic_imports_without_loading_llama_cpp(module: str) -> None:
     loaded = _loaded_after_import(module)
     assert "llama_cpp" not in loaded and "llamafleet.engine.llama" not in loaded

@@ -54,7 +54,8 @@ class Entry:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     # of those, how many came from a slot, the RAM tier and the disk tier, and, for a prompt not served whole, the
-    # token index where it first differed from the longest prefix any slot or tier held (engine/kv_tiers.py)
+    # token index where it first differed from the longest prefix any slot or tier held (engine/kv_tiers.py) and,
+    # for a chat, the message (from 0) that token falls in
     cache: dict[str, int | None] | None = None
     replicas: str | None = None  # the x-llamafleet-replicas header: which replica ran each choice
     error: str | None = None
@@ -77,7 +78,8 @@ def note_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
             cached_tokens
         if origins:
             entry.cache = {"slot": sum(o.slot for o in origins), "ram": sum(o.ram for o in origins),
-                           "disk": sum(o.disk for o in origins), "differs_at": origins[0].differs_at}
+                           "disk": sum(o.disk for o in origins), "differs_at": origins[0].differs_at,
+                           "differs_in_message": origins[0].differs_in_message}
 
 
 def note_error(message: str) -> None:

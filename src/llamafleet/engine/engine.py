@@ -17,15 +17,13 @@ one pass per step: :mod:`llamafleet.engine.embedding`.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import time
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
-
+from llamafleet.engine.batch_fill import fill
 from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
@@ -34,9 +32,10 @@ from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
 from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.loop import EngineLoop
 from llamafleet.engine.prefix import Placement, SlotIndex
-from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
+from llamafleet.engine.sampling import Rows, sample, score_prompts
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.speculative.policy import PassCost
 from llamafleet.engine.speculative.speculator import Speculator
 from llamafleet.engine.textside import TextSide
 from llamafleet.engine.types import (
@@ -90,6 +89,7 @@ class Engine(EngineLoop, TextSide[Model]):
         # entry (sequence, first row, first position, positions)
         self._rows: Rows | None = None  # where the in-flight pass's logits rows are, when it scores prompts
         self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
+        self._passes = PassCost()  # what a pass costs by its tokens: whether prompts share one (engine/scheduler.py)
         try:  # (a draft model is loaded here, and may be refused)
             self.spec = Speculator.create(ctx_cfg, self.model)
         except BaseException:
@@ -161,7 +161,7 @@ class Engine(EngineLoop, TextSide[Model]):
         ready = [s for s in self._running if s.wait_for is None]
         if self.spec is not None:
             self.spec.draft(ready, self.cfg.n_batch)
-        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens)
+        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens, self._join_tokens())
         error = None
         if plan:
             error = self._launch(plan)
@@ -181,6 +181,14 @@ class Engine(EngineLoop, TextSide[Model]):
         self._step_s += time.perf_counter() - t0
         return outs
 
+    def _join_tokens(self) -> float | None:
+        """The most tokens of a prompt that join a pass holding another prompt's: as many as the pass's fixed cost
+        pays for (engine/scheduler.py); None (any) until passes of different sizes were measured."""
+        fit = self._passes.fit()
+        if fit is None or fit[1] <= 0:
+            return None
+        return max(0.0, fit[0] / fit[1])
+
     def _apply_aborts(self, outs: list[RequestOutput]) -> None:
         while self._aborts:
             rid = self._aborts.popleft()
@@ -189,7 +197,10 @@ class Engine(EngineLoop, TextSide[Model]):
 
     def _admit(self) -> None:
         self._end_waits()
+        self.tiers.budget.new_step()
         while self._waiting and self._slots.n_free:
+            if self.tiers.budget.spent_out():  # this step's KV copies took a pass's time: the rest wait a step
+                break
             req = self._waiting.popleft()
             p = req.params
             chain = None
@@ -256,36 +267,13 @@ class Engine(EngineLoop, TextSide[Model]):
         """Fill the batch from ``plan`` and start its ``llama_decode`` (see :meth:`Context.launch`); the error
         message if llama.cpp refused it."""
         b = self.batch
-        n = len(plan)
-        self._rows = None
-        if all(k == 1 and s.n_cached + 1 == len(s.tokens) for s, k in plan):  # one token each, each sampled
-            b.token[:n] = [s.tokens[s.n_cached] for s, _ in plan]
-            b.pos[:n] = [s.n_cached for s, _ in plan]
-            b.seq[:n] = [s.slot for s, _ in plan]
-            b.logits[:n] = 1
-            sampled = [(s, i) for i, (s, _) in enumerate(plan)]
-        else:  # prompt chunks too: a few array operations over the whole plan, no per-token Python work
-            counts = np.fromiter((k for _, k in plan), dtype=np.int32, count=len(plan))
-            n = int(counts.sum())
-            b.token[:n] = list(itertools.chain.from_iterable(s.feed(k) for s, k in plan))
-            first = np.cumsum(counts) - counts  # batch index of each entry's first token
-            starts = np.fromiter((s.n_cached for s, _ in plan), dtype=np.int32, count=len(plan))
-            b.pos[:n] = np.repeat(starts - first, counts) + np.arange(n, dtype=np.int32)
-            b.seq[:n] = np.repeat(np.fromiter((s.slot for s, _ in plan), dtype=np.int32, count=len(plan)), counts)
-            b.logits[:n] = 0
-            # an entry whose tokens reach the end of what it has produces logits at its last token (and drafts)
-            sampled = [(s, int(first[i] + k - 1 - s.n_draft)) for i, (s, k) in enumerate(plan)
-                       if s.n_cached + k == len(s.tokens) + s.n_draft]
-            b.logits[[bi for _, bi in sampled]] = 1
-            Speculator.flag(sampled, b.logits)
-            self._rows = scoring_rows(plan, first, sampled, b.logits[:n])
-        b.n_tokens = n
+        sampled, self._rows = fill(b, plan)
         t0 = time.perf_counter()
         rc = self.ctx.launch(b)
         self._launch_s = time.perf_counter() - t0  # (on a CPU the whole pass; on a GPU, until it is queued)
         self._decode_s += self._launch_s
         if rc != 0:
-            msg = f"llama_decode failed with status {rc} on a batch of {n} tokens"
+            msg = f"llama_decode failed with status {rc} on a batch of {b.n_tokens} tokens"
             log.error(msg)
             return msg
         self._inflight = (plan, sampled)
@@ -303,10 +291,14 @@ class Engine(EngineLoop, TextSide[Model]):
         self._decode_s += t1 - t0
         if self.spec is not None:  # what the pass cost: whether drafts pay (engine/speculative/)
             self.spec.observe(plan, self._launch_s + t1 - t0)
+        prompt, pass_s, n = 0, self._launch_s + t1 - t0, sum(k for _, k in plan)
         for s, k in plan:  # (a speculating sequence's drafts too: Speculator.settle gives back the rejected)
             if s.n_cached < s.n_prompt:
-                self._prompt_total += min(k, s.n_prompt - s.n_cached)
+                prompt += min(k, s.n_prompt - s.n_cached)
             s.n_cached += k
+        self._prompt_total += prompt
+        self.tiers.passed(pass_s, prompt, n)
+        self._passes.observe(n, pass_s)
         fresh: list[Fresh] = []
         n_rows, rows = None, None
         if self._rows is not None:

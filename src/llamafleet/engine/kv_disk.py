@@ -157,6 +157,11 @@ class DiskTier:
                 best = (name, n)
         return best
 
+    def held(self, name: str) -> int:
+        """How many tokens file ``name`` holds (0: no such file)."""
+        e = self._index.get(name)
+        return 0 if e is None else len(e.tokens)
+
     def covers(self, tokens: list[int]) -> bool:
         """Whether a file already holds ``tokens`` (or a longer sequence starting with them)."""
         return any(len(e.tokens) >= len(tokens) and e.tokens[:len(tokens)] == tokens for e in self._index.values())

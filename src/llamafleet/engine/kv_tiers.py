@@ -16,7 +16,11 @@ is warm. A state that is a prefix of a newer one is dropped (the newer one serve
 state is not saved again. A state stays in its tier when restored (the slot's copy may be overwritten again soon).
 
 Pure host-side bookkeeping around two :class:`~llamafleet.engine.llama.Context` calls; no threads: a save or restore
-runs inside the engine's step, between passes (llama.cpp is idle then).
+runs inside the engine's step, between passes (llama.cpp is idle then; its contexts are not safe to use from two
+threads). Since every running sequence waits for them, copies are made only where they pay and spread over steps
+(:mod:`llamafleet.engine.kv_cost`): a state is saved only if saving and restoring it cost less than prefilling it
+again, restored only if that costs less than prefilling what it adds, both by rates measured on this engine; and once
+a step's copies took longer than a pass, further prompts wait for the next step.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from llamafleet.engine.kv_cost import MIN_PASS_TOKENS, CopyCosts, StepBudget
 from llamafleet.engine.kv_disk import DiskTier, entry_name, fingerprint
 from llamafleet.engine.prefix import Placement, common_prefix
 from llamafleet.engine.sequence import Sequence
@@ -59,7 +64,7 @@ class Restored:
 class KvTiers:
     """The RAM tier of one engine, in front of an optional disk tier."""
 
-    def __init__(self, ram_bytes: int, disk: DiskTier | None, min_reuse: int) -> None:
+    def __init__(self, ram_bytes: int, disk: DiskTier | None, min_reuse: int, budget_s: float | None = None) -> None:
         self.ram_limit = ram_bytes
         self.disk = disk
         self.min_reuse = min_reuse
@@ -73,6 +78,9 @@ class KvTiers:
         self.saves = 0
         self.save_s = 0.0
         self.failed = 0  # restores llama.cpp refused (the state did not fit this context)
+        self.costs = CopyCosts()
+        self.budget = StepBudget(budget_s)
+        self.declined = {"save": 0, "restore": 0}  # copies the cost rules found slower than prefilling
 
     @classmethod
     def of(cls, cfg: EngineConfig, min_reuse: int, state_format: str) -> KvTiers:
@@ -82,11 +90,18 @@ class KvTiers:
             shape = f"kv {cfg.kv_cache_type}, streams {1 if cfg.kv_unified else cfg.n_seq}, flash {cfg.flash_attn}"
             fp = fingerprint(cfg.model_path, shape, state_format)
             disk = DiskTier(cfg.cache_dir, cfg.model_path, fp, state_format, cfg.cache_disk_bytes)
-        return cls(cfg.cache_ram_bytes if cfg.prefix_cache else 0, disk, min_reuse)
+        return cls(cfg.cache_ram_bytes if cfg.prefix_cache else 0, disk, min_reuse, cfg.copy_budget_s)
 
     @property
     def enabled(self) -> bool:
         return self.ram_limit > 0 or self.disk is not None
+
+    def passed(self, seconds: float, prompt_tokens: int, tokens: int) -> None:
+        """The engine ran a pass of ``tokens`` tokens, ``prompt_tokens`` of them a prompt's, in ``seconds``: the
+        prefill rate (a pass mostly of prompt), and the copy budget of a step."""
+        if prompt_tokens >= MIN_PASS_TOKENS and 2 * prompt_tokens >= tokens:
+            self.costs.prefill.add(seconds, tokens)
+        self.budget.last_pass_s = seconds
 
     def admit(self, ctx: Context, s: Sequence, place: Placement[Sequence]) -> int:
         """A new sequence ``s`` is placed by ``place``: save what its slot held, unless it is kept in place, and
@@ -107,6 +122,9 @@ class KvTiers:
         """Keep what ``slot`` holds (``tokens``) before the slot is overwritten, unless a tier already has it."""
         if len(tokens) < self.min_reuse or self._covered(tokens):
             return
+        if not self.costs.worth_saving():
+            self.declined["save"] += 1
+            return
         t0 = time.perf_counter()
         tokens = list(tokens)
         self._drop_prefixes_of(tokens)
@@ -116,10 +134,13 @@ class KvTiers:
         elif self.disk is None or not self.disk.on:
             return  # larger than the whole RAM tier, and no disk to take it
         state = ctx.save_sequence(slot)
-        self.save_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.save_s += dt
+        self.budget.add(dt)
         if state is None:
             return
         self.saves += 1
+        self.costs.save.add(dt, len(tokens))
         if len(state) > self.ram_limit:  # straight to disk
             self._spill(tokens, state)
             return
@@ -172,22 +193,33 @@ class KvTiers:
             return Restored(candidate=best)
         if slot in ctx.copy_sources:  # a copy out of this slot is still queued: its KV must stay as it is
             return Restored(candidate=best)
-        t0 = time.perf_counter()
         if key is not None and n_ram >= n_disk:
+            tier, n, held = "ram", n_ram, len(self._ram[key].tokens)
+        else:
+            assert self.disk is not None and name is not None
+            tier, n, held = "disk", n_disk, self.disk.held(name)
+        if not self.costs.worth_restoring(tier, held, n - have):  # prefilling what it adds is cheaper
+            self.declined["restore"] += 1
+            return Restored(candidate=best)
+        t0 = time.perf_counter()
+        if key is not None and tier == "ram":
             self._ram.move_to_end(key)
-            ok, tier, n = ctx.restore_sequence(slot, self._ram[key].state), "ram", n_ram
+            ok = ctx.restore_sequence(slot, self._ram[key].state)
         else:
             assert self.disk is not None and name is not None
             self.misses["ram"] += 1
             state = self.disk.load(name)
-            ok, tier, n = state is not None and ctx.restore_sequence(slot, state), "disk", n_disk
-        self.restore_s[tier] += time.perf_counter() - t0
+            ok = state is not None and ctx.restore_sequence(slot, state)
+        dt = time.perf_counter() - t0
+        self.restore_s[tier] += dt
+        self.budget.add(dt)
         if not ok:
             self.failed += 1
             self.misses[tier] += 1
             return Restored(candidate=best)
         self.hits[tier] += 1
         self.tokens[tier] += n
+        self.costs.restore[tier].add(dt, held)
         return Restored(n, tier, best)
 
     # -- shutdown ------------------------------------------------------------------------------------------------
@@ -212,14 +244,17 @@ class KvTiers:
         return written
 
     def stats(self) -> TierStats:
-        d = self.disk
+        d, c = self.disk, self.costs
         return TierStats(
             ram_bytes=self.ram_bytes, ram_limit_bytes=self.ram_limit, ram_entries=len(self._ram),
             disk_on=d is not None and d.on, disk_bytes=d.bytes if d else 0, disk_limit_bytes=d.limit_bytes if d else 0,
             disk_entries=d.entries if d else 0, hits=dict(self.hits), misses=dict(self.misses),
             tokens=dict(self.tokens), restore_seconds=dict(self.restore_s), saves=self.saves,
             save_seconds=self.save_s, evictions={"ram": self.evictions["ram"], "disk": d.evictions if d else 0},
-            dropped_files=d.dropped if d else 0, failed_restores=self.failed)
+            dropped_files=d.dropped if d else 0, failed_restores=self.failed, declined=dict(self.declined),
+            deferrals=self.budget.deferrals, rates={
+                "prefill": c.prefill.per_token, "save": c.save.per_token,
+                "restore_ram": c.restore["ram"].per_token, "restore_disk": c.restore["disk"].per_token})
 
 
 def first_origin(s: Sequence) -> CacheOrigin | None:

@@ -133,6 +133,18 @@ class TextSide(Generic[V]):
                                self.tokenize)
         return chat_tokens(messages, self.apply_chat_template, self.tokenize)
 
+    def message_at(self, messages: Seq[dict[str, str]], tools: ToolChat | None, index: int) -> int:
+        """The message (from 0) of the chat ``messages`` whose rendering holds prompt token ``index``: the first
+        one such that the conversation up to it renders past that token (a binary search: a few renderings)."""
+        lo, hi = 0, len(messages) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.tokenize_chat(messages[:mid + 1], tools)) > index:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
     def check_request(self, req: Request) -> None:
         """Raise ``ValueError`` (:class:`ContextOverflow` with the numbers when it is too long) if ``req`` can never
         run in this engine."""

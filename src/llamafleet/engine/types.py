@@ -165,12 +165,14 @@ class PromptLogprobs:
 class CacheOrigin:
     """Where a prompt's reused KV came from, in tokens: a slot (in place or copied), the RAM tier or the disk tier;
     for a prompt not served up to its last token, the token index where it first differed from the longest prefix
-    any slot or tier held (``differs_at``: a changed system prompt shows as a small number)."""
+    any slot or tier held (``differs_at``: a changed system prompt shows as a small number), and for a chat the
+    message that token falls in (``differs_in_message``, from 0; set by the worker, which has the messages)."""
 
     slot: int = 0
     ram: int = 0
     disk: int = 0
     differs_at: int | None = None
+    differs_in_message: int | None = None
 
 
 @dataclass
@@ -250,6 +252,7 @@ class EngineConfig:
     cache_ram_bytes: int = 0  # RAM tier of the KV cache (0: off; engine/kv_tiers.py)
     cache_dir: str | None = None  # disk tier's folder (None: off; engine/kv_disk.py)
     cache_disk_bytes: int = 0
+    copy_budget_s: float | None = None  # tier copies per step before prompts wait (None: the last pass's time)
     llama_log_level: str = "warning"
 
 
@@ -273,6 +276,9 @@ class TierStats:
     evictions: dict[str, int]  # ram: moved out of RAM (to disk, if on); disk: files deleted for room
     dropped_files: int  # damaged files deleted unread
     failed_restores: int  # states llama.cpp refused
+    declined: dict[str, int]  # save, restore: copies not made, slower than prefilling (engine/kv_cost.py)
+    deferrals: int  # steps whose copies put a prompt off to the next step
+    rates: dict[str, float | None]  # prefill, save, restore_ram, restore_disk: measured seconds per token
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,12 @@ class TierMetrics:
                                    "their slot was reused", ("replica",)))
         self.save_s = r.add(Counter("llamafleet_kv_tier_save_seconds_total", "time spent copying those states",
                                     ("replica",)))
+        self.declined = r.add(Counter("llamafleet_kv_tier_declined_total", "copies not made because prefilling "
+                                      "the tokens again was measured to be faster (copy: save or restore)",
+                                      ("replica", "copy")))
+        self.deferred = r.add(Counter("llamafleet_kv_tier_deferred_steps_total", "steps whose KV tier copies took "
+                                      "longer than a pass, so further prompts waited for the next step",
+                                      ("replica",)))
         self.dropped = r.add(Counter("llamafleet_kv_tier_dropped_files_total", "damaged disk tier files deleted "
                                      "unread (truncated, failed checksum)", ("replica",)))
         self.bytes = r.add(Gauge("llamafleet_kv_tier_bytes", "bytes of states held in a KV tier", by))
@@ -61,6 +67,9 @@ class TierMetrics:
         self._add(self.saves, pid, t.saves, rep)
         self._add(self.save_s, pid, t.save_seconds, rep)
         self._add(self.dropped, pid, t.dropped_files, rep)
+        for copy, n in t.declined.items():
+            self._add(self.declined, pid, n, rep, copy)
+        self._add(self.deferred, pid, t.deferrals, rep)
         for tier, held, limit, n in (("ram", t.ram_bytes, t.ram_limit_bytes, t.ram_entries),
                                      ("disk", t.disk_bytes, t.disk_limit_bytes if t.disk_on else 0, t.disk_entries)):
             self.bytes.set(held, rep, tier)
@@ -81,4 +90,6 @@ def tier_json(t: TierStats | None) -> dict[str, Any] | None:
                  "tokens": t.tokens["disk"], "restore_s": t.restore_seconds["disk"],
                  "evictions": t.evictions["disk"], "dropped_files": t.dropped_files},
         "saves": t.saves, "save_s": t.save_seconds, "failed_restores": t.failed_restores,
+        "declined": dict(t.declined), "deferred_steps": t.deferrals,
+        "us_per_token": {k: None if v is None else round(v * 1e6, 3) for k, v in t.rates.items()},
     }

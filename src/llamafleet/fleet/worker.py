@@ -146,7 +146,7 @@ def _admit(engine: Engine | TorchEngine, msg: Submit, opened: dict[str, str]) ->
         elif msg.infill is not None:
             ids = engine.tokenize_infill(msg.infill, msg.params.max_tokens)
         elif msg.chat is not None:
-            ids = engine.tokenize_chat([{"role": role, "content": content} for role, content in msg.chat], msg.tools)
+            ids = engine.tokenize_chat(_messages(msg), msg.tools)
             marker = engine.opened_think(ids)
         else:
             ids = engine.tokenize(msg.prompt, msg.add_special, msg.parse_special)
@@ -170,6 +170,19 @@ def _admit(engine: Engine | TorchEngine, msg: Submit, opened: dict[str, str]) ->
     return None
 
 
+def _messages(msg: Submit) -> list[dict[str, str]]:
+    return [{"role": role, "content": content} for role, content in msg.chat or ()]
+
+
+def _locate_miss(engine: Engine | TorchEngine, chat: Submit, out: RequestOutput) -> None:
+    """A chat's first output: for a prompt not served whole from a cache, the message where it first differed."""
+    if out.cache is not None and out.cache.differs_at is not None:
+        at = engine.message_at(_messages(chat), chat.tools, out.cache.differs_at)
+        out.cache = dataclasses.replace(out.cache, differs_in_message=at)
+        log.debug("request %s: prompt first differs from the cached prefix at token %d, in message %d",
+                  out.request_id, out.cache.differs_at, at)
+
+
 def _named_ids(out: RequestOutput) -> set[int]:
     """The token ids whose bytes the API needs to render ``out``'s top logprobs and prompt scores."""
     ids = {t for top in out.top_logprobs or [] for t, _ in top}
@@ -185,6 +198,7 @@ def _serve(engine: Engine | TorchEngine, pipe: WorkerPipe, inbox: _Inbox, beat_s
     out = _Outbox(pipe, beat_s)
     active: dict[str, bool] = {}  # request id -> wants token pieces (logprobs)
     opened: dict[str, str] = {}  # request id -> the think marker its prompt opened, put before its first text
+    chats: dict[str, Submit] = {}  # chat request id -> its request, until its first output (cache diagnostics)
     stopping = False
     sent_at = time.monotonic()
     while True:
@@ -199,6 +213,8 @@ def _serve(engine: Engine | TorchEngine, pipe: WorkerPipe, inbox: _Inbox, beat_s
                 )
                 if answer is None:
                     active[msg.request_id] = msg.params.logprobs
+                    if msg.chat is not None:
+                        chats[msg.request_id] = msg
                 elif isinstance(answer, Rejected):
                     rejected.append(answer)
                 else:
@@ -215,6 +231,8 @@ def _serve(engine: Engine | TorchEngine, pipe: WorkerPipe, inbox: _Inbox, beat_s
             if o.top_logprobs or o.prompt_logprobs:
                 o.token_bytes = {t: engine.token_bytes(t) for t in _named_ids(o)}
         for o in outputs:
+            if (chat := chats.pop(o.request_id, None)) is not None:
+                _locate_miss(engine, chat, o)
             if o.request_id in opened:
                 o.text = opened.pop(o.request_id) + o.text
             if o.finished:

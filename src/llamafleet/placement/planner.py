@@ -155,11 +155,12 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
                          budgets=(budget,)), kv_tier_mib=tier)
 
 
-def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: Notes, gpu: bool = False) -> int:
+def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: Notes) -> int:
     """The RAM tier of the KV cache per replica: ``cache_ram_mib``, or unset, a quarter of the host memory
     (``free_mib``) the plan leaves, shared by its ``n`` replicas, at most :data:`KV_TIER_MAX_MIB` each (1024 when
-    the memory is unknown). Off without the prefix cache, and off by default on GPUs: there a state's copy to host
-    memory holds the engine's step longer than prefilling its prompt again takes (docs/BENCHMARKS.md, run 11)."""
+    the memory is unknown). Off without the prefix cache. On GPUs too: where copying a state to host memory is
+    slower than prefilling it again (a fast GPU, docs/BENCHMARKS.md run 12), the engine measures that and stops
+    saving (engine/kv_cost.py)."""
     if not cfg.prefix_cache:
         return 0
     if cfg.cache_ram_mib is not None:
@@ -167,12 +168,9 @@ def kv_tier_mib(cfg: FleetConfig, free_mib: int | None, n: int, notes: Notes, gp
             notes.warnings.append(f"cache_ram_mib {cfg.cache_ram_mib} x {n} replica(s) is more than the "
                                   f"{max(0, free_mib)} MiB of RAM the plan leaves: lower cache_ram_mib")
         return cfg.cache_ram_mib
-    if gpu:
-        notes.reasons.append("KV cache RAM tier: off on GPUs unless cache_ram_mib is set (saving a slot's KV to RAM "
-                             "costs more than prefilling it again there)")
-        return 0
     tier = KV_TIER_UNKNOWN_MIB if free_mib is None else min(KV_TIER_MAX_MIB, max(0, free_mib) // 4 // max(1, n))
-    notes.reasons.append(f"KV cache RAM tier: {tier} MiB per replica (cache_ram_mib)")
+    notes.reasons.append(f"KV cache RAM tier: {tier} MiB per replica (cache_ram_mib); states are copied there only "
+                         "while that is measured to cost less than prefilling them again")
     return tier
 
 
@@ -204,7 +202,7 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
     replicas, budgets = _layout(groups, gpus, cfg)
     n = max(1, len(groups))
     free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
-    tier = 0 if model.engine == "torch" else kv_tier_mib(cfg, free, n, notes, gpu=True)
+    tier = 0 if model.engine == "torch" else kv_tier_mib(cfg, free, n, notes)
     return replace(to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
                          budgets=budgets, host=host.total), kv_tier_mib=tier)
 
@@ -391,6 +389,8 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
 
     The worker sees only its GPUs (``CUDA_VISIBLE_DEVICES`` in PCI bus order, so NVML's indices apply), renumbered
     from 0; on a CPU plan it sees none, offloads nothing, and the CPU's threads are shared between the replicas.
+    Its steps overlap text work with the next decode only where that decode runs on a device: on the CPU
+    ``llama_decode`` returns when the pass is done, so overlapping would only ship every token a pass later.
     """
     if not plan.fits:
         raise ValueError("this plan does not fit; refusing to launch it (see plan.reasons)")
@@ -406,4 +406,5 @@ def launch_spec(plan: Plan, replica: int, cfg: FleetConfig, model_path: str) -> 
         n_ubatch=plan.n_ubatch, n_threads=threads,
         n_gpu_layers=r.n_gpu_layers if r.n_gpu_layers is not None else cfg.n_gpu_layers if r.gpus else 0,
         split_mode=r.split_mode, main_gpu=r.gpus.index(r.main_gpu) if r.gpus else 0, tensor_split=r.tensor_split,
-        rpc_servers=r.rpc_servers, cache_ram_bytes=(plan.kv_tier_mib or cfg.cache_ram_mib or 0) * MIB)
+        rpc_servers=r.rpc_servers, cache_ram_bytes=(plan.kv_tier_mib or cfg.cache_ram_mib or 0) * MIB,
+        overlap=bool(r.gpus or r.rpc_servers))

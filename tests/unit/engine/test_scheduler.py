@@ -60,3 +60,19 @@ def test_prefill_budget_is_kept_for_prompts_however_many_answers_run() -> None:
     # without a prefill budget the running answers eat into the prompts' share of the step
     plan = schedule(running + prompts, budget=512)
     assert sum(n for s, n in plan if not s.request_id.startswith("d")) == 412
+
+
+def test_a_second_prompt_joins_a_pass_only_while_its_tokens_cost_less_than_the_pass_itself() -> None:
+    a = seq("a", 10, cached=12, generated=3)  # generating
+    b, c, d = seq("b", 40), seq("c", 40), seq("d", 8)
+    ids = lambda plan: [(s.request_id, n) for s, n in plan]  # noqa: E731
+    assert ids(schedule([a, b, c, d], budget=512)) == [("a", 1), ("b", 40), ("c", 40), ("d", 8)]  # unmeasured
+    # a CPU: a pass's fixed cost is worth ~2 tokens: prompts arriving together go one after the other, oldest first
+    assert ids(schedule([a, b, c, d], budget=512, join_tokens=2.0)) == [("a", 1), ("b", 40)]
+    assert ids(schedule([a, b, c], budget=512, join_tokens=39.0)) == [("a", 1), ("b", 40)]  # 1 x 40 > 1 x 39
+    # a GPU: the fixed cost pays for 64 tokens: small prompts share the pass
+    assert ids(schedule([a, b, c, d], budget=512, join_tokens=64.0)) == [("a", 1), ("b", 40), ("c", 40), ("d", 8)]
+    assert ids(schedule([b], budget=512, join_tokens=0.0)) == [("b", 40)]  # the first prompt always goes
+    # a burst: each joining chunk spares the many behind it a pass, so they fill the pass up to its budget
+    burst = [seq(str(i), 128) for i in range(64)]
+    assert len(schedule(burst, budget=512, join_tokens=8.0)) == 4

@@ -12,7 +12,9 @@ from llamafleet.fleet.tier_metrics import TierMetrics, tier_json
 STATS = TierStats(ram_bytes=300, ram_limit_bytes=1000, ram_entries=2, disk_on=True, disk_bytes=5000,
                   disk_limit_bytes=9000, disk_entries=4, hits={"ram": 3, "disk": 1}, misses={"ram": 2, "disk": 1},
                   tokens={"ram": 900, "disk": 400}, restore_seconds={"ram": 0.01, "disk": 0.05}, saves=6,
-                  save_seconds=0.02, evictions={"ram": 2, "disk": 0}, dropped_files=1, failed_restores=0)
+                  save_seconds=0.02, evictions={"ram": 2, "disk": 0}, dropped_files=1, failed_restores=0,
+                  declined={"save": 5, "restore": 1}, deferrals=2,
+                  rates={"prefill": 1e-4, "save": 3e-4, "restore_ram": 6e-5, "restore_disk": None})
 
 
 def test_counters_follow_the_engine_and_survive_a_restart() -> None:
@@ -28,10 +30,12 @@ def test_counters_follow_the_engine_and_survive_a_restart() -> None:
     m.refresh("r0", 200, replace(restarted, disk_on=False))
     assert m.limit.get("r0", "disk") == 0  # a disk tier turned off shows as off
     assert 'llamafleet_kv_tier_hits_total{replica="r0",tier="ram"} 4' in r.render()
+    assert m.declined.get("r0", "save") == 10 and m.deferred.get("r0") == 4  # both workers' counts
 
 
 def test_status_form() -> None:
     assert tier_json(None) is None
     d = tier_json(STATS)
     assert d is not None and d["ram"]["hits"] == 3 and d["disk"]["on"] and d["disk"]["dropped_files"] == 1
-    assert d["saves"] == 6
+    assert d["saves"] == 6 and d["declined"] == {"save": 5, "restore": 1} and d["deferred_steps"] == 2
+    assert d["us_per_token"] == {"prefill": 100.0, "save": 300.0, "restore_ram": 60.0, "restore_disk": None}

@@ -323,6 +323,7 @@ def test_launch_spec_pins_each_replica_to_its_gpus(models: dict[str, ModelInfo])
                                                                                              4096, -1)
     assert (engine.kv_cache_type, engine.llama_log_level, engine.n_batch, engine.n_ubatch, engine.prefill_tokens) == (
         "q8_0", "info", 2048, 512, 512)
+    assert engine.overlap  # a GPU's decode runs while the host turns the last step's tokens into text
     with pytest.raises(IndexError, match="replica 2 is not in the plan"):
         launch_spec(plan, 2, cfg, "m.gguf")
 
@@ -333,6 +334,7 @@ def test_launch_spec_on_cpu_hides_gpus_and_shares_threads(models: dict[str, Mode
     env, engine = launch_spec(plan, 0, cfg, "m.gguf")
     assert env["CUDA_VISIBLE_DEVICES"] == "" and engine.n_gpu_layers == 0 and engine.tensor_split == ()
     assert engine.n_threads == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert not engine.overlap  # a CPU decode returns when done: overlapping would ship each token a pass later
     assert launch_spec(plan, 1, FleetConfig(replicas=2, threads=3), "m.gguf")[1].n_threads == 3
     assert engine.prefix_cache and not launch_spec(plan, 1, FleetConfig(replicas=2, prefix_cache=False),
                                                    "m.gguf")[1].prefix_cache
@@ -380,8 +382,8 @@ def test_the_kv_ram_tier_is_sized_from_the_ram_left_and_counted_against_it(model
     off = make_plan(m, cpu, FleetConfig(parallel=2, context_length=2048, prefix_cache=False))
     assert off.kv_tier_mib == 0 and launch_spec(off, 0, FleetConfig(prefix_cache=False), "m")[1].cache_ram_bytes == 0
     gpu = plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_dir="/kv")
-    assert gpu.kv_tier_mib == 0  # off by default on GPUs: a save there costs more than prefilling again
-    assert any("off on GPUs unless cache_ram_mib is set" in r for r in gpu.reasons)
+    assert gpu.kv_tier_mib == 1024  # on GPUs too (the engine stops saving where prefilling is faster)
+    assert any("measured to cost less than prefilling" in r for r in gpu.reasons)
     assert plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_ram_mib=4096).kv_tier_mib == 4096
     spec = launch_spec(gpu, 0, FleetConfig(cache_dir="/kv"), "m")[1]
     assert (spec.cache_dir, spec.cache_disk_bytes) == ("/kv", 20480 * MiB)

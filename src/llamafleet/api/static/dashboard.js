@@ -153,7 +153,8 @@ function tierTitle(t) {  // the KV tiers beyond the slots, for a replica's cache
 
 function cacheText(c) {  // where a recent request's cached prompt tokens came from
   if (!c) return "";
-  const at = c.differs_at === null ? "" : `; differs from the best cached prefix at token ${c.differs_at}`;
+  const msg = c.differs_in_message == null ? "" : ` (message ${c.differs_in_message})`;
+  const at = c.differs_at === null ? "" : `; differs from the best cached prefix at token ${c.differs_at}${msg}`;
   return `cached: slot ${c.slot}, RAM ${c.ram}, disk ${c.disk}${at}`;
 }
 
