@@ -42,6 +42,8 @@ class Case:
     calls: tuple[tuple[str, dict[str, Any]], ...] = ()
     ids: tuple[str, ...] = ()  # the calls' ids, where the family writes them
     source: str = "own"
+    # streamed, where a call went out before its arguments broke: (name, arguments as written) and no content
+    streamed: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ FEATURES = {  # column -> title
     "schema": "schema after reasoning",
 }
 NO_THINK = "the family does not think"
+OPENED = "the template opens the think block: a plain answer is a reasoning case"
 
 
 def _json_block(name: str, args: str) -> str:
@@ -103,7 +106,8 @@ FAMILIES: tuple[Family, ...] = (
         Case("call inside reasoning", "<think>\nI should call it.\n" + _json_block("special_function", '{"arg1": 1}'),
              reasoning="I should call it.", calls=(CALL,)),
         Case("malformed call", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>',
-             '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>'),
+             '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>',
+             streamed=(("special_function", '{"arg1": }'),)),
     )),
     Family("hermes", "Qwen 2.5, Hermes 2/3, Granite 4", "Qwen-Qwen2.5-7B-Instruct", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
@@ -120,7 +124,7 @@ FAMILIES: tuple[Family, ...] = (
              calls=(CALL,), source="test-chat.cpp"),
         Case("parallel", "</think>\n\n" + _xml("special_function", arg1=1) + "\n"
              + _xml("special_function_with_opt", arg1=1, arg2=2), calls=(CALL, CALL2), source="test-chat.cpp"),
-    ), not_supported={"chat": "the template opens the think block: a plain answer is a reasoning case"}),
+    ), not_supported={"chat": OPENED}),
     Family("qwen3-coder", "Qwen3-Coder", "Qwen3-Coder", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
         Case("tools", _xml("special_function", arg1=1), calls=(CALL,)),
@@ -174,7 +178,7 @@ FAMILIES: tuple[Family, ...] = (
             "<｜tool▁call▁end｜>"
             "<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function_with_opt\n```json\n"
             "{\"arg1\": 1, \"arg2\": 2}\n```<｜tool▁call▁end｜>"), calls=(CALL, CALL2)),
-    ), not_supported={"chat": "the template opens the think block: a plain answer is a reasoning case"}),
+    ), not_supported={"chat": OPENED}),
     Family("deepseek-v3", "DeepSeek V3.1", "deepseek-ai-DeepSeek-V3.1", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
         Case("tools", _DS.format("<｜tool▁call▁begin｜>special_function<｜tool▁sep｜>{\"arg1\": 1}<｜tool▁call▁end｜>"),
@@ -230,14 +234,124 @@ FAMILIES += (
              source="test-chat.cpp"),
     )),
 )
-UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why
-    "google-gemma-4-31B-it": "Gemma 4's <|channel>thought and call markup, not parsed yet",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B's <|START_THINKING|> / <|START_ACTION|>, not "
-                                                     "parsed yet",
-    "MiniMax-M2": "MiniMax's <minimax:tool_call> XML, not parsed yet (its <think> reasoning is split)",
-    "ByteDance-Seed-OSS": "Seed-OSS's <seed:tool_call>, not parsed yet",
-    "Kimi-K3": "Kimi K3's <|open|>think markup, not parsed yet",
-    "deepseek-ai-DeepSeek-V3.2": "DeepSeek V3.2's DSML calls, not parsed yet (its <think> reasoning is split)",
+_GEMMA = "<|tool_call>call:{}{}<tool_call|>"
+_R7B = '<|START_ACTION|>[\n    {}\n]<|END_ACTION|>'
+_R7B_CALL = '{{"tool_call_id": "{}", "tool_name": "{}", "parameters": {}}}'
+_MINIMAX = "<minimax:tool_call>\n{}</minimax:tool_call>"
+_DSML = "<｜DSML｜function_calls>\n{}</｜DSML｜function_calls>"
+
+
+def _invoke(name: str, tag: str = "", **args: int) -> str:
+    """A MiniMax M2 (or, with ``tag`` ｜DSML｜, DeepSeek V3.2) call."""
+    string = ' string="false"' if tag else ""
+    params = "".join(f'<{tag}parameter name="{k}"{string}>{v}</{tag}parameter>\n' for k, v in args.items())
+    return f'<{tag}invoke name="{name}">\n{params}</{tag}invoke>\n'
+
+
+def _seed(name: str, **args: int) -> str:
+    params = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in args.items())
+    return f"<seed:tool_call>\n<function={name}>\n{params}</function>\n</seed:tool_call>"
+
+
+def _k3(name: str, index: int, **args: int) -> str:
+    params = "".join(f'<|open|>argument key="{k}" type="number"<|sep|>{v}<|close|>argument<|sep|>'
+                     for k, v in args.items())
+    return f'<|open|>call tool="{name}" index="{index}"<|sep|>{params}<|close|>call<|sep|>'
+
+
+_K3_END = "<|close|>tools<|sep|><|close|>message<|sep|>"
+_K3_EMPTY = "<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+FAMILIES += (
+    Family("gemma4", "Gemma 4", "google-gemma-4-31B-it", "gemma-4", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("reasoning", f"<|channel>thought\n{THINKING}<channel|>{HELLO}", HELLO, THINKING,
+             source="test-chat.cpp"),
+        Case("tools", _GEMMA.format("special_function", "{arg1:1}"), calls=(CALL,)),
+        Case("parallel", _GEMMA.format("special_function", "{arg1:1}")
+             + _GEMMA.format("special_function_with_opt", "{arg1:1,arg2:2}"), calls=(CALL, CALL2)),
+        Case("text before a call", HELLO + _GEMMA.format("special_function", "{arg1:1}"), HELLO, calls=(CALL,)),
+        Case("call after reasoning", f"<|channel>thought\n{THINKING}<channel|>"
+             + _GEMMA.format("special_function", "{arg1:1}"), reasoning=THINKING, calls=(CALL,)),
+        Case("string arguments", '<|tool_call>call:special_function{arg1:<|"|>a, b: {c}<|"|>}<tool_call|>',
+             calls=(("special_function", {"arg1": "a, b: {c}"}),)),
+    )),
+    Family("command-r7b", "Command R7B", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "command-r", cases=(
+        Case("chat", f"<|START_RESPONSE|>{HELLO}<|END_RESPONSE|>", HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<|START_THINKING|>{THINKING}<|END_THINKING|><|START_RESPONSE|>{HELLO}<|END_RESPONSE|>",
+             HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", f"<|START_THINKING|>{THINKING}<|END_THINKING|>"
+             + _R7B.format(_R7B_CALL.format(0, "special_function", '{"arg1": 1}')), reasoning=THINKING,
+             calls=(CALL,), ids=("0",), source="test-chat.cpp"),
+        Case("parallel", _R7B.format(_R7B_CALL.format(0, "special_function", '{"arg1": 1}') + ",\n    "
+                                     + _R7B_CALL.format(1, "special_function_with_opt", '{"arg1": 1, "arg2": 2}')),
+             calls=(CALL, CALL2), ids=("0", "1")),
+    )),
+    Family("minimax-m2", "MiniMax M2", "MiniMax-M2", "llama-spm", opens_think=True, cases=(
+        Case("reasoning", f"{THINKING}\n</think>\n\n{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", "\n</think>\n\n" + _MINIMAX.format(_invoke("special_function", arg1=1)), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", "</think>" + _MINIMAX.format(_invoke("special_function", arg1=1)
+                                                      + _invoke("special_function_with_opt", arg1=1, arg2=2)),
+             calls=(CALL, CALL2)),
+        Case("call after reasoning", "Let's call a tool:\n</think>\n\n"
+             + _MINIMAX.format(_invoke("special_function", arg1=1)), reasoning="Let's call a tool:", calls=(CALL,)),
+    ), not_supported={"chat": OPENED}),
+    Family("seed-oss", "Seed-OSS", "ByteDance-Seed-OSS", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("reasoning", "<seed:think>I'm thinking about the answer</seed:think>\nHello, world!", "Hello, world!",
+             "I'm thinking about the answer", source="test-chat.cpp"),
+        Case("tools", _seed("special_function", arg1=1), calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", _seed("special_function", arg1=1) + "\n" + _seed("special_function_with_opt", arg1=1, arg2=2),
+             calls=(CALL, CALL2), source="test-chat.cpp"),
+    )),
+    Family("kimi-k3", "Kimi K3", "Kimi-K3", "llama-spm", opens_think=True, cases=(
+        Case("reasoning", f"I'm thinking about this<|close|>think<|sep|><|open|>response<|sep|>{HELLO}"
+             "<|close|>response<|sep|><|close|>message<|sep|>", HELLO, "I'm thinking about this",
+             source="test-chat.cpp"),
+        Case("tools", "I should call it<|close|>think<|sep|><|open|>response<|sep|>On it.<|close|>response<|sep|>"
+             "<|open|>tools<|sep|>" + _k3("special_function", 1, arg1=1) + _K3_END, "On it.", "I should call it",
+             calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", _K3_EMPTY + _k3("special_function", 1, arg1=1)
+             + _k3("special_function_with_opt", 2, arg1=1, arg2=2) + _K3_END, calls=(CALL, CALL2)),
+    ), not_supported={"chat": OPENED}),
+    Family("deepseek-v3.2", "DeepSeek V3.2", "deepseek-ai-DeepSeek-V3.2", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        Case("tools", _DSML.format(_invoke("special_function", "｜DSML｜", arg1=1)), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", _DSML.format(_invoke("special_function", "｜DSML｜", arg1=1)
+                                      + _invoke("special_function_with_opt", "｜DSML｜", arg1=1, arg2=2)),
+             calls=(CALL, CALL2)),
+        Case("text before a call", "Let me call the function.\n\n"
+             + _DSML.format(_invoke("special_function", "｜DSML｜", arg1=1)), "Let me call the function.",
+             calls=(CALL,)),
+    )),
+)
+_FIRE = 'functools[{}]'
+_FIRE_CALL = '{{"name": "{}", "arguments": {}}}'
+FAMILIES += (
+    Family("functionary", "Functionary v3.1", "meetkai-functionary-medium-v3.1", "llama-bpe", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", '<function=special_function>{"arg1": 1}</function>', calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", '<function=special_function>{"arg1": 1}</function>'
+             '<function=special_function_with_opt>{"arg1": 1, "arg2": 2}</function>', calls=(CALL, CALL2)),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("firefunction", "FireFunction v2", "fireworks-ai-llama-3-firefunction-v2", "llama-bpe", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", " " + _FIRE.format(_FIRE_CALL.format("special_function", '{"arg1": 1}')), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", " " + _FIRE.format(_FIRE_CALL.format("special_function", '{"arg1": 1}') + ", "
+                                            + _FIRE_CALL.format("special_function_with_opt", '{"arg1": 1, "arg2": 2}')),
+             calls=(CALL, CALL2)),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+)
+_LFM2 = "LFM2's Python-like calls (<|tool_call_start|>[name(key=value)]<|tool_call_end|>), not read"
+UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
+    "meetkai-functionary-medium-v3.2": "Functionary v3.2 writes to recipients (>>>name for a call, >>>all for "
+                                       "text), not read",
+    "LFM2-8B-A1B": _LFM2,
+    "LFM2.5-Instruct": _LFM2,
+    "LFM2.5-8B-A1B": _LFM2 + " (its <think> reasoning is split)",
 }
 
 
@@ -257,7 +371,13 @@ def matrix() -> str:
             "OpenAI SDK (chat, Responses) and the Anthropic SDK (Messages) receive, streamed and whole. This file is "
             "written by `python tests/family_cases.py` from that table.\n\n"
             "- **tools**: a call is read into `tool_calls` (`function_call` items, `tool_use` blocks), none of its "
-            "markup in the content; text before it stays content; a malformed call stays text.\n"
+            "markup in the content; text before it stays content; a malformed call stays text (streamed, once a call "
+            "went out it stays a call: see below). Streamed, a call goes out as soon as the model has named its "
+            "function, its arguments as they are written (`function.arguments` deltas, "
+            "`response.function_call_arguments.delta`, `input_json_delta`); the XML-like formats send each "
+            "parameter once it is closed. Mistral Nemo writes a call's id after its arguments: its calls go out whole "
+            "at the end. A streamed call whose arguments then break (or are cut by `max_tokens`) keeps the arguments "
+            "as written, as OpenAI's own calls may not be valid JSON.\n"
             "- **parallel calls**: several calls in one answer, streamed with their exact indices and the family's "
             "ids where it writes them.\n"
             "- **forced call**: `tool_choice: \"required\"` (or a named function) samples under a grammar of the "
