@@ -25,6 +25,8 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   section; the ``functions.name:0`` is the call's id;
 * ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x); ``firefunction``: `` functools`` then a JSON list
   (FireFunction v2); ``functionary``: ``<function=name>{...}</function>`` (Functionary v3.1, read by the reader);
+* ``pythonic``: ``<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`` (LFM2): Python's syntax, parsed
+  (never run) and only literals read, ``true``/``false``/``null`` as well as Python's names;
 * ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}<|call|>``, the
   recipient in the channel or in the role header (``<|start|>assistant to=functions.name<|channel|>...``).
 
@@ -34,10 +36,11 @@ is not calls (None), and the caller keeps it as text. Pure logic.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from llamafleet.api.call_stream import WHOLE, read_whole
 from llamafleet.api.tool_calls import ParsedCall, json_values, parse
@@ -163,6 +166,44 @@ def _firefunction(section: str, tools: Schemas) -> Found | None:
     return _mistral(section.replace("functools", " ", 1), tools)
 
 
+class _Literals(ast.NodeTransformer):
+    """JSON's and Python's names for true, false and null as constants (a model may write either)."""
+
+    NAMES: ClassVar[dict[str, Any]] = {"true": True, "false": False, "null": None, "True": True, "False": False,
+                                       "None": None}
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.Constant(self.NAMES[node.id]) if node.id in self.NAMES else node
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else f"{head}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _python_call(node: ast.expr, tools: Schemas) -> ParsedCall | None:
+    name = _dotted(node.func) if isinstance(node, ast.Call) and not node.args else None
+    if name is None or not isinstance(node, ast.Call) or any(k.arg is None for k in node.keywords):
+        return None
+    try:
+        args = {k.arg: ast.literal_eval(_Literals().visit(k.value)) for k in node.keywords}
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return None
+    return _call(name, args, tools)
+
+
+def _pythonic(section: str, tools: Schemas) -> Found | None:
+    body, _, rest = section.removeprefix("<|tool_call_start|>").partition("<|tool_call_end|>")
+    try:  # parsed, never run: only literals are read out of it
+        tree = ast.parse(body.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    found = _all([_python_call(n, tools) for n in (tree.elts if isinstance(tree, ast.List) else [tree])])
+    return None if found is None else (found[0], rest.strip())
+
+
 def _cohere(section: str, tools: Schemas) -> Found | None:
     body, _, rest = section.removeprefix("<|START_ACTION|>").partition("<|END_ACTION|>")
     values = json_values(body)
@@ -175,7 +216,7 @@ def _cohere(section: str, tools: Schemas) -> Found | None:
 FORMATS: dict[str, Callable[[str, Schemas], Found | None]] = {
     "json": _json, "mistral": _mistral, "mistral-args": _mistral_args, "deepseek": _deepseek,
     "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _granite, "harmony": _harmony, "cohere": _cohere,
-    "firefunction": _firefunction,
+    "firefunction": _firefunction, "pythonic": _pythonic,
 }
 
 

@@ -25,6 +25,8 @@ _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 _WORDS = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[A-Za-z][A-Za-z0-9-]*')
 TEXT_VALUE = 'text-value ::= ([^<] | "<" [^/])*'  # an argument written as text: anything up to its closing tag
 TAG_TEXT = 'tag-text ::= ([^<] | "<" [^|])*'  # ... up to a tag that opens with <| (Kimi K3, Gemma 4's strings)
+PY_TEXT = r'py-text ::= "\"" ([^"\\\n] | "\\" [^\n])* "\""'  # ... as a quoted string (LFM2's Python-like calls)
+TEXTS = {"text-value": TEXT_VALUE, "tag-text": TAG_TEXT, "py-text": PY_TEXT}
 _DS = "｜DSML｜"
 # the formats that write one argument at a time: how a call opens and closes (``{n}``: the function's name, ``{a}``:
 # its arguments' rule), how one argument is written (``{key}``, ``{value}``, ``{text}``: whether it is text), and
@@ -45,7 +47,9 @@ PARAMS: dict[str, tuple[str, str, str]] = {
               '"<|open|>argument key=\\"" {key} "\\"<|sep|>" {value} "<|close|>argument<|sep|>"', "tag-text"),
     "gemma": ('"<|tool_call>call:" {n} "{{" {a} "}}<tool_call|>"', '{key} ":" {value}',
               '"<|\\"|>" tag-text "<|\\"|>"'),
+    "pythonic": ('{n} "(" {a} ")"', '{key} "=" {value}', "py-text"),
 }
+SEPARATED = {"gemma": '","', "pythonic": '", "'}  # what goes between two arguments, where the format has it
 SECTIONS = {  # what opens and closes the calls
     "deepseek": ('"<｜tool▁calls▁begin｜>"', '"<｜tool▁calls▁end｜>"'),
     "deepseek-r1": ('"<｜tool▁calls▁begin｜>"', '"<｜tool▁calls▁end｜>"'),
@@ -53,6 +57,7 @@ SECTIONS = {  # what opens and closes the calls
     "minimax": ('"<minimax:tool_call>\\n"', '"\\n</minimax:tool_call>"'),
     "dsml": (f'"<{_DS}function_calls>\\n"', f'"\\n</{_DS}function_calls>"'),
     "kimi3": ('"<|open|>tools<|sep|>"', '"<|close|>tools<|sep|>"'),
+    "pythonic": ('"<|tool_call_start|>["', '"]<|tool_call_end|>"'),
 }
 
 
@@ -126,7 +131,7 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
         n = literal(name)
         if fmt in PARAMS:
             call, one, text = PARAMS[fmt]
-            parts.append(_text_args(i, args, one, text, '","' if fmt == "gemma" else ""))
+            parts.append(_text_args(i, args, one, text, SEPARATED.get(fmt, "")))
             alternatives.append(call.format(n=n, a=f"a{i}"))
             continue
         parts.append(_schema(args, f"a{i}-"))
@@ -142,10 +147,12 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
             "functionary": f'"<function=" {n} ">" a{i}-root "</function>"',
         }[fmt])
     if fmt in PARAMS:
-        parts.append(TAG_TEXT if "tag-text" in PARAMS[fmt][2] else TEXT_VALUE)
+        parts += [rule for name, rule in TEXTS.items() if name in PARAMS[fmt][2]]
     body = f"call ::= {' | '.join(alternatives)}\n" + "\n".join(parts)
     opener, closer = SECTIONS.get(fmt, ("", ""))
-    return body, opener, '"\\n"' if fmt in ("xml", "glm", "seed", "minimax", "dsml") else "", closer
+    between = {"xml": '"\\n"', "glm": '"\\n"', "seed": '"\\n"', "minimax": '"\\n"', "dsml": '"\\n"',
+               "pythonic": '", "'}
+    return body, opener, between.get(fmt, ""), closer
 
 
 def format_calls(family: Family, tools: list[tuple[str, dict[str, Any]]], most: int) -> str:

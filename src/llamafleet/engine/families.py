@@ -64,6 +64,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("deepseek-v3.2", "dsml", THINK, openers=(f"<{_DSML}function_calls>",)),
     Family("functionary", "functionary", openers=("<function=",)),
     Family("firefunction", "firefunction", openers=("functools[",)),
+    Family("lfm2", "pythonic", openers=("<|tool_call_start|>",)),
+    Family("lfm2-think", "pythonic", THINK, openers=("<|tool_call_start|>",)),
     # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
@@ -85,6 +87,7 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "granite": (),
     "functionary": ("</function>",),
     "firefunction": (),
+    "pythonic": ("<|tool_call_end|>",),
     "gemma": ("<tool_call|>", '<|"|>'),
     "cohere": ("<|END_ACTION|>",),
     "minimax": ("</minimax:tool_call>", "<invoke name=", "</invoke>", "<parameter name=", "</parameter>"),
@@ -118,6 +121,8 @@ def detect(source: str | None) -> Family | None:
         return FAMILIES["kimi-k3"]
     if has("functools["):
         return FAMILIES["firefunction"]
+    if has("<|tool_call_start|>") or has("<|tool_list_start|>"):  # LFM2 (the model writes the calls' markers)
+        return FAMILIES["lfm2-think" if think else "lfm2"]
     if has("<|start_header_id|>") and has("'>>>'"):
         return None  # Functionary v3.2: calls to ">>>name" recipients, text to ">>>all": not read here
     if has("<|start_header_id|>") and has("'<function='"):

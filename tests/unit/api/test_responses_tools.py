@@ -18,6 +18,7 @@ from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.protocol import PromptTokensDetails, Usage
 from llamafleet.api.responses import ResponseRenderer
 from llamafleet.api.responses_requests import ResponsesRequest
+from llamafleet.api.tools import Serving
 from llamafleet.engine.families import FAMILIES
 from llamafleet.engine.types import Generation, RequestOutput
 from llamafleet.fleet.dispatch import Delta
@@ -231,3 +232,21 @@ def test_streamed_call_arguments_grow_and_items_keep_the_index_they_were_added_a
     assert [json.loads(i.arguments)["city"] for i in final.output[:2]] == ["Paris", "Oslo"]  # type: ignore[union-attr]
     added = [e.output_index for e in parsed if e.type == "response.output_item.added"]
     assert added == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("reasoning", "budget"), [
+    ({"effort": "low", "max_tokens": 7}, 7), ({}, 5), ({"max_tokens": 0}, "400"), ({"max_tokens": 41}, "400"),
+    ({"max_tokens": "7"}, "400"), ({"max_tokens": True}, "400"),
+])
+def test_the_reasoning_budget_is_reasoning_max_tokens_or_the_servers(reasoning: dict[str, Any],
+                                                                       budget: int | str) -> None:
+    """``reasoning.max_tokens`` (OpenRouter's name) is the budget the engine closes the think block after, as chat's
+    ``reasoning_budget``; from 1 to ``max_output_tokens`` (else a 400 naming it); without it, the server's."""
+    req = _request(reasoning=reasoning, max_output_tokens=40)
+    req.served_by(Serving(FAMILIES["qwen3"], reasoning_budget=5))
+    if budget == "400":
+        with pytest.raises(ApiError) as e:
+            req.sampling()
+        assert e.value.param == "reasoning.max_tokens"
+    else:
+        assert req.sampling().think_budget == budget
