@@ -25,6 +25,7 @@ from llamafleet.engine import families
 from llamafleet.model.synth import SHAPES, find_template, find_vocab, write_model
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
+LIMIT = 800  # tokens: the longest raw output (Kimi K3's two calls, its tags spelled out by LLaMA-2's tokenizer) fits
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
           "additionalProperties": False}
 
@@ -69,7 +70,7 @@ def _calls(calls: list[Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def check_chat(client: OpenAI, family: Family, case: Case) -> None:
     """One raw output through chat, whole and streamed: the same message, and the stream's calls in order."""
-    args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 300,
+    args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": LIMIT,
                             "temperature": 0, "extra_body": forced(case.output)}
     msg = client.chat.completions.create(**args).choices[0].message
     assert (msg.content or "") == case.content
@@ -117,7 +118,7 @@ def assembled(deltas: list[Any]) -> list[tuple[str, str, str]]:
 def check_responses(client: OpenAI, family: Family, case: Case) -> None:
     """The same output through the Responses API, streamed: a reasoning item first, then the message and calls."""
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
-    with client.responses.stream(model=family.name, input="Hi", tools=tools, max_output_tokens=300,  # type: ignore
+    with client.responses.stream(model=family.name, input="Hi", tools=tools, max_output_tokens=LIMIT,  # type: ignore
                                  extra_body=forced(case.output)) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_response()
@@ -137,7 +138,7 @@ def check_messages(claude: anthropic.Anthropic, family: Family, case: Case) -> N
     tool_use blocks (the whole answer is built by the same code, tested with chat)."""
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
-    args: dict[str, Any] = {"model": family.name, "max_tokens": 300, "messages": MESSAGES, "tools": tools,
+    args: dict[str, Any] = {"model": family.name, "max_tokens": LIMIT, "messages": MESSAGES, "tools": tools,
                             "extra_body": forced(case.output)}
     with claude.messages.stream(**args) as stream:
         msg = stream.get_final_message()
@@ -219,8 +220,10 @@ def check_history(client: OpenAI, family: Family) -> None:
                 "tool_calls": [{"id": "call_1", "type": "function",
                                 "function": {"name": "special_function", "arguments": '{"arg1": 1}'}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    think = families.FAMILIES[family.name].think
+    answer = (think[1] if family.opens_think and think else "") + HELLO  # (a think block the prompt opened: closed)
     r = client.chat.completions.create(model=family.name, messages=history, tools=TOOLS,  # type: ignore
-                                       max_tokens=20, extra_body=forced(HELLO))
+                                       max_tokens=40, extra_body=forced(answer))
     assert r.choices[0].message.content == HELLO
 
 

@@ -179,8 +179,11 @@ class AnswerSplitter:
         self.held = ""
         if self.state == "calls":
             found = read_calls(self.fmt, held.lstrip(), self.tools)
+            last = self.reader.read(held, end=True)  # what the last text completed
             if self.reader.sent:
-                return self._streamed(found, cut)
+                streamed = self._streamed(found, cut)
+                streamed.pieces[:0] = last
+                return streamed
             if found is not None:
                 out.calls, rest = found
                 out.pieces = _whole(out.calls, 0) if self.stream else []

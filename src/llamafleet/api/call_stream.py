@@ -41,12 +41,14 @@ class Shape:
     gap: re.Pattern[str]  # what may stand before a header, or after the last call (then not part of the content)
     param: re.Pattern[str] | None = None  # params: one parameter (``key``, ``value``), complete with its closing tag
     close: re.Pattern[str] | None = None  # params: what ends the call (group ``args``: its arguments, whole)
+    ends: tuple[str, ...] = ()  # params: the tags that end a parameter or the call (only they can complete one)
 
 
-def _shape(gap: str, header: str, param: str = "", close: str = "") -> Shape:
+def _shape(gap: str, header: str, param: str = "", close: str = "", ends: tuple[str, ...] = ()) -> Shape:
     """``gap``: blanks and the markup that closes a call or opens or closes the section."""
     return Shape(re.compile(f"(?:{gap})*(?:{header})", re.DOTALL), re.compile(f"(?:{gap})*"),
-                 re.compile(param, re.DOTALL) if param else None, re.compile(close, re.DOTALL) if close else None)
+                 re.compile(param, re.DOTALL) if param else None, re.compile(close, re.DOTALL) if close else None,
+                 ends)
 
 
 _DSML = "｜DSML｜"
@@ -63,23 +65,26 @@ SHAPES: dict[str, Shape] = {
     "mistral-args": _shape(r"\s", r"\[TOOL_CALLS\]\s*(?P<name>[^\[\s]+)\s*(?:\[CALL_ID\]\s*(?P<id>[^\[\s]+)\s*)?"
                                   r"\[ARGS\]\s*(?=\{)"),
     "xml": _shape(r"\s|</tool_call>", r"<tool_call>\s*<function=(?P<name>[^>\n]+)>", _XML_PARAM.format(r"\n?", r"\n?"),
-                  r"\s*</function>"),
+                  r"\s*</function>", ("</parameter>", "</function>")),
     "seed": _shape(r"\s|</seed:tool_call>", r"<seed:tool_call>\s*<function=(?P<name>[^>\n]+)>",
-                   _XML_PARAM.format("", ""), r"\s*</function>"),
+                   _XML_PARAM.format("", ""), r"\s*</function>", ("</parameter>", "</function>")),
     "glm": _shape(r"\s|</tool_call>", r"<tool_call>\s*(?P<name>[^\s<]+)(?=[\s<])",
-                  r"\s*<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>", r"\s*</tool_call>"),
+                  r"\s*<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>", r"\s*</tool_call>",
+                  ("</arg_value>", "</tool_call>")),
     "minimax": _shape(r"\s|</?minimax:tool_call>", r'<invoke name="(?P<name>[^"]+)">',
-                      r'\s*<parameter name="(?P<key>[^"]+)">(?P<value>.*?)</parameter>', r"\s*</invoke>"),
+                      r'\s*<parameter name="(?P<key>[^"]+)">(?P<value>.*?)</parameter>', r"\s*</invoke>",
+                      ("</parameter>", "</invoke>")),
     "dsml": _shape(f"\\s|</?{_DSML}function_calls>", f'<{_DSML}invoke name="(?P<name>[^"]+)">',
                    f'\\s*<{_DSML}parameter name="(?P<key>[^"]+)"[^>]*>(?P<value>.*?)</{_DSML}parameter>',
-                   f"\\s*</{_DSML}invoke>"),
+                   f"\\s*</{_DSML}invoke>", (f"</{_DSML}parameter>", f"</{_DSML}invoke>")),
     "kimi3": _shape("|".join([r"\s", _K3.format("open", "tools"), _K3.format("close", "tools"),
                               _K3.format("close", "message")]),
                     r'<\|open\|>call tool="(?P<name>[^"]+)"[^<]*<\|sep\|>',
                     r'<\|open\|>argument key="(?P<key>[^"]+)"[^<]*<\|sep\|>(?P<value>.*?)'
                     + _K3.format("close", "argument"),
-                    _K3.format("close", "call")),
-    "gemma": _shape(r"\s", r"<\|tool_call>call:(?P<name>[^{\s]+)(?=\{)", "", r"(?P<args>\{.*?\})<tool_call\|>"),
+                    _K3.format("close", "call"), ("<|close|>argument<|sep|>", "<|close|>call<|sep|>")),
+    "gemma": _shape(r"\s", r"<\|tool_call>call:(?P<name>[^{\s]+)(?=\{)", "", r"(?P<args>\{.*?\})<tool_call\|>",
+                    ("<tool_call|>",)),
     "deepseek": _shape(f"\\s|<｜tool▁calls▁begin｜>|{_DS_END}",
                        r"<｜tool▁call▁begin｜>\s*(?P<name>[^\s<]+)\s*<｜tool▁sep｜>\s*(?=\{)"),
     "deepseek-r1": _shape(f"\\s|```|<｜tool▁calls▁begin｜>|{_DS_END}",
@@ -124,6 +129,7 @@ class CallReader:
     quoted: bool = False
     escaped: bool = False
     members: int = 0  # params: how many were sent
+    seen: int = 0  # params: how far the section was looked at for the tags that end one (so each is looked at once)
     call: SentCall | None = None  # the call being read: it goes out (is announced) with its arguments' first piece
     announced: bool = False
 
@@ -194,6 +200,10 @@ class CallReader:
 
     def _params(self, section: str, pieces: list[CallPiece], end: bool = False) -> None:
         assert self.shape is not None and self.shape.close is not None and self.call is not None
+        new = max(self.at, self.seen - max(map(len, self.shape.ends)))
+        if not end and not any(tag in section[new:] for tag in self.shape.ends):
+            self.seen = len(section)
+            return  # nothing can have been completed since the last look
         one = self.shape.param.match(section, self.at) if self.shape.param is not None else None
         if one is not None:
             schema = self.tools[self.call.name].get("properties") or {}
@@ -206,6 +216,7 @@ class CallReader:
             return
         close = self.shape.close.match(section, self.at)
         if close is None and not (end and self.shape.param is not None and not section[self.at:].strip()):
+            self.seen = len(section)
             return  # (a whole answer may end without closing its last call)
         if close is not None and close.groupdict().get("args") is not None:  # the arguments, whole (Gemma)
             args = gemma_args(close.group("args"))

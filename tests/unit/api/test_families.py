@@ -13,7 +13,7 @@ import pytest
 
 from family_cases import FAMILIES, TOOLS, UNRECOGNISED, Case, Family, matrix
 from llamafleet.api.answer import AnswerSplitter, Split, split
-from llamafleet.api.call_stream import SHAPES, CallPiece
+from llamafleet.api.call_stream import SHAPES, CallPiece, CallReader, Shape
 from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.tools import Serving, Tool, calls_grammar
 from llamafleet.engine import families
@@ -75,7 +75,7 @@ def _assembled(pieces: list[CallPiece]) -> list[tuple[str, str, str | None]]:
 
 
 @pytest.mark.parametrize(("family", "case"), CASES, ids=_id)
-@pytest.mark.parametrize("step", [1, 3, 7])
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
 def test_streamed_in_any_split_it_is_read_the_same_and_no_markup_leaks(family: Family, case: Case,
                                                                      step: int) -> None:
     """Streamed, calls go out as they are written (before the end, where the format allows it) and come together as
@@ -101,7 +101,8 @@ def test_streamed_in_any_split_it_is_read_the_same_and_no_markup_leaks(family: F
     assert tuple(i for _, _, i in calls if i) == case.ids
     assert out.reasoning == case.reasoning and out.content.strip() == case.content.strip()
     if case.calls and known.calls in SHAPES:  # each call goes out before the end (Gemma's arguments whole)
-        assert early >= len(case.calls) * (1 if known.calls == "gemma" else 2), "calls stream as they are written"
+        pieces = 2 if step < 10 and known.calls != "gemma" else 1  # (fed at once: a piece each)
+        assert early >= len(case.calls) * pieces, "calls stream as they are written"
 
 
 def test_streamed_arguments_grow_as_the_model_writes_them() -> None:
@@ -268,3 +269,27 @@ def test_a_template_that_takes_earlier_calls_no_way_warns_once_and_refuses_them(
     with pytest.raises(ValueError, match="chat template"):
         loaded.render([{"role": "assistant", "content": "", "tool_calls": [
             {"id": "c", "type": "function", "function": {"name": "probe", "arguments": {}}}]}], [TOOLS[0]])
+
+
+def test_a_long_parameter_is_looked_at_once_not_at_every_piece() -> None:
+    """An XML parameter is complete only at its closing tag: the reader matches it when a tag that can end one has
+    come, not on every piece (which would read a long value again at each of its tokens)."""
+    tried = []
+
+    class Counted:
+        def __init__(self, pattern: Any) -> None:
+            self.pattern = pattern
+
+        def match(self, text: str, at: int) -> Any:
+            tried.append(at)
+            return self.pattern.match(text, at)
+
+    shape = SHAPES["xml"]
+    reader = CallReader("xml", SCHEMAS)
+    reader.shape = Shape(shape.start, shape.gap, Counted(shape.param), Counted(shape.close),  # type: ignore[arg-type]
+                         shape.ends)
+    section = "<tool_call>\n<function=special_function>\n<parameter=arg1>\n" + "7" * 3000
+    pieces = [p for i in range(1, len(section) + 1) for p in reader.read(section[:i])]
+    assert pieces == [] and len(tried) <= 2
+    section += "\n</parameter>\n</function>"
+    assert [p.arguments for p in reader.read(section)] == ['{"arg1": ' + "7" * 3000, "}"]
