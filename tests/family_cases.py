@@ -6,14 +6,12 @@ same template, with the message expected from them; the others are written here 
 tests (tests/unit/api/test_families.py) read every case whole and streamed in every split; the server tests
 (tests/integration/test_families_server.py) force each output with the request's ``grammar`` on a synthetic model
 carrying the family's template and tokenizer, and check what the OpenAI and Anthropic SDKs receive.
-``python tests/family_cases.py`` writes docs/MODELS.md from :data:`FAMILIES` (a unit test checks it is current).
+``python tests/family_matrix.py`` writes docs/MODELS.md from :data:`FAMILIES` (a unit test checks it is current).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 SPECIAL = {"type": "function", "function": {
@@ -329,6 +327,18 @@ FAMILIES += (
              calls=(CALL,)),
     )),
 )
+_V4 = "<｜DSML｜tool_calls>\n{}</｜DSML｜tool_calls>"
+FAMILIES += (
+    Family("deepseek-v4", "DeepSeek V4", "deepseek-ai-DeepSeek-V4", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        Case("tools", _V4.format(_invoke("special_function", "｜DSML｜", arg1=1)), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", _V4.format(_invoke("special_function", "｜DSML｜", arg1=1)
+                                    + _invoke("special_function_with_opt", "｜DSML｜", arg1=1, arg2=2)),
+             calls=(CALL, CALL2)),
+    )),
+)
 _FIRE = 'functools[{}]'
 _FIRE_CALL = '{{"name": "{}", "arguments": {}}}'
 FAMILIES += (
@@ -365,62 +375,9 @@ UNRECOGNISED = {  # templates that take tools in a markup no family here reads, 
     "meetkai-functionary-medium-v3.2": "Functionary v3.2 writes to recipients (>>>name for a call, >>>all for "
                                        "text), not read",
     "LFM2.5-Instruct": "its template names none of LFM2's markers, so it is not told from other ChatML templates",
+    "MiniMax-M3": "MiniMax M3's namespaced tags (]<]minimax[>[<tool_call>, <mm:think>), not read",
 }
 
 
 def supported(family: Family, feature: str) -> bool:
     return feature not in family.not_supported
-
-
-def matrix() -> str:
-    """docs/MODELS.md."""
-    head = ("# Model families\n\n"
-            "How llamafleet reads each family's reasoning and tool calls, recognised from the model's chat template "
-            "when it loads (a template in no known markup is served the generic way, with one warning at load). "
-            "Every ✅ is a test that passes on every commit: `tests/integration/test_families_server.py` serves a "
-            "synthetic model carrying the family's real chat template and tokenizer (from llama.cpp's source, "
-            "`llamafleet synth --vocab NAME --chat-template NAME`), forces the raw outputs below with the request's "
-            "`grammar` (llama.cpp's own test outputs where it has them, `tests/family_cases.py`), and checks what the "
-            "OpenAI SDK (chat, Responses) and the Anthropic SDK (Messages) receive, streamed and whole. This file is "
-            "written by `python tests/family_cases.py` from that table.\n\n"
-            "- **tools**: a call is read into `tool_calls` (`function_call` items, `tool_use` blocks), none of its "
-            "markup in the content; text before it stays content; a malformed call stays text (streamed, once a call "
-            "went out it stays a call: see below). Streamed, a call goes out as soon as the model has named its "
-            "function, its arguments as they are written (`function.arguments` deltas, "
-            "`response.function_call_arguments.delta`, `input_json_delta`); the XML-like formats send each "
-            "parameter once it is closed. Mistral Nemo writes a call's id after its arguments: its calls go out whole "
-            "at the end. A streamed call whose arguments then break (or are cut by `max_tokens`) keeps the arguments "
-            "as written, as OpenAI's own calls may not be valid JSON.\n"
-            "- **parallel calls**: several calls in one answer, streamed with their exact indices and the family's "
-            "ids where it writes them.\n"
-            "- **forced call**: `tool_choice: \"required\"` (or a named function) samples under a grammar of the "
-            "family's own call format, after an optional think block; the answer ends after a complete call.\n"
-            "- **reasoning split**: the think block goes out as `reasoning_content` and `reasoning` (chat), a "
-            "`reasoning` item (Responses), a `thinking` block (Messages).\n"
-            "- **reasoning budget**: `reasoning_budget` (chat), `reasoning.max_tokens` (Responses), "
-            "`thinking.budget_tokens` (Messages) or the server's `reasoning_budget` closes the think block with the "
-            "family's own end marker after that many tokens.\n"
-            "- **schema after reasoning**: `response_format` with a JSON schema lets the model think first.\n\n")
-    cols = list(FEATURES)
-    rows = ["| family | models | template | " + " | ".join(FEATURES[c] for c in cols) + " |",
-            "|---" * (3 + len(cols)) + "|"]
-    notes: list[str] = []
-    for f in FAMILIES:
-        cells = []
-        for c in cols:
-            if supported(f, c):
-                cells.append("✅")
-            else:
-                notes.append(f"{f.name}, {FEATURES[c]}: {f.not_supported[c]}")
-                cells.append(f"❌ ({len(notes)})")
-        rows.append(f"| {f.name} | {f.label} | `{f.template}` | " + " | ".join(cells) + " |")
-    for template, why in UNRECOGNISED.items():
-        notes.append(f"{template}: {why}")
-        rows.append(f"| — | | `{template}` | " + " | ".join([f"❌ ({len(notes)})"] * len(cols)) + " |")
-    return head + "\n".join(rows) + "\n\n" + "\n".join(f"{i}. {n}" for i, n in enumerate(notes, 1)) + "\n"
-
-
-if __name__ == "__main__":
-    out = Path(__file__).resolve().parent.parent / "docs" / "MODELS.md"
-    out.write_text(matrix(), encoding="utf-8")
-    print(out, file=sys.stderr)

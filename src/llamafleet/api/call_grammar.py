@@ -55,7 +55,6 @@ SECTIONS = {  # what opens and closes the calls
     "deepseek-r1": ('"<｜tool▁calls▁begin｜>"', '"<｜tool▁calls▁end｜>"'),
     "kimi": ('"<|tool_calls_section_begin|>"', '"<|tool_calls_section_end|>"'),
     "minimax": ('"<minimax:tool_call>\\n"', '"\\n</minimax:tool_call>"'),
-    "dsml": (f'"<{_DS}function_calls>\\n"', f'"\\n</{_DS}function_calls>"'),
     "kimi3": ('"<|open|>tools<|sep|>"', '"<|close|>tools<|sep|>"'),
     "pythonic": ('"<|tool_call_start|>["', '"]<|tool_call_end|>"'),
 }
@@ -150,6 +149,8 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
         parts += [rule for name, rule in TEXTS.items() if name in PARAMS[fmt][2]]
     body = f"call ::= {' | '.join(alternatives)}\n" + "\n".join(parts)
     opener, closer = SECTIONS.get(fmt, ("", ""))
+    if fmt == "dsml":  # DeepSeek V3.2's function_calls, V4's tool_calls
+        opener, closer = literal(family.openers[0] + "\n"), literal("\n" + family.openers[0].replace("<", "</", 1))
     between = {"xml": '"\\n"', "glm": '"\\n"', "seed": '"\\n"', "minimax": '"\\n"', "dsml": '"\\n"',
                "pythonic": '", "'}
     return body, opener, between.get(fmt, ""), closer

@@ -74,7 +74,7 @@ SHAPES: dict[str, Shape] = {
     "minimax": _shape(r"\s|</?minimax:tool_call>", r'<invoke name="(?P<name>[^"]+)">',
                       r'\s*<parameter name="(?P<key>[^"]+)">(?P<value>.*?)</parameter>', r"\s*</invoke>",
                       ("</parameter>", "</invoke>")),
-    "dsml": _shape(f"\\s|</?{_DSML}function_calls>", f'<{_DSML}invoke name="(?P<name>[^"]+)">',
+    "dsml": _shape(f"\\s|</?{_DSML}(?:function|tool)_calls>", f'<{_DSML}invoke name="(?P<name>[^"]+)">',
                    f'\\s*<{_DSML}parameter name="(?P<key>[^"]+)"[^>]*>(?P<value>.*?)</{_DSML}parameter>',
                    f"\\s*</{_DSML}invoke>", (f"</{_DSML}parameter>", f"</{_DSML}invoke>")),
     "kimi3": _shape("|".join([r"\s", _K3.format("open", "tools"), _K3.format("close", "tools"),

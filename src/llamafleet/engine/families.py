@@ -62,6 +62,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("kimi-k3", "kimi3", (_k3("think"), _k3("think", True)), openers=(_k3("tools"),),
            drop=(_k3("response"), _k3("response", True), _k3("message", True))),
     Family("deepseek-v3.2", "dsml", THINK, openers=(f"<{_DSML}function_calls>",)),
+    Family("deepseek-v4", "dsml", THINK, openers=(f"<{_DSML}tool_calls>",)),
     Family("functionary", "functionary", openers=("<function=",)),
     Family("firefunction", "firefunction", openers=("functools[",)),
     Family("lfm2", "pythonic", openers=("<|tool_call_start|>",)),
@@ -93,8 +94,8 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "minimax": ("</minimax:tool_call>", "<invoke name=", "</invoke>", "<parameter name=", "</parameter>"),
     "seed": ("</seed:tool_call>", "<function=", "</function>", "<parameter=", "</parameter>"),
     "kimi3": (_k3("tools", True), "<|open|>call", _k3("call", True), "<|open|>argument", _k3("argument", True)),
-    "dsml": (f"</{_DSML}function_calls>", f"<{_DSML}invoke", f"</{_DSML}invoke>", f"<{_DSML}parameter",
-             f"</{_DSML}parameter>"),
+    "dsml": (f"</{_DSML}function_calls>", f"</{_DSML}tool_calls>", f"<{_DSML}invoke", f"</{_DSML}invoke>",
+             f"<{_DSML}parameter", f"</{_DSML}parameter>"),
     "harmony": ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|call|>", "<|return|>"),
 }
 
@@ -112,9 +113,12 @@ def detect(source: str | None) -> Family | None:
     think = has("<think>")
     if has("<|channel|>"):
         return FAMILIES["gpt-oss"]
+    if has("]<]minimax[>["):
+        return None  # MiniMax M3's namespaced tags: not read here
+    if has(_DSML):  # the calls section: V3.2's function_calls, V4's tool_calls
+        return FAMILIES["deepseek-v4" if has("'tool_calls>") else "deepseek-v3.2"]
     for marker, name in (("<|tool_call>", "gemma4"), ("<|START_ACTION|>", "command-r7b"),
-                         ("<minimax:tool_call>", "minimax-m2"), ("<seed:tool_call>", "seed-oss"),
-                         (_DSML, "deepseek-v3.2")):
+                         ("<minimax:tool_call>", "minimax-m2"), ("<seed:tool_call>", "seed-oss")):
         if has(marker):
             return FAMILIES[name]
     if has("<|open|>") and has("<|close|>") and has("<|sep|>"):

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from family_cases import FAMILIES, TOOLS, UNRECOGNISED, Case, Family, matrix
+from family_cases import FAMILIES, TOOLS, UNRECOGNISED, Case, Family
+from family_matrix import matrix
 from llamafleet.api.answer import AnswerSplitter, Split, split
 from llamafleet.api.call_stream import SHAPES, CallPiece, CallReader, Shape
 from llamafleet.api.openai_requests import ChatCompletionRequest
@@ -214,7 +215,7 @@ def test_no_budget_is_spent_outside_the_think_block_or_after_the_model_closed_it
 
 def test_models_md_is_the_matrix_of_the_tests() -> None:
     doc = Path(__file__).resolve().parents[3] / "docs" / "MODELS.md"
-    assert doc.read_text(encoding="utf-8") == matrix(), "run: python tests/family_cases.py"
+    assert doc.read_text(encoding="utf-8") == matrix(), "run: python tests/family_matrix.py"
 
 
 def test_earlier_reasoning_is_replayed_or_dropped_as_the_template_says() -> None:
