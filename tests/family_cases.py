@@ -238,7 +238,7 @@ _GEMMA = "<|tool_call>call:{}{}<tool_call|>"
 _R7B = '<|START_ACTION|>[\n    {}\n]<|END_ACTION|>'
 _R7B_CALL = '{{"tool_call_id": "{}", "tool_name": "{}", "parameters": {}}}'
 _MINIMAX = "<minimax:tool_call>\n{}</minimax:tool_call>"
-_DSML = "<｜DSML｜function_calls>\n{}</｜DSML｜function_calls>"
+_DSML = "<｜DSML｜{0}>\n{{}}</｜DSML｜{0}>"
 
 
 def _invoke(name: str, tag: str = "", **args: int) -> str:
@@ -314,30 +314,20 @@ FAMILIES += (
         Case("parallel", _K3_EMPTY + _k3("special_function", 1, arg1=1)
              + _k3("special_function_with_opt", 2, arg1=1, arg2=2) + _K3_END, calls=(CALL, CALL2)),
     ), not_supported={"chat": OPENED}),
-    Family("deepseek-v3.2", "DeepSeek V3.2", "deepseek-ai-DeepSeek-V3.2", "llama-spm", cases=(
+    *(Family(name, label, template, "llama-spm", cases=(
         Case("chat", HELLO, HELLO, source="test-chat.cpp"),
         Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
-        Case("tools", _DSML.format(_invoke("special_function", "｜DSML｜", arg1=1)), calls=(CALL,),
+        Case("tools", section.format(_invoke("special_function", "｜DSML｜", arg1=1)), calls=(CALL,),
              source="test-chat.cpp"),
-        Case("parallel", _DSML.format(_invoke("special_function", "｜DSML｜", arg1=1)
-                                      + _invoke("special_function_with_opt", "｜DSML｜", arg1=1, arg2=2)),
+        Case("parallel", section.format(_invoke("special_function", "｜DSML｜", arg1=1)
+                                        + _invoke("special_function_with_opt", "｜DSML｜", arg1=1, arg2=2)),
              calls=(CALL, CALL2)),
         Case("text before a call", "Let me call the function.\n\n"
-             + _DSML.format(_invoke("special_function", "｜DSML｜", arg1=1)), "Let me call the function.",
+             + section.format(_invoke("special_function", "｜DSML｜", arg1=1)), "Let me call the function.",
              calls=(CALL,)),
-    )),
-)
-_V4 = "<｜DSML｜tool_calls>\n{}</｜DSML｜tool_calls>"
-FAMILIES += (
-    Family("deepseek-v4", "DeepSeek V4", "deepseek-ai-DeepSeek-V4", "llama-spm", cases=(
-        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
-        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
-        Case("tools", _V4.format(_invoke("special_function", "｜DSML｜", arg1=1)), calls=(CALL,),
-             source="test-chat.cpp"),
-        Case("parallel", _V4.format(_invoke("special_function", "｜DSML｜", arg1=1)
-                                    + _invoke("special_function_with_opt", "｜DSML｜", arg1=1, arg2=2)),
-             calls=(CALL, CALL2)),
-    )),
+    )) for name, label, template, section in (  # their DSML calls in a function_calls (V3.2), tool_calls (V4) section
+        ("deepseek-v3.2", "DeepSeek V3.2", "deepseek-ai-DeepSeek-V3.2", _DSML.format("function_calls")),
+        ("deepseek-v4", "DeepSeek V4", "deepseek-ai-DeepSeek-V4", _DSML.format("tool_calls")))),
 )
 _FIRE = 'functools[{}]'
 _FIRE_CALL = '{{"name": "{}", "arguments": {}}}'
