@@ -40,7 +40,7 @@ def server(launch_fleet: Callable[[list[str]], FleetServer], tmp_path_factory: p
                            chat_template=find_template(f.template))
         entries.append(f"  - {{name: {f.name}, path: {path}, idle_ttl_s: 2}}\n")
     config = folder / "fleet.yaml"
-    config.write_text("parallel: 2\ncontext_length: 2048\nthreads: 1\nmodels:\n" + "".join(entries), encoding="utf-8")
+    config.write_text("parallel: 2\ncontext_length: 4096\nthreads: 1\nmodels:\n" + "".join(entries), encoding="utf-8")
     fleet = launch_fleet(["--config", str(config)])
     fleet.wait_ready()
     return fleet
