@@ -6,9 +6,11 @@ One greedy answer is generated in-process, one step after another (one sequence:
 engine, so the largest share for parsing is the *smallest* engine time; a server adds its HTTP costs on top); the
 time per token is the step's wall time. Its text pieces, exactly as they came, are then fed to the API's answer
 splitter (``llamafleet.api.answer``) of a thinking family with tools (Qwen3's: think markers and ``<tool_call>``
-held back) as a stream would be, many times over; the same with the text wrapped in a think block and a call at
-the end, and with text full of ``<`` (every one a possible marker, held and re-scanned). The ratio is the splitter's
-time per token over the engine's. The numbers are in docs/BENCHMARKS.md ("Reading reasoning and tool calls").
+held back) as a stream reads them (calls read as they are written), many times over; the same with the text wrapped
+in a think block and a call at the end, with text full of ``<`` (every one a possible marker, held and re-scanned),
+and with the whole answer as a call's argument, streamed (Qwen3's JSON, and Qwen3-Coder's XML parameter, complete
+only at its closing tag). The ratio is the splitter's time per token over the engine's. The numbers are in
+docs/BENCHMARKS.md ("Reading reasoning and tool calls").
 """
 
 from __future__ import annotations
@@ -52,12 +54,11 @@ def answer_pieces(path: str, tokens: int, threads: int) -> tuple[list[str], floa
     return pieces, sum(decode) / len(decode)
 
 
-def split_cost(pieces: list[str], repeat: int) -> float:
-    """Seconds per piece for a Qwen3 answer splitter with tools to read ``pieces`` as a stream."""
-    family = FAMILIES["qwen3"]
+def split_cost(pieces: list[str], repeat: int, family: str = "qwen3") -> float:
+    """Seconds per piece for the answer splitter of ``family`` with tools to read ``pieces`` as a stream."""
     t0 = time.perf_counter()
     for _ in range(repeat):
-        splitter = AnswerSplitter(family, TOOLS)
+        splitter = AnswerSplitter(FAMILIES[family], TOOLS, stream=True)
         for piece in pieces:
             splitter.feed(piece)
         splitter.finish()
@@ -79,11 +80,16 @@ def main() -> None:
         "think block, then a call": ["<think>\n", *pieces, "\n</think>\n\n", *(CALL[i:i + 4] for i in
                                                                               range(0, len(CALL), 4))],
         "every piece a '<'": [p + "<" for p in pieces],
+        "the answer as a call's JSON argument": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "',
+                                                 *(json.dumps(p)[1:-1] for p in pieces), '"}}\n</tool_call>'],
     }
+    coder = ["<tool_call>\n<function=get_weather>\n<parameter=city>\n", *pieces, "\n</parameter>\n</function>\n"
+             "</tool_call>"]
     result = {"model": os.path.basename(path), "tokens": len(pieces), "threads": args.threads,
               "engine_ms_per_token": round(step_s * 1e3, 3), "load": os.getloadavg()[0], "splitter": {}}
-    for name, variant in variants.items():
-        per = split_cost(variant, args.repeat)
+    for name, (family, variant) in {**{k: ("qwen3", v) for k, v in variants.items()},
+                                    "the answer as a Qwen3-Coder XML parameter": ("qwen3-coder", coder)}.items():
+        per = split_cost(variant, args.repeat, family)
         result["splitter"][name] = {"us_per_token": round(per * 1e6, 2),
                                     "share_of_token_time_pct": round(100 * per / step_s, 3)}
     print(json.dumps(result, indent=2))

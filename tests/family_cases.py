@@ -6,14 +6,12 @@ same template, with the message expected from them; the others are written here 
 tests (tests/unit/api/test_families.py) read every case whole and streamed in every split; the server tests
 (tests/integration/test_families_server.py) force each output with the request's ``grammar`` on a synthetic model
 carrying the family's template and tokenizer, and check what the OpenAI and Anthropic SDKs receive.
-``python tests/family_cases.py`` writes docs/MODELS.md from :data:`FAMILIES` (a unit test checks it is current).
+``python tests/family_matrix.py`` writes docs/MODELS.md from :data:`FAMILIES` (a unit test checks it is current).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 SPECIAL = {"type": "function", "function": {
@@ -42,6 +40,8 @@ class Case:
     calls: tuple[tuple[str, dict[str, Any]], ...] = ()
     ids: tuple[str, ...] = ()  # the calls' ids, where the family writes them
     source: str = "own"
+    # streamed, where a call went out before its arguments broke: (name, arguments as written) and no content
+    streamed: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,9 @@ class Family:
     label: str  # the models, as people know them
     template: str  # models/templates/<template>.jinja in llama.cpp's source
     vocab: str  # models/ggml-vocab-<vocab>.gguf: the family's own where llama.cpp's source has it (qwen2, qwen35,
-    # llama-bpe), else LLaMA-2's small one (the family's markers are then text, as the parser reads them anyway)
+    # llama-bpe), else LLaMA-2's small one (the family's markers are then text, as the parser reads them anyway);
+    # Gemma 4's and Command R's (262k and 256k tokens) are there, but sampling under a grammar over them made the
+    # server test minutes longer, so these two families use LLaMA-2's too
     opens_think: bool = False  # its template opens the think block at the end of the prompt
     cases: tuple[Case, ...] = ()
     not_supported: dict[str, str] = field(default_factory=dict)  # feature -> why not
@@ -66,6 +68,7 @@ FEATURES = {  # column -> title
     "schema": "schema after reasoning",
 }
 NO_THINK = "the family does not think"
+OPENED = "the template opens the think block: a plain answer is a reasoning case"
 
 
 def _json_block(name: str, args: str) -> str:
@@ -103,7 +106,8 @@ FAMILIES: tuple[Family, ...] = (
         Case("call inside reasoning", "<think>\nI should call it.\n" + _json_block("special_function", '{"arg1": 1}'),
              reasoning="I should call it.", calls=(CALL,)),
         Case("malformed call", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>',
-             '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>'),
+             '<tool_call>\n{"name": "special_function", "arguments": {"arg1": }\n</tool_call>',
+             streamed=(("special_function", '{"arg1": }'),)),
     )),
     Family("hermes", "Qwen 2.5, Hermes 2/3, Granite 4", "Qwen-Qwen2.5-7B-Instruct", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
@@ -120,7 +124,7 @@ FAMILIES: tuple[Family, ...] = (
              calls=(CALL,), source="test-chat.cpp"),
         Case("parallel", "</think>\n\n" + _xml("special_function", arg1=1) + "\n"
              + _xml("special_function_with_opt", arg1=1, arg2=2), calls=(CALL, CALL2), source="test-chat.cpp"),
-    ), not_supported={"chat": "the template opens the think block: a plain answer is a reasoning case"}),
+    ), not_supported={"chat": OPENED}),
     Family("qwen3-coder", "Qwen3-Coder", "Qwen3-Coder", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
         Case("tools", _xml("special_function", arg1=1), calls=(CALL,)),
@@ -174,7 +178,7 @@ FAMILIES: tuple[Family, ...] = (
             "<｜tool▁call▁end｜>"
             "<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function_with_opt\n```json\n"
             "{\"arg1\": 1, \"arg2\": 2}\n```<｜tool▁call▁end｜>"), calls=(CALL, CALL2)),
-    ), not_supported={"chat": "the template opens the think block: a plain answer is a reasoning case"}),
+    ), not_supported={"chat": OPENED}),
     Family("deepseek-v3", "DeepSeek V3.1", "deepseek-ai-DeepSeek-V3.1", "llama-spm", cases=(
         Case("chat", HELLO, HELLO),
         Case("tools", _DS.format("<｜tool▁call▁begin｜>special_function<｜tool▁sep｜>{\"arg1\": 1}<｜tool▁call▁end｜>"),
@@ -230,63 +234,140 @@ FAMILIES += (
              source="test-chat.cpp"),
     )),
 )
-UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why
-    "google-gemma-4-31B-it": "Gemma 4's <|channel>thought and call markup, not parsed yet",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "Command R7B's <|START_THINKING|> / <|START_ACTION|>, not "
-                                                     "parsed yet",
-    "MiniMax-M2": "MiniMax's <minimax:tool_call> XML, not parsed yet (its <think> reasoning is split)",
-    "ByteDance-Seed-OSS": "Seed-OSS's <seed:tool_call>, not parsed yet",
-    "Kimi-K3": "Kimi K3's <|open|>think markup, not parsed yet",
-    "deepseek-ai-DeepSeek-V3.2": "DeepSeek V3.2's DSML calls, not parsed yet (its <think> reasoning is split)",
+_GEMMA = "<|tool_call>call:{}{}<tool_call|>"
+_R7B = '<|START_ACTION|>[\n    {}\n]<|END_ACTION|>'
+_R7B_CALL = '{{"tool_call_id": "{}", "tool_name": "{}", "parameters": {}}}'
+_MINIMAX = "<minimax:tool_call>\n{}</minimax:tool_call>"
+_DSML = "<｜DSML｜{0}>\n{{}}</｜DSML｜{0}>"
+
+
+def _invoke(name: str, tag: str = "", **args: int) -> str:
+    """A MiniMax M2 (or, with ``tag`` ｜DSML｜, DeepSeek V3.2) call."""
+    string = ' string="false"' if tag else ""
+    params = "".join(f'<{tag}parameter name="{k}"{string}>{v}</{tag}parameter>\n' for k, v in args.items())
+    return f'<{tag}invoke name="{name}">\n{params}</{tag}invoke>\n'
+
+
+def _seed(name: str, **args: int) -> str:
+    params = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in args.items())
+    return f"<seed:tool_call>\n<function={name}>\n{params}</function>\n</seed:tool_call>"
+
+
+def _k3(name: str, index: int, **args: int) -> str:
+    params = "".join(f'<|open|>argument key="{k}" type="number"<|sep|>{v}<|close|>argument<|sep|>'
+                     for k, v in args.items())
+    return f'<|open|>call tool="{name}" index="{index}"<|sep|>{params}<|close|>call<|sep|>'
+
+
+_K3_END = "<|close|>tools<|sep|><|close|>message<|sep|>"
+_K3_EMPTY = "<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+FAMILIES += (
+    Family("gemma4", "Gemma 4", "google-gemma-4-31B-it", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("reasoning", f"<|channel>thought\n{THINKING}<channel|>{HELLO}", HELLO, THINKING,
+             source="test-chat.cpp"),
+        Case("tools", _GEMMA.format("special_function", "{arg1:1}"), calls=(CALL,)),
+        Case("parallel", _GEMMA.format("special_function", "{arg1:1}")
+             + _GEMMA.format("special_function_with_opt", "{arg1:1,arg2:2}"), calls=(CALL, CALL2)),
+        Case("text before a call", HELLO + _GEMMA.format("special_function", "{arg1:1}"), HELLO, calls=(CALL,)),
+        Case("call after reasoning", f"<|channel>thought\n{THINKING}<channel|>"
+             + _GEMMA.format("special_function", "{arg1:1}"), reasoning=THINKING, calls=(CALL,)),
+        Case("string arguments", '<|tool_call>call:special_function{arg1:<|"|>a, b: {c}<|"|>}<tool_call|>',
+             calls=(("special_function", {"arg1": "a, b: {c}"}),)),
+    )),
+    Family("command-r7b", "Command R7B", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "llama-spm", cases=(
+        Case("chat", f"<|START_RESPONSE|>{HELLO}<|END_RESPONSE|>", HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<|START_THINKING|>{THINKING}<|END_THINKING|><|START_RESPONSE|>{HELLO}<|END_RESPONSE|>",
+             HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", f"<|START_THINKING|>{THINKING}<|END_THINKING|>"
+             + _R7B.format(_R7B_CALL.format(0, "special_function", '{"arg1": 1}')), reasoning=THINKING,
+             calls=(CALL,), ids=("0",), source="test-chat.cpp"),
+        Case("parallel", _R7B.format(_R7B_CALL.format(0, "special_function", '{"arg1": 1}') + ",\n    "
+                                     + _R7B_CALL.format(1, "special_function_with_opt", '{"arg1": 1, "arg2": 2}')),
+             calls=(CALL, CALL2), ids=("0", "1")),
+    )),
+    Family("minimax-m2", "MiniMax M2", "MiniMax-M2", "llama-spm", opens_think=True, cases=(
+        Case("reasoning", f"{THINKING}\n</think>\n\n{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", "\n</think>\n\n" + _MINIMAX.format(_invoke("special_function", arg1=1)), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", "</think>" + _MINIMAX.format(_invoke("special_function", arg1=1)
+                                                      + _invoke("special_function_with_opt", arg1=1, arg2=2)),
+             calls=(CALL, CALL2)),
+        Case("call after reasoning", "Let's call a tool:\n</think>\n\n"
+             + _MINIMAX.format(_invoke("special_function", arg1=1)), reasoning="Let's call a tool:", calls=(CALL,)),
+    ), not_supported={"chat": OPENED}),
+    Family("seed-oss", "Seed-OSS", "ByteDance-Seed-OSS", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("reasoning", "<seed:think>I'm thinking about the answer</seed:think>\nHello, world!", "Hello, world!",
+             "I'm thinking about the answer", source="test-chat.cpp"),
+        Case("tools", _seed("special_function", arg1=1), calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", _seed("special_function", arg1=1) + "\n" + _seed("special_function_with_opt", arg1=1, arg2=2),
+             calls=(CALL, CALL2), source="test-chat.cpp"),
+    )),
+    Family("kimi-k3", "Kimi K3", "Kimi-K3", "llama-spm", opens_think=True, cases=(
+        Case("reasoning", f"I'm thinking about this<|close|>think<|sep|><|open|>response<|sep|>{HELLO}"
+             "<|close|>response<|sep|><|close|>message<|sep|>", HELLO, "I'm thinking about this",
+             source="test-chat.cpp"),
+        Case("tools", "I should call it<|close|>think<|sep|><|open|>response<|sep|>On it.<|close|>response<|sep|>"
+             "<|open|>tools<|sep|>" + _k3("special_function", 1, arg1=1) + _K3_END, "On it.", "I should call it",
+             calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", _K3_EMPTY + _k3("special_function", 1, arg1=1)
+             + _k3("special_function_with_opt", 2, arg1=1, arg2=2) + _K3_END, calls=(CALL, CALL2)),
+    ), not_supported={"chat": OPENED}),
+    *(Family(name, label, template, "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        Case("tools", section.format(_invoke("special_function", "｜DSML｜", arg1=1)), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", section.format(_invoke("special_function", "｜DSML｜", arg1=1)
+                                        + _invoke("special_function_with_opt", "｜DSML｜", arg1=1, arg2=2)),
+             calls=(CALL, CALL2)),
+        Case("text before a call", "Let me call the function.\n\n"
+             + section.format(_invoke("special_function", "｜DSML｜", arg1=1)), "Let me call the function.",
+             calls=(CALL,)),
+    )) for name, label, template, section in (  # their DSML calls in a function_calls (V3.2), tool_calls (V4) section
+        ("deepseek-v3.2", "DeepSeek V3.2", "deepseek-ai-DeepSeek-V3.2", _DSML.format("function_calls")),
+        ("deepseek-v4", "DeepSeek V4", "deepseek-ai-DeepSeek-V4", _DSML.format("tool_calls")))),
+)
+_FIRE = 'functools[{}]'
+_FIRE_CALL = '{{"name": "{}", "arguments": {}}}'
+FAMILIES += (
+    Family("functionary", "Functionary v3.1", "meetkai-functionary-medium-v3.1", "llama-bpe", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", '<function=special_function>{"arg1": 1}</function>', calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", '<function=special_function>{"arg1": 1}</function>'
+             '<function=special_function_with_opt>{"arg1": 1, "arg2": 2}</function>', calls=(CALL, CALL2)),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("firefunction", "FireFunction v2", "fireworks-ai-llama-3-firefunction-v2", "llama-bpe", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", " " + _FIRE.format(_FIRE_CALL.format("special_function", '{"arg1": 1}')), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", " " + _FIRE.format(_FIRE_CALL.format("special_function", '{"arg1": 1}') + ", "
+                                            + _FIRE_CALL.format("special_function_with_opt", '{"arg1": 1, "arg2": 2}')),
+             calls=(CALL, CALL2)),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+)
+_LFM = "<|tool_call_start|>[{}]<|tool_call_end|>"
+FAMILIES += (
+    Family("lfm2-think", "LFM2.5 (thinking), LFM2", "LFM2.5-8B-A1B", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", _LFM.format("special_function(arg1=1)"), calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", _LFM.format("special_function(arg1=1), special_function_with_opt(arg1=1, arg2=2)"),
+             calls=(CALL, CALL2), source="test-chat.cpp"),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        Case("text before a call", "Let me check." + _LFM.format("special_function(arg1=1)"), "Let me check.",
+             calls=(CALL,)),
+        Case("Python and JSON literals", _LFM.format('special_function(arg1="a\\nb", arg2=[True, null])'),
+             calls=(("special_function", {"arg1": "a\nb", "arg2": [True, None]}),)),
+    )),
+)
+UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
+    "meetkai-functionary-medium-v3.2": "Functionary v3.2 writes to recipients (>>>name for a call, >>>all for "
+                                       "text), not read",
+    "LFM2.5-Instruct": "its template names none of LFM2's markers, so it is not told from other ChatML templates",
+    "MiniMax-M3": "MiniMax M3's namespaced tags (]<]minimax[>[<tool_call>, <mm:think>), not read",
 }
 
 
 def supported(family: Family, feature: str) -> bool:
     return feature not in family.not_supported
-
-
-def matrix() -> str:
-    """docs/MODELS.md."""
-    head = ("# Model families\n\n"
-            "How llamafleet reads each family's reasoning and tool calls, recognised from the model's chat template "
-            "when it loads (a template in no known markup is served the generic way, with one warning at load). "
-            "Every ✅ is a test that passes on every commit: `tests/integration/test_families_server.py` serves a "
-            "synthetic model carrying the family's real chat template and tokenizer (from llama.cpp's source, "
-            "`llamafleet synth --vocab NAME --chat-template NAME`), forces the raw outputs below with the request's "
-            "`grammar` (llama.cpp's own test outputs where it has them, `tests/family_cases.py`), and checks what the "
-            "OpenAI SDK (chat, Responses) and the Anthropic SDK (Messages) receive, streamed and whole. This file is "
-            "written by `python tests/family_cases.py` from that table.\n\n"
-            "- **tools**: a call is read into `tool_calls` (`function_call` items, `tool_use` blocks), none of its "
-            "markup in the content; text before it stays content; a malformed call stays text.\n"
-            "- **parallel calls**: several calls in one answer, streamed with their exact indices and the family's "
-            "ids where it writes them.\n"
-            "- **forced call**: `tool_choice: \"required\"` (or a named function) samples under a grammar of the "
-            "family's own call format, after an optional think block; the answer ends after a complete call.\n"
-            "- **reasoning split**: the think block goes out as `reasoning_content` and `reasoning` (chat), a "
-            "`reasoning` item (Responses), a `thinking` block (Messages).\n"
-            "- **reasoning budget**: `reasoning_budget` (chat), `thinking.budget_tokens` (Messages) or the server's "
-            "`reasoning_budget` closes the think block with the family's own end marker after that many tokens.\n"
-            "- **schema after reasoning**: `response_format` with a JSON schema lets the model think first.\n\n")
-    cols = list(FEATURES)
-    rows = ["| family | models | template | " + " | ".join(FEATURES[c] for c in cols) + " |",
-            "|---" * (3 + len(cols)) + "|"]
-    notes: list[str] = []
-    for f in FAMILIES:
-        cells = []
-        for c in cols:
-            if supported(f, c):
-                cells.append("✅")
-            else:
-                notes.append(f"{f.name}, {FEATURES[c]}: {f.not_supported[c]}")
-                cells.append(f"❌ ({len(notes)})")
-        rows.append(f"| {f.name} | {f.label} | `{f.template}` | " + " | ".join(cells) + " |")
-    for template, why in UNRECOGNISED.items():
-        notes.append(f"{template}: {why}")
-        rows.append(f"| — | | `{template}` | " + " | ".join([f"❌ ({len(notes)})"] * len(cols)) + " |")
-    return head + "\n".join(rows) + "\n\n" + "\n".join(f"{i}. {n}" for i, n in enumerate(notes, 1)) + "\n"
-
-
-if __name__ == "__main__":
-    out = Path(__file__).resolve().parent.parent / "docs" / "MODELS.md"
-    out.write_text(matrix(), encoding="utf-8")
-    print(out, file=sys.stderr)

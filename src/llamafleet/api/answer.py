@@ -9,7 +9,10 @@ One :class:`AnswerSplitter` per answer reads the text as it comes and sorts it b
 * **calls**: from the first marker that opens a call (or, for JSON call formats, an answer that opens like JSON) to
   the end, held back and read whole at the end (:mod:`~llamafleet.api.call_formats`); what does not read as calls
   goes out as content then, so a malformed call stays text and nothing is lost; a call written inside the think
-  block ends the reasoning there;
+  block ends the reasoning there. A stream also reads the calls as they come (:mod:`~llamafleet.api.call_stream`):
+  each goes out once its function is named, its arguments as they are written, so they can no longer turn into
+  text: a streamed call whose arguments break, or are cut by the token limit, stays the call it was (its arguments
+  as written, as OpenAI's own calls may be invalid JSON), and the rest of the section is dropped;
 * **content**: everything else, sent as soon as it cannot be the start of a marker. Markup that frames an answer
   without being part of it (the family's ``drop``) is removed.
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llamafleet.api.call_formats import Schemas, read_calls
+from llamafleet.api.call_stream import CallPiece, CallReader
 from llamafleet.api.tool_calls import PYTHON_TAG, ParsedCall
 from llamafleet.engine.families import Family
 
@@ -39,12 +43,14 @@ class Split:
 
     reasoning: str = ""
     content: str = ""
-    calls: list[ParsedCall] = field(default_factory=list)
+    calls: list[ParsedCall] = field(default_factory=list)  # every call of the answer (at its end)
+    pieces: list[CallPiece] = field(default_factory=list)  # streamed: the calls' pieces to send now
 
     def __iadd__(self, other: Split) -> Split:
         self.reasoning += other.reasoning
         self.content += other.content
         self.calls += other.calls
+        self.pieces += other.pieces
         return self
 
 
@@ -68,11 +74,17 @@ def _first(text: str, markers: Sequence[str]) -> tuple[int, str]:
     return best, which
 
 
+def _whole(calls: list[ParsedCall], first: int) -> list[CallPiece]:
+    """``calls`` sent whole, each in one piece, numbered from ``first``."""
+    return [CallPiece(i, c.arguments, c.name, c.id) for i, c in enumerate(calls, first)]
+
+
 @dataclass
 class AnswerSplitter:
     family: Family | None
     tools: Schemas  # the functions the answer may call (empty: calls are not looked for)
     forced: bool = False  # the answer must be calls (after its reasoning)
+    stream: bool = False  # send each call as it is written (else all are read at the end)
     state: str = "start"  # start, reasoning, content, calls
     held: str = ""
     blanks: str = ""  # the reasoning's trailing blanks, sent only if more reasoning follows
@@ -85,6 +97,7 @@ class AnswerSplitter:
         self.drop = f.drop if f is not None else ()
         self.fmt = f.calls if f is not None else "json"
         self.json_start = bool(self.tools) and self.fmt in ("json", "mistral", "granite")
+        self.reader = CallReader(self.fmt if self.stream else "", self.tools)
 
     def _enter(self, state: str) -> None:
         self.state, self.trim = ("calls" if state == "content" and self.forced else state), True
@@ -155,6 +168,8 @@ class AnswerSplitter:
                     break
             elif not self._scan(out):
                 break
+        if self.state == "calls":
+            out.pieces += self.reader.read(self.held)
         return out
 
     def finish(self, cut: bool = False) -> Split:
@@ -164,8 +179,14 @@ class AnswerSplitter:
         self.held = ""
         if self.state == "calls":
             found = read_calls(self.fmt, held.lstrip(), self.tools)
+            last = self.reader.read(held, end=True)  # what the last text completed
+            if self.reader.sent:
+                streamed = self._streamed(found, cut)
+                streamed.pieces[:0] = last
+                return streamed
             if found is not None:
                 out.calls, rest = found
+                out.pieces = _whole(out.calls, 0) if self.stream else []
                 out.content = "" if cut else rest  # cut: what follows the last whole call is a call cut short
                 return out
             if cut:
@@ -175,6 +196,20 @@ class AnswerSplitter:
             self._out(out, held, "reasoning")
         else:
             self._out(out, held, "content")
+        return out
+
+    def _streamed(self, found: tuple[list[ParsedCall], str] | None, cut: bool) -> Split:
+        """The end of a calls section some of whose calls went out as they were written: those stand; the calls the
+        whole section holds after them go out whole, and the text after the calls as content, if the section
+        reads whole as the same calls (else it is a broken or cut call's rest, dropped)."""
+        sent = self.reader.sent
+        out = Split(calls=[ParsedCall(c.name, c.arguments, c.id) for c in sent])
+        calls, rest = found if found is not None else ([], "")
+        if len(calls) < len(sent) or any(c.name != s.name or not s.done for c, s in zip(calls, sent, strict=False)):
+            return out
+        out.pieces = _whole(calls[len(sent):], len(sent))
+        out.calls += calls[len(sent):]
+        out.content = "" if cut else rest
         return out
 
 
@@ -215,7 +250,7 @@ class AnswerStreams:
         the rest and its calls."""
         splitter = self.splitters.get(index)
         if splitter is None:
-            splitter = self.splitters[index] = AnswerSplitter(self.family, self.tools, self.forced)
+            splitter = self.splitters[index] = AnswerSplitter(self.family, self.tools, self.forced, stream=True)
         out = splitter.feed(text)
         if finished:
             out += splitter.finish(cut)

@@ -3,8 +3,8 @@ Anthropic SDKs speak.
 
 A request (:mod:`~llamafleet.api.anthropic_requests`) becomes the same chat turns an OpenAI chat request does, so it
 runs through the model's own chat template. Its answer is a ``thinking`` block when the model reasoned, a text block,
-then a ``tool_use`` block per tool call (split out by :mod:`~llamafleet.api.answer`, whole or held back while
-streaming), with Anthropic's
+then a ``tool_use`` block per tool call (split out by :mod:`~llamafleet.api.answer`; streamed, each block opens once
+the model names its function and its input follows as ``input_json_delta`` pieces as it is written), with Anthropic's
 ``stop_reason``; a stream sends Anthropic's named events (``message_start`` ... ``message_stop``). Errors on these
 routes use Anthropic's body (:mod:`llamafleet.api.errors` picks it by path). ``count_tokens`` asks a replica to
 tokenize the conversation through the real template without generating anything, as ``/tokenize`` does
@@ -126,7 +126,7 @@ def stop_reason(finish: FinishReason | None, stop: str | None, calls: list[Parse
 class MessageRenderer(NamedEvents):
     """One Anthropic message, whole or as its stream of events (``n`` is always 1). The reasoning, if any, is the
     first block; with tools or reasoning, the text block is opened only once there is text to send (a call may come
-    first), and each call follows as a ``tool_use`` block sent whole when the answer ends."""
+    first), and each call is a ``tool_use`` block, opened when the model names its function, its input streamed."""
 
     mid: str
     model: str
@@ -201,15 +201,14 @@ class MessageRenderer(NamedEvents):
         if part.content or (self.answers is None and not self.blocks) or (
                 out.finished and not part.calls and "text" not in self.kinds):
             events += self._delta("text", part.content) if part.content else self._open(TextBlock(text=""))
+        for piece in part.pieces:
+            if piece.name is not None:
+                events += self._open(ToolUseBlock.of(ParsedCall(piece.name, "{}", piece.id), streamed=True))
+            events.append(Event.of("content_block_delta", index=self.blocks - 1,
+                                   delta={"type": "input_json_delta", "partial_json": piece.arguments}))
         calls = part.calls
         if out.finished:
             events += self._close()
-            for call in calls:
-                at = self.blocks
-                events += [*self._open(ToolUseBlock.of(call, streamed=True)),
-                           Event.of("content_block_delta", index=at,
-                                    delta={"type": "input_json_delta", "partial_json": call.arguments}),
-                           *self._close()]
             stop = matched_stop(self.text, self.pieces, self.stops, self._opened) \
                 if out.finish_reason == "stop" else None
             events += [Event.of("message_delta",

@@ -8,14 +8,25 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   JSON): :func:`~llamafleet.api.tool_calls.parse`;
 * ``mistral`` / ``mistral-args``: ``[TOOL_CALLS]`` then a JSON list of calls (Nemo, ids in the calls), or
   ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`` repeated (Small 3.2, Devstral, Magistral, Ministral 3);
-* ``xml``: ``<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`` (Qwen3-Coder,
-  Qwen 3.5): values are text, read as JSON where the tool's schema wants no string;
-* ``glm``: ``<tool_call>name<arg_key>key</arg_key><arg_value>value</arg_value></tool_call>`` (GLM 4.5+);
+* the formats that write one parameter at a time, read by :func:`~llamafleet.api.call_stream.read_whole` with the
+  shapes a stream is read with (values are text, read as JSON where the tool's schema wants no string): ``xml``
+  ``<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`` (Qwen3-Coder, Qwen 3.5),
+  ``seed`` the same in ``<seed:tool_call>`` (Seed-OSS), ``glm`` ``<tool_call>name<arg_key>key</arg_key>
+  <arg_value>value</arg_value></tool_call>`` (GLM 4.5+), ``minimax`` ``<minimax:tool_call><invoke name="name">
+  <parameter name="key">value</parameter></invoke>`` (MiniMax M2), ``dsml`` the same with ``｜DSML｜`` tags
+  (DeepSeek V3.2), ``kimi3`` ``<|open|>call tool="name"<|sep|><|open|>argument key="key"<|sep|>value
+  <|close|>argument<|sep|><|close|>call<|sep|>`` (Kimi K3), and ``gemma`` ``<|tool_call>call:name{key:value}
+  <tool_call|>`` (Gemma 4: bare keys, strings between ``<|"|>`` marks);
+* ``cohere``: ``<|START_ACTION|>`` then a JSON list of ``{"tool_call_id", "tool_name", "parameters"}``
+  (Command R7B);
 * ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>`` with
   ``function<｜tool▁sep｜>name`` and a fenced JSON block (R1) or ``name<｜tool▁sep｜>{...}`` (V3.1);
 * ``kimi``: ``<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`` in a
   section; the ``functions.name:0`` is the call's id;
-* ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x);
+* ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x); ``firefunction``: `` functools`` then a JSON list
+  (FireFunction v2); ``functionary``: ``<function=name>{...}</function>`` (Functionary v3.1, read by the reader);
+* ``pythonic``: ``<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`` (LFM2): Python's syntax, parsed
+  (never run) and only literals read, ``true``/``false``/``null`` as well as Python's names;
 * ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}<|call|>``, the
   recipient in the channel or in the role header (``<|start|>assistant to=functions.name<|channel|>...``).
 
@@ -25,11 +36,13 @@ is not calls (None), and the caller keeps it as text. Pure logic.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+from llamafleet.api.call_stream import WHOLE, read_whole
 from llamafleet.api.tool_calls import ParsedCall, json_values, parse
 
 Schemas = Mapping[str, dict[str, Any]]  # function name -> its parameters schema
@@ -87,30 +100,6 @@ def _mistral_args(section: str, tools: Schemas) -> Found | None:
     return _all(calls)
 
 
-def _typed(value: str, schema: Any) -> Any:
-    """A parameter's text as the value its schema wants: text for strings (or no schema), JSON otherwise."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
-
-
-def _pairs(name: str, pairs: list[tuple[str, str]], tools: Schemas) -> ParsedCall | None:
-    if name not in tools:
-        return None
-    props = tools[name].get("properties") or {}
-    return _call(name, {k.strip(): _typed(v, props.get(k.strip())) for k, v in pairs}, tools)
-
-
-_XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*(?:</tool_call>|\Z)", re.DOTALL)
-_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-_GLM_CALL = re.compile(r"<tool_call>\s*([^\s<]+)\s*(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-
-
 def _blocks(pattern: re.Pattern[str], section: str, read: Callable[[re.Match[str]], ParsedCall | None]) -> Found | None:
     """Calls that are blocks matching ``pattern``, blanks between them; text after the last one is the rest."""
     calls, at = [], 0
@@ -120,15 +109,6 @@ def _blocks(pattern: re.Pattern[str], section: str, read: Callable[[re.Match[str
         calls.append(read(m))
         at = m.end()
     return _all(calls, section[at:].strip())
-
-
-def _xml(section: str, tools: Schemas) -> Found | None:
-    return _blocks(_XML_CALL, section,
-                   lambda m: _pairs(m.group(1).strip(), _XML_PARAM.findall(m.group(2)), tools))
-
-
-def _glm(section: str, tools: Schemas) -> Found | None:
-    return _blocks(_GLM_CALL, section, lambda m: _pairs(m.group(1), _GLM_ARG.findall(m.group(2)), tools))
 
 
 _DS_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
@@ -182,13 +162,65 @@ def _granite(section: str, tools: Schemas) -> Found | None:
     return _mistral(section.replace("<|tool_call|>", " "), tools)
 
 
+def _firefunction(section: str, tools: Schemas) -> Found | None:
+    return _mistral(section.replace("functools", " ", 1), tools)
+
+
+class _Literals(ast.NodeTransformer):
+    """JSON's and Python's names for true, false and null as constants (a model may write either)."""
+
+    NAMES: ClassVar[dict[str, Any]] = {"true": True, "false": False, "null": None, "True": True, "False": False,
+                                       "None": None}
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.Constant(self.NAMES[node.id]) if node.id in self.NAMES else node
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else f"{head}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _python_call(node: ast.expr, tools: Schemas) -> ParsedCall | None:
+    name = _dotted(node.func) if isinstance(node, ast.Call) and not node.args else None
+    if name is None or not isinstance(node, ast.Call) or any(k.arg is None for k in node.keywords):
+        return None
+    try:
+        args = {k.arg: ast.literal_eval(_Literals().visit(k.value)) for k in node.keywords}
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return None
+    return _call(name, args, tools)
+
+
+def _pythonic(section: str, tools: Schemas) -> Found | None:
+    body, _, rest = section.removeprefix("<|tool_call_start|>").partition("<|tool_call_end|>")
+    try:  # parsed, never run: only literals are read out of it
+        tree = ast.parse(body.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    found = _all([_python_call(n, tools) for n in (tree.elts if isinstance(tree, ast.List) else [tree])])
+    return None if found is None else (found[0], rest.strip())
+
+
+def _cohere(section: str, tools: Schemas) -> Found | None:
+    body, _, rest = section.removeprefix("<|START_ACTION|>").partition("<|END_ACTION|>")
+    values = json_values(body)
+    items = [i for v in values or [] for i in (v if isinstance(v, list) else [v])]
+    found = _all([_call(i["tool_name"], i.get("parameters"), tools, str(i.get("tool_call_id", "")) or None)
+                  if isinstance(i, dict) and isinstance(i.get("tool_name"), str) else None for i in items])
+    return None if found is None else (found[0], rest.strip())
+
+
 FORMATS: dict[str, Callable[[str, Schemas], Found | None]] = {
-    "json": _json, "mistral": _mistral, "mistral-args": _mistral_args, "xml": _xml, "glm": _glm,
-    "deepseek": _deepseek, "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _granite, "harmony": _harmony,
+    "json": _json, "mistral": _mistral, "mistral-args": _mistral_args, "deepseek": _deepseek,
+    "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _granite, "harmony": _harmony, "cohere": _cohere,
+    "firefunction": _firefunction, "pythonic": _pythonic,
 }
 
 
 def read_calls(fmt: str, section: str, tools: Schemas) -> Found | None:
     """The calls in ``section`` written in format ``fmt`` and the text left beside them; None if it holds no calls
     or anything malformed (then it is text)."""
-    return FORMATS[fmt](section, tools)
+    return read_whole(fmt, section, tools) if fmt in WHOLE else FORMATS[fmt](section, tools)

@@ -24,6 +24,40 @@ from llamafleet.engine.grammar import json_schema_grammar
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
 _WORDS = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[A-Za-z][A-Za-z0-9-]*')
 TEXT_VALUE = 'text-value ::= ([^<] | "<" [^/])*'  # an argument written as text: anything up to its closing tag
+TAG_TEXT = 'tag-text ::= ([^<] | "<" [^|])*'  # ... up to a tag that opens with <| (Kimi K3, Gemma 4's strings)
+PY_TEXT = r'py-text ::= "\"" ([^"\\\n] | "\\" [^\n])* "\""'  # ... as a quoted string (LFM2's Python-like calls)
+TEXTS = {"text-value": TEXT_VALUE, "tag-text": TAG_TEXT, "py-text": PY_TEXT}
+_DS = "｜DSML｜"
+# the formats that write one argument at a time: how a call opens and closes (``{n}``: the function's name, ``{a}``:
+# its arguments' rule), how one argument is written (``{key}``, ``{value}``, ``{text}``: whether it is text), and
+# what writes an argument's text
+PARAMS: dict[str, tuple[str, str, str]] = {
+    "xml": ('"<tool_call>\\n<function=" {n} ">\\n" {a} "</function>\\n</tool_call>"',
+            '"<parameter=" {key} ">\\n" {value} "\\n</parameter>\\n"', "text-value"),
+    "seed": ('"<seed:tool_call>\\n<function=" {n} ">\\n" {a} "</function>\\n</seed:tool_call>"',
+             '"<parameter=" {key} ">" {value} "</parameter>\\n"', "text-value"),
+    "glm": ('"<tool_call>" {n} "\\n" {a} "</tool_call>"',
+            '"<arg_key>" {key} "</arg_key>\\n<arg_value>" {value} "</arg_value>\\n"', "text-value"),
+    "minimax": ('"<invoke name=\\"" {n} "\\">\\n" {a} "</invoke>"',
+                '"<parameter name=\\"" {key} "\\">" {value} "</parameter>\\n"', "text-value"),
+    "dsml": (f'"<{_DS}invoke name=\\"" {{n}} "\\">\\n" {{a}} "</{_DS}invoke>"',
+             f'"<{_DS}parameter name=\\"" {{key}} "\\" string=\\"" {{text}} "\\">" {{value}} "</{_DS}parameter>\\n"',
+             "text-value"),
+    "kimi3": ('"<|open|>call tool=\\"" {n} "\\" index=\\"" [1-9] "\\"<|sep|>" {a} "<|close|>call<|sep|>"',
+              '"<|open|>argument key=\\"" {key} "\\"<|sep|>" {value} "<|close|>argument<|sep|>"', "tag-text"),
+    "gemma": ('"<|tool_call>call:" {n} "{{" {a} "}}<tool_call|>"', '{key} ":" {value}',
+              '"<|\\"|>" tag-text "<|\\"|>"'),
+    "pythonic": ('{n} "(" {a} ")"', '{key} "=" {value}', "py-text"),
+}
+SEPARATED = {"gemma": '","', "pythonic": '", "'}  # what goes between two arguments, where the format has it
+SECTIONS = {  # what opens and closes the calls
+    "deepseek": ('"<｜tool▁calls▁begin｜>"', '"<｜tool▁calls▁end｜>"'),
+    "deepseek-r1": ('"<｜tool▁calls▁begin｜>"', '"<｜tool▁calls▁end｜>"'),
+    "kimi": ('"<|tool_calls_section_begin|>"', '"<|tool_calls_section_end|>"'),
+    "minimax": ('"<minimax:tool_call>\\n"', '"\\n</minimax:tool_call>"'),
+    "kimi3": ('"<|open|>tools<|sep|>"', '"<|close|>tools<|sep|>"'),
+    "pythonic": ('"<|tool_call_start|>["', '"]<|tool_call_end|>"'),
+}
 
 
 def literal(text: str) -> str:
@@ -50,27 +84,37 @@ def _json_calls(tools: list[tuple[str, dict[str, Any]]], key: str) -> str:
     return _schema(schema, "c-")
 
 
-def _text_args(index: int, args: dict[str, Any], one: str) -> str:
+def _text_args(index: int, args: dict[str, Any], one: str, text: str, sep: str = "") -> str:
     """Rules ``a<index>``: the named parameters of a function, each written by ``one`` (a GBNF expression with
-    ``{key}`` and ``{value}`` in it), the required ones present, in the schema's order; a value is text where the
-    schema wants a string (or says nothing), JSON valid under its schema otherwise."""
+    ``{key}``, ``{value}`` and ``{text}`` in it), the required ones present, in the schema's order (with ``sep``:
+    the required ones first, ``sep`` between them); a value is ``text`` where the schema wants a string (or says
+    nothing), JSON valid under its schema otherwise."""
     props = args.get("properties") or {}
     required = set(args.get("required") or [])
+    items = sorted(props.items(), key=lambda kv: kv[0] not in required) if sep else list(props.items())
     parts, rules = [], []
-    for j, (key, schema) in enumerate(props.items()):
+    for j, (key, schema) in enumerate(items):
         kind = schema.get("type") if isinstance(schema, dict) else None
-        value = "text-value"
+        value, is_text = text, True
         if kind not in (None, "string") and not (isinstance(kind, list) and "string" in kind):
-            value = f"a{index}-{j}-root"
+            value, is_text = f"a{index}-{j}-root", False
             rules.append(_schema(schema, f"a{index}-{j}-"))
-        parts.append(f"({one.format(key=literal(key), value=value)}){'' if key in required else '?'}")
+        item = one.format(key=literal(key), value=value, text=literal(str(is_text).lower()))
+        parts.append(f"({sep + ' ' if sep and j else ''}{item}){'' if key in required else '?'}")
     return "\n".join([f"a{index} ::= " + (" ".join(parts) or '""'), *rules])
 
 
 def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tuple[str, str, str, str]:
     """(the rules defining ``call``, what opens the calls, what goes between two calls, what closes them)."""
     fmt = family.calls
-    if fmt in ("json", "mistral", "granite"):
+    if fmt == "cohere":
+        ids = {"enum": [str(i) for i in range(10)]}
+        schema = {"anyOf": [{"type": "object", "properties": {"tool_call_id": ids, "tool_name": {"const": name},
+                                                               "parameters": args},
+                             "required": ["tool_call_id", "tool_name", "parameters"], "additionalProperties": False}
+                            for name, args in tools]}
+        return f"call ::= c-root\n{_schema(schema, 'c-')}", '"<|START_ACTION|>["', '", "', '"]<|END_ACTION|>"'
+    if fmt in ("json", "mistral", "granite", "firefunction"):
         key = "parameters" if family.name == "llama3" else "arguments"
         rules = _json_calls(tools, key)
         call = {"json": 'call ::= "<tool_call>\\n" c-root "\\n</tool_call>"'}.get(fmt, "call ::= c-root")
@@ -78,18 +122,16 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
             return f"call ::= c-root\n{rules}", "", '"; "', ""
         if fmt == "json":
             return f"{call}\n{rules}", "", '"\\n"', ""
-        opener = '"[TOOL_CALLS]["' if fmt == "mistral" else '"<|tool_call|>["'
+        opener = {"mistral": '"[TOOL_CALLS]["', "granite": '"<|tool_call|>["'}.get(fmt, '" functools["')
         return f"{call}\n{rules}", opener, '", "', '"]"'
     alternatives: list[str] = []
     parts: list[str] = []
     for i, (name, args) in enumerate(tools):
         n = literal(name)
-        if fmt in ("xml", "glm"):
-            one = ('"<parameter=" {key} ">\\n" {value} "\\n</parameter>\\n"' if fmt == "xml" else
-                   '"<arg_key>" {key} "</arg_key>\\n<arg_value>" {value} "</arg_value>\\n"')
-            parts.append(_text_args(i, args, one))
-            alternatives.append(f'"<tool_call>\\n<function=" {n} ">\\n" a{i} "</function>\\n</tool_call>"'
-                                if fmt == "xml" else f'"<tool_call>" {n} "\\n" a{i} "</tool_call>"')
+        if fmt in PARAMS:
+            call, one, text = PARAMS[fmt]
+            parts.append(_text_args(i, args, one, text, SEPARATED.get(fmt, "")))
+            alternatives.append(call.format(n=n, a=f"a{i}"))
             continue
         parts.append(_schema(args, f"a{i}-"))
         alternatives.append({
@@ -101,15 +143,17 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
                     '"<|tool_call_end|>"',
             "harmony": f'"<|start|>assistant"? "<|channel|>commentary to=functions." {n} '
                        f'" <|constrain|>json<|message|>" a{i}-root "<|call|>"',
+            "functionary": f'"<function=" {n} ">" a{i}-root "</function>"',
         }[fmt])
-    if fmt in ("xml", "glm"):
-        parts.append(TEXT_VALUE)
+    if fmt in PARAMS:
+        parts += [rule for name, rule in TEXTS.items() if name in PARAMS[fmt][2]]
     body = f"call ::= {' | '.join(alternatives)}\n" + "\n".join(parts)
-    sections = {"deepseek": ('"<｜tool▁calls▁begin｜>"', '"<｜tool▁calls▁end｜>"'),
-                "deepseek-r1": ('"<｜tool▁calls▁begin｜>"', '"<｜tool▁calls▁end｜>"'),
-                "kimi": ('"<|tool_calls_section_begin|>"', '"<|tool_calls_section_end|>"')}
-    opener, closer = sections.get(fmt, ("", ""))
-    return body, opener, '"\\n"' if fmt in ("xml", "glm") else "", closer
+    opener, closer = SECTIONS.get(fmt, ("", ""))
+    if fmt == "dsml":  # DeepSeek V3.2's function_calls, V4's tool_calls
+        opener, closer = literal(family.openers[0] + "\n"), literal("\n" + family.openers[0].replace("<", "</", 1))
+    between = {"xml": '"\\n"', "glm": '"\\n"', "seed": '"\\n"', "minimax": '"\\n"', "dsml": '"\\n"',
+               "pythonic": '", "'}
+    return body, opener, between.get(fmt, ""), closer
 
 
 def format_calls(family: Family, tools: list[tuple[str, dict[str, Any]]], most: int) -> str:

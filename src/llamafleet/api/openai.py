@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
 from llamafleet.api.answer import AnswerStreams, Split
+from llamafleet.api.call_stream import call_deltas
 from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.logprobs import chat_logprobs, prompt_text, text_logprobs
 from llamafleet.api.openai_requests import ChatCompletionRequest, CompletionRequest
@@ -34,7 +35,7 @@ from llamafleet.api.protocol import (
     sse,
 )
 from llamafleet.api.service import ServiceDep
-from llamafleet.api.tool_calls import call_deltas, calls_out, finish_reason
+from llamafleet.api.tool_calls import calls_out, finish_reason
 from llamafleet.engine.types import ContextOverflow, PromptLogprobs
 from llamafleet.fleet.dispatch import Delta
 from llamafleet.fleet.messages import Submit
@@ -103,11 +104,11 @@ class ChatRenderer(_Renderer):
         lps = chat_logprobs(delta.pieces or [], out) if self.logprobs else None
         part = Split(content=out.text) if self.answers is None else \
             self.answers.feed(index, out.text, out.finished, out.finish_reason == "length")
-        if not (part.content or part.reasoning or part.calls or out.finished or lps):
+        if not (part.content or part.reasoning or part.pieces or out.finished or lps):
             return []  # held back: it may be the start of a tool call or a marker
         thought = part.reasoning or None
         said = ChatDelta(content=part.content or None, reasoning_content=thought, reasoning=thought,
-                         tool_calls=call_deltas(part.calls))
+                         tool_calls=call_deltas(part.pieces))
         return [self._chunk([ChatChunkChoice(index=index, delta=said, logprobs=lps,
                                              finish_reason=finish_reason(part.calls, out.finish_reason))])]
 

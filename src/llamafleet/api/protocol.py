@@ -173,20 +173,37 @@ class ToolCallOut(BaseModel):
     function: FunctionCall
 
 
-class ToolCallDelta(ToolCallOut):
-    """A streamed call, sent whole in one delta."""
-
-    index: int
-
-
-ChatFinish = FinishReason | Literal["tool_calls"]
-
-
 def _without(out: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     for key in keys:
         if out.get(key) is None:
             out.pop(key, None)
     return out
+
+
+class FunctionDelta(BaseModel):
+    name: str | None = None  # in a call's first delta only
+    arguments: str = ""  # the next piece of the arguments' JSON text
+
+    @model_serializer(mode="wrap")
+    def _without_name(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without(handler(self), ("name",))
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of a streamed call: the first carries its id, type and name, each its next piece of the arguments
+    (the keys a piece does not carry are left out, as OpenAI streams them)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+    @model_serializer(mode="wrap")
+    def _without_later(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without(handler(self), ("id", "type"))
+
+
+ChatFinish = FinishReason | Literal["tool_calls"]
 
 
 REASONING_KEYS = ("reasoning_content", "reasoning")  # clients read one or the other: both carry the same text

@@ -7,8 +7,9 @@ one ``function_call`` item per tool call; a stream sends the API's named events,
 The model's thinking (:mod:`~llamafleet.api.answer`) comes first, as a ``reasoning`` item whose ``content`` holds
 one ``reasoning_text`` (streamed as ``response.reasoning_text.delta`` events). With tools or reasoning the message
 item is opened only once there is text to send (a call may come first, and a forced answer has none), and each call
-follows as its own item when the answer ends (``response.output_item.added``, one
-``response.function_call_arguments.delta`` with the whole arguments, ``.done``, ``response.output_item.done``).
+is its own item, added once the model names its function (``response.output_item.added``), its arguments streamed
+as they are written (``response.function_call_arguments.delta``), done when the answer ends (``.done``,
+``response.output_item.done``); items are numbered in the order they were added.
 A finished response is kept (unless ``store`` is false) for ``previous_response_id`` and the ``GET``/``DELETE``
 routes, by its API key (:mod:`~llamafleet.api.response_store`); ``conversation`` objects are refused. Logprobs
 (``include: ["message.output_text.logprobs"]``, ``top_logprobs``) go on the ``output_text`` part, and on each text
@@ -29,6 +30,7 @@ from pydantic import BaseModel
 
 from llamafleet.api.aggregate import Choice, respond
 from llamafleet.api.answer import AnswerStreams, Split
+from llamafleet.api.call_stream import CallPiece
 from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.logprobs import chat_logprobs
 from llamafleet.api.protocol import Event, NamedEvents, TokenLogprob, Usage, sse_event
@@ -150,7 +152,8 @@ class ResponseRenderer(NamedEvents):
     logprobs: list[TokenLogprob] = field(default_factory=list)  # streamed so far, likewise
     unsent: int = 0  # how many of them no text delta has carried yet (their text is held back)
     opened: bool = False  # the message item was added
-    items: list[FunctionCallOut] = field(default_factory=list)  # the calls, once the answer ended
+    message_at: int = 0  # ... as the output item of that index
+    items: list[FunctionCallOut] = field(default_factory=list)  # the calls, as they are streamed
     finish: FinishReason | None = None
     sequence: int = 0
 
@@ -231,21 +234,35 @@ class ResponseRenderer(NamedEvents):
         """The message item and its one text part, added (after the reasoning, done)."""
         events = self._thought()
         self.opened = True
-        at = int(self.reasoned)
+        at = self.message_at = int(self.reasoned) + len(self.items)
         return events + [
             self._event("response.output_item.added", output_index=at, item=self._message(None, None)),
             self._event("response.content_part.added", item_id=self.item_id, output_index=at, content_index=0,
                         part=OutputText(text=""))]
 
-    def _call_events(self, call: FunctionCallOut) -> list[Event]:
-        """One call's item, added with no arguments, then its arguments whole, then done."""
-        at = {"output_index": int(self.reasoned) + int(self.opened) + len(self.items), "item_id": call.id}
-        self.items.append(call)
-        return [self._event("response.output_item.added", output_index=at["output_index"],
-                            item=call.model_copy(update={"arguments": "", "status": "in_progress"})),
-                self._event("response.function_call_arguments.delta", **at, delta=call.arguments),
-                self._event("response.function_call_arguments.done", **at, arguments=call.arguments),
-                self._event("response.output_item.done", output_index=at["output_index"], item=call)]
+    def _call_at(self, index: int) -> int:
+        """The output index of call ``index`` (the calls' items follow the reasoning, the message among them)."""
+        return int(self.reasoned) + index + int(self.opened and self.message_at <= int(self.reasoned) + index)
+
+    def _piece(self, piece: CallPiece) -> list[Event]:
+        """A call's item added (at its first piece, with no arguments yet), then the piece of its arguments."""
+        events = []
+        if piece.name is not None:
+            events += self._thought()
+            call = FunctionCallOut.of(ParsedCall(piece.name, "", piece.id))
+            self.items.append(call)
+            events.append(self._event("response.output_item.added", output_index=self._call_at(piece.index),
+                                      item=call.model_copy(update={"status": "in_progress"})))
+        call = self.items[piece.index]
+        call.arguments += piece.arguments
+        return events + [self._event("response.function_call_arguments.delta", item_id=call.id,
+                                     output_index=self._call_at(piece.index), delta=piece.arguments)]
+
+    def _call_done(self, index: int) -> list[Event]:
+        call, at = self.items[index], self._call_at(index)
+        return [self._event("response.function_call_arguments.done", output_index=at, item_id=call.id,
+                            arguments=call.arguments),
+                self._event("response.output_item.done", output_index=at, item=call)]
 
     def opening(self, n_choices: int) -> list[Event]:
         events = [self._event("response.created", response=self._response([], None, None)),
@@ -256,15 +273,17 @@ class ResponseRenderer(NamedEvents):
         out = delta.output
         said = Split(content=out.text) if self.answers is None else \
             self.answers.feed(0, out.text, out.finished, out.finish_reason == "length")
-        text, calls = said.content, said.calls
+        text = said.content
         lps = chat_logprobs(delta.pieces or [], out)
         if lps is not None:
             self.logprobs += lps.content
             self.unsent += len(lps.content)
         events = self._think(said.reasoning) if said.reasoning else []
-        if not self.opened and (text or (out.finished and not calls)):
+        for piece in said.pieces:
+            events += self._piece(piece)
+        if not self.opened and (text or (out.finished and not self.items)):
             events += self._open()
-        where = {"item_id": self.item_id, "output_index": int(self.reasoned), "content_index": 0}
+        where = {"item_id": self.item_id, "output_index": self.message_at, "content_index": 0}
         if text:
             self.text += text
             carried = self.logprobs[len(self.logprobs) - self.unsent:]
@@ -278,10 +297,10 @@ class ResponseRenderer(NamedEvents):
                 events += [self._event("response.output_text.done", **where, text=self.text,
                                        logprobs=self.logprobs),
                            self._event("response.content_part.done", **where, part=part),
-                           self._event("response.output_item.done", output_index=int(self.reasoned),
+                           self._event("response.output_item.done", output_index=self.message_at,
                                        item=self._message(self.text, self.finish, self.logprobs))]
-            for call in calls:
-                events += self._call_events(FunctionCallOut.of(call))
+            for i in range(len(self.items)):
+                events += self._call_done(i)
         return events
 
     def _kept(self, response: ResponseObject) -> ResponseObject:
@@ -292,6 +311,9 @@ class ResponseRenderer(NamedEvents):
     def closing(self, usage: Usage) -> list[Event]:
         kind = "response.incomplete" if self.finish == "length" else "response.completed"
         output = self._output(self.text if self.opened else None, self.items, self.finish, self.logprobs, self.thought)
+        if self.opened and self.items:  # the message where it was added among the calls
+            message = output.pop(int(self.reasoned))
+            output.insert(self.message_at, message)
         return [self._event(kind, response=self._kept(self._response(output, self.finish, usage)))]
 
     def whole(self, choices: list[Choice], usage: Usage) -> ResponseObject:

@@ -290,7 +290,8 @@ class ResponsesRequest(ToolRequest):
     conversation: str | dict[str, Any] | None = None
     background: bool = False
     prompt: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None  # its "effort" goes to the chat template (see template_kwargs)
+    # its "effort" goes to the chat template (see template_kwargs), its "max_tokens" (OpenRouter's name) is the budget
+    reasoning: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # accepted, ignored: nothing is billed here, and max_tool_calls bounds calls of hosted tools, none of which run
     # here
@@ -405,4 +406,11 @@ class ResponsesRequest(ToolRequest):
         return SamplingParams(max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
                               logprobs=self.logprobs, top_logprobs=self.top_logprobs,
                               grammar=constrained(grammar, self.grammar, False, "text.format"),
-                              think_budget=self.budget(None, self.max_output_tokens, "reasoning"))
+                              think_budget=self.think_budget())
+
+    def think_budget(self) -> int | None:
+        """``reasoning.max_tokens``, or the server's budget."""
+        given = (self.reasoning or {}).get("max_tokens")
+        if given is not None and (not isinstance(given, int) or isinstance(given, bool)):
+            raise ApiError(400, "'reasoning.max_tokens' must be an integer", param="reasoning.max_tokens")
+        return self.budget(given, self.max_output_tokens, "reasoning.max_tokens")

@@ -25,7 +25,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from llamafleet.api.protocol import ChatFinish, FunctionCall, ToolCallDelta, ToolCallOut
+from llamafleet.api.protocol import ChatFinish, FunctionCall, ToolCallOut
 from llamafleet.engine.types import FinishReason
 
 PYTHON_TAG = "<|python_tag|>"
@@ -116,12 +116,6 @@ def calls_out(calls: list[ParsedCall]) -> list[ToolCallOut] | None:
     """A message's ``tool_calls`` (None when it made none); the model's own ids where it wrote them."""
     return [ToolCallOut(id=c.id or call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
             for c in calls] or None
-
-
-def call_deltas(calls: list[ParsedCall]) -> list[ToolCallDelta] | None:
-    """A stream's ``tool_calls`` delta: each call whole, numbered in the answer's order."""
-    return [ToolCallDelta(index=i, id=c.id or call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
-            for i, c in enumerate(calls)] or None
 
 
 def finish_reason(calls: list[ParsedCall], reason: FinishReason | None) -> ChatFinish | None:

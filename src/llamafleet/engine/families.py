@@ -17,7 +17,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Family:
     name: str
-    calls: str  # the call format: json, mistral, mistral-args, xml, glm, deepseek(-r1), kimi, granite, harmony
+    calls: str  # the call format: a key of MARKUP (read by api/call_formats.py, forced by api/call_grammar.py)
     think: tuple[str, str] | None = None  # the markers around the thinking (open, close)
     openers: tuple[str, ...] = ()  # text that starts the calls (held from there on while streaming)
     drop: tuple[str, ...] = ()  # markup around the answer that is not part of it
@@ -30,6 +30,13 @@ class Family:
 THINK = ("<think>", "</think>")
 _DEEPSEEK_OPEN = "<｜tool▁calls▁begin｜>"
 _KIMI_OPEN = "<|tool_calls_section_begin|>"
+_DSML = "｜DSML｜"
+
+
+def _k3(tag: str, close: bool = False) -> str:
+    """Kimi K3's tags, built from ``<|open|>``, ``<|close|>`` and ``<|sep|>``."""
+    return f"<|{'close' if close else 'open'}|>{tag}<|sep|>"
+
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("hermes", "json", openers=("<tool_call>",)),
@@ -47,6 +54,19 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("kimi-thinking", "kimi", THINK, openers=(_KIMI_OPEN,)),
     Family("granite", "granite", THINK, openers=("<|tool_call|>",), drop=("<response>", "</response>")),
     Family("think", "json", THINK, openers=("<tool_call>",)),
+    Family("gemma4", "gemma", ("<|channel>thought", "<channel|>"), openers=("<|tool_call>",)),
+    Family("command-r7b", "cohere", ("<|START_THINKING|>", "<|END_THINKING|>"), openers=("<|START_ACTION|>",),
+           drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>")),
+    Family("minimax-m2", "minimax", THINK, openers=("<minimax:tool_call>",)),
+    Family("seed-oss", "seed", ("<seed:think>", "</seed:think>"), openers=("<seed:tool_call>",)),
+    Family("kimi-k3", "kimi3", (_k3("think"), _k3("think", True)), openers=(_k3("tools"),),
+           drop=(_k3("response"), _k3("response", True), _k3("message", True))),
+    Family("deepseek-v3.2", "dsml", THINK, openers=(f"<{_DSML}function_calls>",)),
+    Family("deepseek-v4", "dsml", THINK, openers=(f"<{_DSML}tool_calls>",)),
+    Family("functionary", "functionary", openers=("<function=",)),
+    Family("firefunction", "firefunction", openers=("functools[",)),
+    Family("lfm2", "pythonic", openers=("<|tool_call_start|>",)),
+    Family("lfm2-think", "pythonic", THINK, openers=("<|tool_call_start|>",)),
     # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
@@ -66,6 +86,16 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "kimi": ("<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
              "<|tool_call_end|>"),
     "granite": (),
+    "functionary": ("</function>",),
+    "firefunction": (),
+    "pythonic": ("<|tool_call_end|>",),
+    "gemma": ("<tool_call|>", '<|"|>'),
+    "cohere": ("<|END_ACTION|>",),
+    "minimax": ("</minimax:tool_call>", "<invoke name=", "</invoke>", "<parameter name=", "</parameter>"),
+    "seed": ("</seed:tool_call>", "<function=", "</function>", "<parameter=", "</parameter>"),
+    "kimi3": (_k3("tools", True), "<|open|>call", _k3("call", True), "<|open|>argument", _k3("argument", True)),
+    "dsml": (f"</{_DSML}function_calls>", f"</{_DSML}tool_calls>", f"<{_DSML}invoke", f"</{_DSML}invoke>",
+             f"<{_DSML}parameter", f"</{_DSML}parameter>"),
     "harmony": ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|call|>", "<|return|>"),
 }
 
@@ -83,6 +113,24 @@ def detect(source: str | None) -> Family | None:
     think = has("<think>")
     if has("<|channel|>"):
         return FAMILIES["gpt-oss"]
+    if has("]<]minimax[>["):
+        return None  # MiniMax M3's namespaced tags: not read here
+    if has(_DSML):  # the calls section: V3.2's function_calls, V4's tool_calls
+        return FAMILIES["deepseek-v4" if has("'tool_calls>") else "deepseek-v3.2"]
+    for marker, name in (("<|tool_call>", "gemma4"), ("<|START_ACTION|>", "command-r7b"),
+                         ("<minimax:tool_call>", "minimax-m2"), ("<seed:tool_call>", "seed-oss")):
+        if has(marker):
+            return FAMILIES[name]
+    if has("<|open|>") and has("<|close|>") and has("<|sep|>"):
+        return FAMILIES["kimi-k3"]
+    if has("functools["):
+        return FAMILIES["firefunction"]
+    if has("<|tool_call_start|>") or has("<|tool_list_start|>"):  # LFM2 (the model writes the calls' markers)
+        return FAMILIES["lfm2-think" if think else "lfm2"]
+    if has("<|start_header_id|>") and has("'>>>'"):
+        return None  # Functionary v3.2: calls to ">>>name" recipients, text to ">>>all": not read here
+    if has("<|start_header_id|>") and has("'<function='"):
+        return FAMILIES["functionary"]
     if has(_DEEPSEEK_OPEN):
         return FAMILIES["deepseek-r1" if has("```json") else "deepseek-v3"]
     if has(_KIMI_OPEN):

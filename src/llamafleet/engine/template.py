@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 PROBE = ({"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hello"})
 PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "A probe.",
                                                "parameters": {"type": "object", "properties": {}}}}
+PROBE_HISTORY = (*PROBE, {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "probe", "arguments": {}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "probe", "content": "ok"})
 
 
 @dataclass(frozen=True)
@@ -97,12 +100,17 @@ def _environment() -> SandboxedEnvironment:
     return env
 
 
+def _variables(source: str) -> set[str]:
+    """The variables a template's Jinja source reads (none when it cannot be parsed)."""
+    try:
+        return set(meta.find_undeclared_variables(_environment().parse(source)))
+    except jinja2.TemplateError:
+        return set()
+
+
 def shows_tools(source: str) -> bool:
     """Whether a template's Jinja source reads the ``tools`` variable (a template that cannot be parsed: no)."""
-    try:
-        return "tools" in meta.find_undeclared_variables(_environment().parse(source))
-    except jinja2.TemplateError:
-        return False
+    return "tools" in _variables(source)
 
 
 class ChatTemplate:
@@ -116,6 +124,10 @@ class ChatTemplate:
         self.family = family
         self.plain = True  # it renders chats without tools too (some tool_use templates need tools)
         self.shows_tools = shows_tools(source)  # it lists the tools (else the generic prompt must)
+        # earlier calls' arguments as JSON text, for a template that fails on HF's object (Functionary v3.2)
+        self.text_arguments = False
+        # variables some templates read besides HF's: the tools as JSON text, the date (FireFunction v2)
+        self.extras = _variables(source) & {"functions", "datetime"}
 
     def renders(self, with_tools: bool) -> bool:
         """Whether conversations with tools (``with_tools``) or without are rendered by this template."""
@@ -124,8 +136,11 @@ class ChatTemplate:
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = (),
                kwargs: Sequence[tuple[str, Any]] = ()) -> str:
         """The prompt text of ``messages`` with ``tools`` and the variables ``kwargs``, the assistant's turn opened."""
+        extras = {"functions": json.dumps(list(tools), ensure_ascii=False, indent=2) if tools else "",
+                  "datetime": datetime.now().strftime("%b %d %Y %H:%M:%S")}
         try:
-            text = self.template.render(copy.deepcopy(dict(kwargs)), messages=copy.deepcopy(list(messages)),
+            text = self.template.render({**{k: v for k, v in extras.items() if k in self.extras},
+                                         **copy.deepcopy(dict(kwargs))}, messages=self._given(messages),
                                         tools=copy.deepcopy(list(tools)) or None,
                                         add_generation_prompt=True, bos_token=self.bos_token,
                                         eos_token=self.eos_token)
@@ -135,6 +150,15 @@ class ChatTemplate:
             raise self._blame(failed, messages, tools, kwargs) from None
         return text.removeprefix(self.bos_token) if self.strip_bos and self.bos_token else text
 
+    def _given(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Copies of ``messages`` as this template takes them (earlier calls' arguments as text or not)."""
+        given = copy.deepcopy(list(messages))
+        for m in given:
+            for call in m.get("tool_calls") or () if self.text_arguments else ():
+                args = call.get("function", {}).get("arguments")
+                if not isinstance(args, str):
+                    call["function"]["arguments"] = json.dumps(args, ensure_ascii=False)
+        return given
 
     def _blame(self, failed: TemplateFailed, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]],
                kwargs: Sequence[tuple[str, Any]]) -> TemplateFailed:
@@ -162,6 +186,7 @@ def tool_template(source: str | None, bos_token: str, eos_token: str, add_bos: b
             template.render(PROBE)
         except TemplateFailed:
             template.plain = False
+        _conventions(template)
     except (TemplateFailed, jinja2.TemplateError) as e:
         log.warning("the model's chat template cannot be used (%s); chats use llama.cpp's built-in template, tools "
                     "the generic prompt, and no reasoning is split out", e)
@@ -170,3 +195,19 @@ def tool_template(source: str | None, bos_token: str, eos_token: str, add_bos: b
         log.warning("the model's chat template shows tools in a markup no known family uses; tool calls are read "
                     "in the generic formats (<tool_call> blocks, JSON) and no reasoning is split out")
     return template
+
+
+def _conventions(template: ChatTemplate) -> None:
+    """Find how ``template`` takes earlier calls: their arguments as an object (HF's way), else as JSON text; one
+    that takes them neither way is still used for everything else, with a warning: a conversation holding calls is
+    then a 400 naming the template."""
+    failed: TemplateFailed | None = None
+    for template.text_arguments in (False, True):
+        try:
+            template.render(PROBE_HISTORY, [PROBE_TOOL])
+            return
+        except TemplateFailed as e:
+            failed = failed or e
+    template.text_arguments = False
+    log.warning("the model's chat template cannot render earlier tool calls and their results (%s); conversations "
+                "that hold them are refused", failed)

@@ -112,8 +112,8 @@ class TextSide(Generic[V]):
     def opened_think(self, prompt: Seq[int]) -> str:
         """The family's think marker when the prompt ``prompt`` ends with it (the template opened the think block:
         the answer starts inside it), else ""."""
-        think = None if self.family is None else self.family.think
-        if think is None or not self.detokenize(prompt[-8:]).rstrip().endswith(think[0]):
+        think = None if self.family is None else self.family.think  # (a token holds at least one character)
+        if think is None or not self.detokenize(prompt[-len(think[0]) - 4:]).rstrip().endswith(think[0]):
             return ""
         return think[0]
 

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from family_cases import FAMILIES, TOOLS, UNRECOGNISED, Case, Family, matrix
+from family_cases import FAMILIES, TOOLS, UNRECOGNISED, Case, Family
+from family_matrix import matrix
 from llamafleet.api.answer import AnswerSplitter, Split, split
+from llamafleet.api.call_stream import SHAPES, CallPiece, CallReader, Shape
 from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.tools import Serving, Tool, calls_grammar
 from llamafleet.engine import families
 from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.grammar import after_thinking, check_gbnf, inside_think, json_schema_grammar
-from llamafleet.engine.template import ChatTemplate
+from llamafleet.engine.template import ChatTemplate, tool_template
 from llamafleet.model.synth import vendored
 
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -61,23 +64,82 @@ def test_each_output_is_read_as_the_family_writes_it(family: Family, case: Case)
     _expect(split(text, known, SCHEMAS), case)
 
 
+def _assembled(pieces: list[CallPiece]) -> list[tuple[str, str, str | None]]:
+    """The calls a client puts together from streamed pieces: (name, arguments, id) by index."""
+    calls: dict[int, list[Any]] = {}
+    for p in pieces:
+        if p.name is not None:
+            assert p.index == len(calls), "a new call takes the next index"
+            calls[p.index] = [p.name, "", p.id]
+        calls[p.index][1] += p.arguments
+    return [(name, args, i) for name, args, i in calls.values()]
+
+
 @pytest.mark.parametrize(("family", "case"), CASES, ids=_id)
-@pytest.mark.parametrize("step", [1, 3, 7])
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
 def test_streamed_in_any_split_it_is_read_the_same_and_no_markup_leaks(family: Family, case: Case,
                                                                      step: int) -> None:
+    """Streamed, calls go out as they are written (before the end, where the format allows it) and come together as
+    the whole answer's calls; the content and reasoning are the same."""
     known, text = written(family, case)
-    splitter = AnswerSplitter(known, SCHEMAS)
-    out = Split()
+    splitter = AnswerSplitter(known, SCHEMAS, stream=True)
+    out, early = Split(), 0
     for i in range(0, len(text), step):
         part = splitter.feed(text[i:i + step])
-        assert not part.calls  # calls come whole, at the end
+        assert not part.calls  # the list of calls comes at the end
+        early += len(part.pieces)
         out += part
     out += splitter.finish()
-    if out.calls:
-        out.content = out.content.strip()
-        for marker in families.markers(known):
-            assert marker not in out.content and marker not in out.reasoning
-    _expect(out, case)
+    for marker in families.markers(known) if out.calls else ():
+        assert marker not in out.content and marker not in out.reasoning
+        assert all(marker not in p.arguments for p in out.pieces)
+    calls = _assembled(out.pieces)
+    if case.streamed is not None:  # the call went out before its arguments broke: it stays a call
+        assert [(name, args) for name, args, _ in calls] == list(case.streamed) and not out.content
+        return
+    assert [(name, json.loads(args)) for name, args, _ in calls] == list(case.calls)
+    assert [(c.name, json.loads(c.arguments)) for c in out.calls] == list(case.calls)
+    assert tuple(i for _, _, i in calls if i) == case.ids
+    assert out.reasoning == case.reasoning and out.content.strip() == case.content.strip()
+    if case.calls and known.calls in SHAPES:  # each call goes out before the end (Gemma's arguments whole)
+        pieces = 2 if step < 10 and known.calls != "gemma" else 1  # (fed at once: a piece each)
+        assert early >= len(case.calls) * pieces, "calls stream as they are written"
+
+
+def test_streamed_arguments_grow_as_the_model_writes_them() -> None:
+    """A Llama 3 call without its tag (JSON only): named once the name is read, its arguments piece by piece,
+    nothing in the content; Qwen3-Coder's XML sends each parameter when it is closed, as JSON members."""
+    splitter = AnswerSplitter(families.FAMILIES["llama3"], SCHEMAS, stream=True)
+    said = [splitter.feed(t) for t in ['{"name": "special', '_function", "parameters": ', '{"arg1"', ': 1', "}}"]]
+    assert [p.pieces for p in said[:2]] == [[], []] and not any(p.content for p in said)
+    assert said[2].pieces == [CallPiece(0, '{"arg1"', "special_function")]
+    assert [p.arguments for s in said[3:] for p in s.pieces] == [": 1", "}"]
+    end = splitter.finish()
+    assert end.pieces == [] and [c.name for c in end.calls] == ["special_function"] and end.content == ""
+    splitter = AnswerSplitter(families.FAMILIES["qwen3-coder"], SCHEMAS, stream=True)
+    head = "<tool_call>\n<function=special_function_with_opt>\n<parameter=arg1>\n1"
+    assert splitter.feed(head).pieces == []  # named, but nothing of its arguments is known yet
+    assert splitter.feed("\n</parameter>\n").pieces == [CallPiece(0, '{"arg1": 1', "special_function_with_opt")]
+    assert splitter.feed("<parameter=arg2>\n2\n</parameter>\n</function>").pieces == [
+        CallPiece(0, ', "arg2": 2'), CallPiece(0, "}")]
+
+
+def test_a_streamed_call_cut_by_the_token_limit_stays_a_call_and_later_text_is_dropped() -> None:
+    splitter = AnswerSplitter(families.FAMILIES["qwen3"], SCHEMAS, stream=True)
+    out = splitter.feed('Sure.<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1')
+    out += splitter.finish(cut=True)
+    assert out.content == "Sure." and _assembled(out.pieces) == [("special_function", '{"arg1": 1', None)]
+    assert [c.arguments for c in out.calls] == ['{"arg1": 1']
+
+
+def test_calls_the_reader_cannot_follow_go_out_whole_at_the_end() -> None:
+    """Arguments before the name, or Mistral Nemo's list (its ids after the arguments): sent whole, in order."""
+    for name, text in (("qwen3", '<tool_call>{"arguments": {"arg1": 1}, "name": "special_function"}</tool_call>'),
+                       ("mistral", '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}, '
+                                   '"id": "abcdefghi"}]')):
+        splitter = AnswerSplitter(families.FAMILIES[name], SCHEMAS, stream=True)
+        assert splitter.feed(text).pieces == []
+        assert [(p.index, p.name) for p in splitter.finish().pieces] == [(0, "special_function")]
 
 
 def test_a_call_cut_by_the_token_limit_never_reaches_the_content() -> None:
@@ -153,7 +215,7 @@ def test_no_budget_is_spent_outside_the_think_block_or_after_the_model_closed_it
 
 def test_models_md_is_the_matrix_of_the_tests() -> None:
     doc = Path(__file__).resolve().parents[3] / "docs" / "MODELS.md"
-    assert doc.read_text(encoding="utf-8") == matrix(), "run: python tests/family_cases.py"
+    assert doc.read_text(encoding="utf-8") == matrix(), "run: python tests/family_matrix.py"
 
 
 def test_earlier_reasoning_is_replayed_or_dropped_as_the_template_says() -> None:
@@ -172,3 +234,63 @@ def test_earlier_reasoning_is_replayed_or_dropped_as_the_template_says() -> None
     source = vendored("models/templates/Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
     prompt = ChatTemplate(source, "", "<|im_end|>", False).render(chat.messages, chat.tools, chat.kwargs)
     assert "NEW THOUGHT" in prompt and "OLD THOUGHT" not in prompt and "<tool_response>\n42" in prompt
+
+
+@pytest.mark.parametrize(("template", "says"), [
+    ("meetkai-functionary-medium-v3.2", '>>>special_function\n{"arg1": 1}'),  # the arguments as JSON text
+    ("fireworks-ai-llama-3-firefunction-v2", ' functools[{"name": "special_function", "arguments": {"arg1": 1}}]'),
+    ("LFM2.5-8B-A1B", "<|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|>"),
+    ("meetkai-functionary-medium-v3.1", '<function=special_function>{"arg1": 1}</function>'),
+])
+def test_templates_that_failed_on_earlier_calls_render_them(template: str, says: str,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Functionary v3.2 wants earlier calls' arguments as JSON text (found at load), FireFunction v2 the tools as
+    ``functions`` and a ``datetime``: each renders a conversation with an earlier call and its result, no warning."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "special_function", "arguments": '{"arg1": 1}'}}
+    req = ChatCompletionRequest.model_validate({"model": "m", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"}]})
+    chat = req.tool_chat()
+    assert chat is not None
+    loaded = tool_template(vendored(f"models/templates/{template}.jinja").read_text(encoding="utf-8"), "<s>", "</s>",
+                           True)
+    assert loaded is not None and not [r for r in caplog.records if "cannot" in r.message]
+    prompt = loaded.render(chat.messages, chat.tools, chat.kwargs)
+    assert says in prompt and "42" in prompt
+    assert "special_function_with_opt" in prompt  # the tools are listed
+
+
+def test_a_template_that_takes_earlier_calls_no_way_warns_once_and_refuses_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    source = ("{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.arguments.x.y }}{% endfor %}"
+              "{{ m.content }}{% endfor %}{{ tools | length }}<think>")
+    loaded = tool_template(source, "", "", False)
+    assert loaded is not None  # still used for conversations without earlier calls
+    assert [r.message for r in caplog.records if "earlier tool calls" in r.message]
+    with pytest.raises(ValueError, match="chat template"):
+        loaded.render([{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "probe", "arguments": {}}}]}], [TOOLS[0]])
+
+
+def test_a_long_parameter_is_looked_at_once_not_at_every_piece() -> None:
+    """An XML parameter is complete only at its closing tag: the reader matches it when a tag that can end one has
+    come, not on every piece (which would read a long value again at each of its tokens)."""
+    tried = []
+
+    class Counted:
+        def __init__(self, pattern: Any) -> None:
+            self.pattern = pattern
+
+        def match(self, text: str, at: int) -> Any:
+            tried.append(at)
+            return self.pattern.match(text, at)
+
+    shape = SHAPES["xml"]
+    reader = CallReader("xml", SCHEMAS)
+    reader.shape = Shape(shape.start, shape.gap, Counted(shape.param), Counted(shape.close),  # type: ignore[arg-type]
+                         shape.ends)
+    section = "<tool_call>\n<function=special_function>\n<parameter=arg1>\n" + "7" * 3000
+    pieces = [p for i in range(1, len(section) + 1) for p in reader.read(section[:i])]
+    assert pieces == [] and len(tried) <= 2
+    section += "\n</parameter>\n</function>"
+    assert [p.arguments for p in reader.read(section)] == ['{"arg1": ' + "7" * 3000, "}"]

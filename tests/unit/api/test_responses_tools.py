@@ -18,6 +18,7 @@ from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.protocol import PromptTokensDetails, Usage
 from llamafleet.api.responses import ResponseRenderer
 from llamafleet.api.responses_requests import ResponsesRequest
+from llamafleet.api.tools import Serving
 from llamafleet.engine.families import FAMILIES
 from llamafleet.engine.types import Generation, RequestOutput
 from llamafleet.fleet.dispatch import Delta
@@ -173,17 +174,21 @@ def test_logprobs_of_held_back_text_ride_on_the_next_text_delta() -> None:
     assert "".join(lp.token for e in deltas for lp in e.logprobs) == "Hi <tool no."  # type: ignore[attr-defined]
 
 
+def _streamed(render: ResponseRenderer, answer: str, step: int) -> list[Any]:
+    """The events of ``answer`` streamed ``step`` characters at a time, as the SDK reads them."""
+    events = [*render.opening(1)]
+    for i in range(0, len(answer), step):
+        events += render.chunk(0, _delta(answer[i:i + step], i + step >= len(answer)))
+    events += render.closing(USAGE)
+    return [EVENTS.validate_python(json.loads(e.model_dump_json())) for e in events]
+
+
 def test_reasoning_is_an_item_before_the_message_streamed_and_whole() -> None:
     req = _request(tools=[WEATHER])
     answer = ("<think>\nLet me see.\n</think>\n\nSure. <tool_call>\n"
               "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>")
     answers = AnswerStreams.over(FAMILIES["qwen3"], req.callable, req.forced)
-    render = ResponseRenderer(req, "resp_1", MODEL, 0, answers)
-    events = [*render.opening(1)]
-    for i in range(0, len(answer), 9):
-        events += render.chunk(0, _delta(answer[i:i + 9], i + 9 >= len(answer)))
-    events += render.closing(USAGE)
-    parsed = [EVENTS.validate_python(json.loads(e.model_dump_json())) for e in events]
+    parsed = _streamed(ResponseRenderer(req, "resp_1", MODEL, 0, answers), answer, 9)
     final = parsed[-1].response  # type: ignore[union-attr]
     assert [i.type for i in final.output] == ["reasoning", "message", "function_call"]
     assert final.output[0].content[0].text == "Let me see."  # type: ignore[union-attr,index]
@@ -208,3 +213,40 @@ def test_reasoning_items_sent_back_go_with_the_assistant_turn_after_them() -> No
     ], tools=[WEATHER])
     assert [m.reasoning_content for m in req.messages] == [None, "Call.", None]
     assert [i["type"] for i in req.input_items()] == ["message", "reasoning", "function_call", "function_call_output"]
+
+
+def test_streamed_call_arguments_grow_and_items_keep_the_index_they_were_added_at() -> None:
+    """Two calls streamed a few characters at a time, then text after them: each call's item is added when its
+    function is named, its arguments come in several deltas at its own output index, and the finished response
+    lists the items in the order (and at the indices) the stream added them."""
+    call = '<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{}"}}}}\n</tool_call>\n'
+    answer = call.format("Paris") + call.format("Oslo") + "Done."
+    parsed = _streamed(_renderer(_request(tools=[WEATHER])), answer, 4)
+    final = parsed[-1].response  # type: ignore[union-attr]
+    assert [i.type for i in final.output] == ["function_call", "function_call", "message"]
+    assert final.output_text == "Done."
+    for at, item in enumerate(final.output[:2]):
+        deltas = [e for e in parsed if e.type == "response.function_call_arguments.delta" and e.item_id == item.id]
+        assert len(deltas) > 2 and {e.output_index for e in deltas} == {at}
+        assert "".join(e.delta for e in deltas) == item.arguments  # type: ignore[union-attr]
+    assert [json.loads(i.arguments)["city"] for i in final.output[:2]] == ["Paris", "Oslo"]  # type: ignore[union-attr]
+    added = [e.output_index for e in parsed if e.type == "response.output_item.added"]
+    assert added == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("reasoning", "budget"), [
+    ({"effort": "low", "max_tokens": 7}, 7), ({}, 5), ({"max_tokens": 0}, "400"), ({"max_tokens": 41}, "400"),
+    ({"max_tokens": "7"}, "400"), ({"max_tokens": True}, "400"),
+])
+def test_the_reasoning_budget_is_reasoning_max_tokens_or_the_servers(reasoning: dict[str, Any],
+                                                                       budget: int | str) -> None:
+    """``reasoning.max_tokens`` (OpenRouter's name) is the budget the engine closes the think block after, as chat's
+    ``reasoning_budget``; from 1 to ``max_output_tokens`` (else a 400 naming it); without it, the server's."""
+    req = _request(reasoning=reasoning, max_output_tokens=40)
+    req.served_by(Serving(FAMILIES["qwen3"], reasoning_budget=5))
+    if budget == "400":
+        with pytest.raises(ApiError) as e:
+            req.sampling()
+        assert e.value.param == "reasoning.max_tokens"
+    else:
+        assert req.sampling().think_budget == budget

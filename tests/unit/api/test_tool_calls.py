@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from llamafleet.api.answer import AnswerSplitter, AnswerStreams, Split
+from llamafleet.api.call_stream import CallPiece, call_deltas
 from llamafleet.api.errors import ApiError
 from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.tool_calls import ParsedCall, parse
@@ -99,7 +100,8 @@ def test_forced_streams_hold_everything_and_each_choice_is_its_own() -> None:
     block = '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
     assert streams.feed(0, block[:20], False) == Split()
     assert streams.feed(1, "plain", True) == Split(content="plain")
-    assert streams.feed(0, block[20:], True) == Split(calls=[TIME])
+    whole = Split(calls=[TIME], pieces=[CallPiece(0, '{"zone": "UTC"}', "get_time")])  # named, arguments so far
+    assert streams.feed(0, block[20:], True) == whole
 
 
 def test_tools_are_listed_in_the_system_prompt_and_history_is_rendered_as_text() -> None:
@@ -152,3 +154,14 @@ def test_unenforceable_schema_is_refused_for_forced_calls_only() -> None:
         calls_grammar([bad], many=False)
     ask = [{"role": "user", "content": "hi"}]
     assert chat(messages=ask, tools=[bad.model_dump(exclude_none=True)]).constraint is None  # auto: not enforced
+
+
+def test_streamed_call_pieces_carry_id_and_name_first_then_arguments_alone() -> None:
+    """As OpenAI streams a call: its first delta has the index, id, type and name; the next ones the index and the
+    next piece of the arguments only (no null name that a client would append)."""
+    pieces = [CallPiece(0, '{"zone"', "get_time", "abc"), CallPiece(0, ': "UTC"}'), CallPiece(1, "{}", "get_time")]
+    deltas = [json.loads(d.model_dump_json()) for d in call_deltas(pieces) or []]
+    assert deltas[0] == {"index": 0, "id": "abc", "type": "function",
+                         "function": {"name": "get_time", "arguments": '{"zone"'}}
+    assert deltas[1] == {"index": 0, "function": {"arguments": ': "UTC"}'}}
+    assert deltas[2]["index"] == 1 and deltas[2]["id"].startswith("call_")

@@ -1,0 +1,63 @@
+"""docs/MODELS.md, the conformance matrix: written from tests/family_cases.py's families and the features each
+supports (``python tests/family_matrix.py``; tests/unit/api/test_families.py checks it is current)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from family_cases import FAMILIES, FEATURES, UNRECOGNISED, supported
+
+
+def matrix() -> str:
+    """docs/MODELS.md."""
+    head = ("# Model families\n\n"
+            "How llamafleet reads each family's reasoning and tool calls, recognised from the model's chat template "
+            "when it loads (a template in no known markup is served the generic way, with one warning at load). "
+            "Every ✅ is a test that passes on every commit: `tests/integration/test_families_server.py` serves a "
+            "synthetic model carrying the family's real chat template and tokenizer (from llama.cpp's source, "
+            "`llamafleet synth --vocab NAME --chat-template NAME`), forces the raw outputs below with the request's "
+            "`grammar` (llama.cpp's own test outputs where it has them, `tests/family_cases.py`), and checks what the "
+            "OpenAI SDK (chat, Responses) and the Anthropic SDK (Messages) receive, streamed and whole. This file is "
+            "written by `python tests/family_cases.py` from that table.\n\n"
+            "- **tools**: a call is read into `tool_calls` (`function_call` items, `tool_use` blocks), none of its "
+            "markup in the content; text before it stays content; a malformed call stays text (streamed, once a call "
+            "went out it stays a call: see below). Streamed, a call goes out as soon as the model has named its "
+            "function, its arguments as they are written (`function.arguments` deltas, "
+            "`response.function_call_arguments.delta`, `input_json_delta`); the XML-like formats send each "
+            "parameter once it is closed. Mistral Nemo writes a call's id after its arguments: its calls go out whole "
+            "at the end. A streamed call whose arguments then break (or are cut by `max_tokens`) keeps the arguments "
+            "as written, as OpenAI's own calls may not be valid JSON.\n"
+            "- **parallel calls**: several calls in one answer, streamed with their exact indices and the family's "
+            "ids where it writes them.\n"
+            "- **forced call**: `tool_choice: \"required\"` (or a named function) samples under a grammar of the "
+            "family's own call format, after an optional think block; the answer ends after a complete call.\n"
+            "- **reasoning split**: the think block goes out as `reasoning_content` and `reasoning` (chat), a "
+            "`reasoning` item (Responses), a `thinking` block (Messages).\n"
+            "- **reasoning budget**: `reasoning_budget` (chat), `reasoning.max_tokens` (Responses), "
+            "`thinking.budget_tokens` (Messages) or the server's `reasoning_budget` closes the think block with the "
+            "family's own end marker after that many tokens.\n"
+            "- **schema after reasoning**: `response_format` with a JSON schema lets the model think first.\n\n")
+    cols = list(FEATURES)
+    rows = ["| family | models | template | " + " | ".join(FEATURES[c] for c in cols) + " |",
+            "|---" * (3 + len(cols)) + "|"]
+    notes: list[str] = []
+    for f in FAMILIES:
+        cells = []
+        for c in cols:
+            if supported(f, c):
+                cells.append("✅")
+            else:
+                notes.append(f"{f.name}, {FEATURES[c]}: {f.not_supported[c]}")
+                cells.append(f"❌ ({len(notes)})")
+        rows.append(f"| {f.name} | {f.label} | `{f.template}` | " + " | ".join(cells) + " |")
+    for template, why in UNRECOGNISED.items():
+        notes.append(f"{template}: {why}")
+        rows.append(f"| — | | `{template}` | " + " | ".join([f"❌ ({len(notes)})"] * len(cols)) + " |")
+    return head + "\n".join(rows) + "\n\n" + "\n".join(f"{i}. {n}" for i, n in enumerate(notes, 1)) + "\n"
+
+
+if __name__ == "__main__":
+    out = Path(__file__).resolve().parent.parent / "docs" / "MODELS.md"
+    out.write_text(matrix(), encoding="utf-8")
+    print(out, file=sys.stderr)
