@@ -120,10 +120,12 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(load())
         watching = asyncio.create_task(service.watchdog.run())
+        keys = asyncio.create_task(service.tenancy.watch())
         sampling = asyncio.create_task(dashboard.run())
         yield
         loading.cancel()
         watching.cancel()
+        keys.cancel()
         sampling.cancel()
         await service.models.stop(WORKER_EXIT_S)
 
@@ -143,8 +145,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(ui.routes)
     cfg = service.config
     app.add_middleware(HeadAsGet)
-    app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
-                       admin_keys=service.admin_keys)
+    app.add_middleware(Gate, tenancy=service.tenancy, max_body_bytes=cfg.max_body_bytes)
     if cfg.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])

@@ -36,7 +36,7 @@ from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
 from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
-from llamafleet.engine.scheduler import schedule
+from llamafleet.engine.scheduler import Waiting, schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.speculative.speculator import Speculator
 from llamafleet.engine.textside import TextSide
@@ -74,7 +74,7 @@ class Engine(TextSide):
         self.embedder = Embedder(self.model, ctx_cfg)  # its own context, created on first use
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
-        self._waiting: deque[Request] = deque()
+        self._waiting = Waiting()
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
         self.tiers = KvTiers.of(cfg, self._slots.min_reuse, STATE_FORMAT)  # KV beyond the slots: RAM, disk
@@ -187,12 +187,10 @@ class Engine(TextSide):
         while self._aborts:
             rid = self._aborts.popleft()
             outs += self.embedder.abort(rid)
-            for req in self._waiting:
-                if req.request_id == rid:
-                    self._waiting.remove(req)
-                    outs.append(RequestOutput(rid, finished=True, finish_reason="cancelled",
-                                              prompt_tokens=len(req.prompt_tokens)))
-                    break
+            req = self._waiting.remove(rid)
+            if req is not None:
+                outs.append(RequestOutput(rid, finished=True, finish_reason="cancelled",
+                                          prompt_tokens=len(req.prompt_tokens)))
             for s in self._running:
                 if s.request_id == rid:
                     outs.append(self._finish(s, "cancelled"))
@@ -201,7 +199,7 @@ class Engine(TextSide):
     def _admit(self) -> None:
         self._end_waits()
         while self._waiting and self._slots.n_free:
-            req = self._waiting.popleft()
+            req = self._waiting.pop(self._running)
             p = req.params
             chain = None
             penalties = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty

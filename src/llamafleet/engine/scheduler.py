@@ -1,4 +1,14 @@
-"""Which tokens go into the next ``llama_decode``: continuous batching under an ``n_batch`` token budget.
+"""Which waiting request gets the next free slot (:class:`Waiting`), and which tokens go into the next
+``llama_decode``: continuous batching under an ``n_batch`` token budget (:func:`schedule`).
+
+Admission: a request's ``priority`` (0 interactive, 1 default, 2 batch: the API key's class) orders the waiting
+requests, lower first; within one priority, the request of the tenant (API key) holding the fewest slots goes first,
+oldest first among equals, so a tenant with 100 requests queued does not push back one with a single request: it
+gets the next slot that frees. Aging keeps a lower class from starving: each time a request of a better priority is
+admitted past a waiting one, that one counts a pass, and every :data:`AGING_PASSES` passes raise it one class. With
+every request of one priority and tenant (no tenants configured), admission is first come, first served.
+
+Tokens:
 
 Pure logic, no llama.cpp calls. Generating sequences go first (one token each, so every running answer advances
 every step, plus the tokens drafted for it when it speculates: engine/speculative/ keeps them within the budget);
@@ -13,7 +23,60 @@ loaded H200 ~4x slower. Slot order, plus the engine always taking the lowest fre
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
 from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.types import Request
+
+AGING_PASSES = 8  # admissions of a better class past a waiting request that raise it one class
+
+
+@dataclass
+class _Entry:
+    req: Request
+    passed: int = 0
+
+    @property
+    def rank(self) -> int:
+        return self.req.priority - self.passed // AGING_PASSES
+
+
+class Waiting:
+    """The requests waiting for a slot, in arrival order; :meth:`pop` takes the one to admit next."""
+
+    def __init__(self) -> None:
+        self._entries: list[_Entry] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e.req for e in self._entries)
+
+    def append(self, req: Request) -> None:
+        self._entries.append(_Entry(req))
+
+    def remove(self, request_id: str) -> Request | None:
+        """Take ``request_id`` out (None: it is not waiting)."""
+        for i, e in enumerate(self._entries):
+            if e.req.request_id == request_id:
+                return self._entries.pop(i).req
+        return None
+
+    def pop(self, running: Iterable[Sequence]) -> Request:
+        """The request to admit next, given the sequences ``running`` (their tenants' slots); see the module doc."""
+        entries = self._entries
+        if len(entries) == 1:
+            return entries.pop().req
+        held = Counter(s.req.tenant for s in running)
+        best = min(range(len(entries)), key=lambda i: (entries[i].rank, held[entries[i].req.tenant], i))
+        chosen = entries.pop(best)
+        for e in entries:
+            if e.rank > chosen.rank:
+                e.passed += 1
+        return chosen.req
 
 
 def schedule(running: list[Sequence], budget: int, rotate: int = 0,

@@ -1,6 +1,6 @@
 """Continuous-batching schedule under a token budget (pure logic)."""
 
-from llamafleet.engine.scheduler import schedule
+from llamafleet.engine.scheduler import AGING_PASSES, Waiting, schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import Request
 
@@ -60,3 +60,46 @@ def test_prefill_budget_is_kept_for_prompts_however_many_answers_run() -> None:
     # without a prefill budget the running answers eat into the prompts' share of the step
     plan = schedule(running + prompts, budget=512)
     assert sum(n for s, n in plan if not s.request_id.startswith("d")) == 412
+
+
+def _waiting(*reqs: tuple[str, int, str]) -> Waiting:
+    w = Waiting()
+    for rid, priority, tenant in reqs:
+        w.append(Request(rid, (1, 2, 3), priority=priority, tenant=tenant))
+    return w
+
+
+def _running(*tenants: str) -> list[Sequence]:
+    return [Sequence(Request(f"r{i}", (1,), tenant=t), slot=i, chain=None) for i, t in enumerate(tenants)]
+
+
+def test_admission_is_first_come_first_served_without_priorities_or_tenants() -> None:
+    w = _waiting(*((str(i), 1, "") for i in range(5)))
+    assert [w.pop([]).request_id for _ in range(5)] == ["0", "1", "2", "3", "4"]
+
+
+def test_a_better_class_is_admitted_first() -> None:
+    w = _waiting(("b1", 2, "bulk"), ("b2", 2, "bulk"), ("d", 1, "x"), ("i", 0, "chat"))
+    assert [w.pop([]).request_id for _ in range(4)] == ["i", "d", "b1", "b2"]
+
+
+def test_within_a_class_the_tenant_holding_fewest_slots_goes_first() -> None:
+    w = _waiting(*((f"a{i}", 1, "a") for i in range(100)), ("lone", 1, "b"))
+    assert w.pop(_running("a", "a", "a")).request_id == "lone"  # the next slot that frees is the lone key's
+    w = _waiting(*((f"a{i}", 1, "a") for i in range(3)), ("b0", 1, "b"), ("b1", 1, "b"))
+    order, running = [], _running()
+    for _ in range(5):
+        req = w.pop(running)
+        order.append(req.request_id)
+        running.append(Sequence(req, slot=len(running), chain=None))
+    assert order == ["a0", "b0", "a1", "b1", "a2"]  # turns, oldest first among equals
+
+
+def test_aging_admits_a_lower_class_within_a_bounded_number_of_admissions() -> None:
+    w = _waiting(("batch", 2, "bulk"))
+    admitted = []
+    for i in range(4 * AGING_PASSES):
+        w.append(Request(f"i{i}", (1,), priority=0, tenant="chat"))  # interactive work never stops coming
+        admitted.append(w.pop([]).request_id)
+    assert "batch" in admitted and admitted.index("batch") <= 2 * AGING_PASSES
+    assert len(w) == 1 and w.remove("nope") is None
