@@ -3,11 +3,12 @@
     python scripts/limits_bench.py [--tenants 200] [--requests 20000] [--json OUT]
 
 A keys file of ``--tenants`` tenants, each with all four limits (high enough never to refuse), is loaded as the
-server loads it. Per request: (1) the checks alone: the key found by its digest, its scope, admission (concurrent,
-tokens per day, tokens per minute, requests per minute) and the release; and one token charge (usage and buckets), which runs
-once per output the request streams; (2) the ASGI gate (``llamafleet.api.middleware.Gate``) in front of an app that answers nothing, called
-directly (no HTTP), with that keys file and with no keys at all, interleaved round by round; the difference is
-what the tenants add. The numbers are in docs/BENCHMARKS.md ("Tenants").
+server loads it. Measured per request: (1) the admission checks alone: the key found by its digest, its scope, the
+limits (concurrent, tokens per day, tokens per minute, requests per minute) and the release; (2) one token charge
+(usage and buckets), which runs once per output a request streams; (3) the ASGI gate
+(``llamafleet.api.middleware.Gate``) in front of an app that answers nothing, called directly (no HTTP), with that
+keys file and with no keys at all, interleaved round by round: the difference is what the tenants add.
+The numbers are in docs/BENCHMARKS.md ("Tenants").
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ class Dispatcher:
         if the queues are full (then nothing was sent)."""
         able = [self._able(m) for m in msgs]  # before anything is assigned: a refusal leaves nothing behind
         try:
-            placed = [self.router.assign(m.request_id, m.routing_prompt, a)
+            placed = [self.router.assign(m.request_id, m.routing_prompt, a, m.priority)
                       for m, a in zip(msgs, able, strict=True)]
         except BaseException:
             for m in msgs:
