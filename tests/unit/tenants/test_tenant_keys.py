@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,35 @@ def test_the_watch_reloads_when_the_file_changes(tmp_path: Path) -> None:
         return tenancy.ring.identify(b"changed") is not None
 
     assert asyncio.run(change_and_wait())
+
+
+def test_sighup_reloads_an_unchanged_looking_file(tmp_path: Path) -> None:
+    path = _file(tmp_path, TENANTS)
+    tenancy = Tenancy(load_keyring(path, environ={}), FleetMetrics(), (path, None), environ={})
+    stamp = os.stat(path)
+    Path(path).write_text(TENANTS.replace("sk-test-1234", "sk-test-9999"), encoding="utf-8")  # the same size
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # and time: only the signal tells
+
+    async def signal_and_wait() -> bool:
+        watching = asyncio.create_task(tenancy.watch())
+        await asyncio.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(50):
+            if tenancy.ring.identify(b"sk-test-9999") is not None:
+                break
+            await asyncio.sleep(0.1)
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+        return tenancy.ring.identify(b"sk-test-9999") is not None
+
+    assert asyncio.run(signal_and_wait())
+
+
+def test_the_keys_files_the_docs_show_are_valid(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "OPERATIONS.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL) if b.lstrip("# \n").startswith(
+        "keys.yaml") or b.startswith("keys:")]
+    assert blocks
+    for block in blocks:
+        assert load_keyring(_file(tmp_path, block), environ={}).names()
