@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -104,25 +105,34 @@ def test_a_reload_takes_a_good_file_and_keeps_the_old_keys_over_a_bad_one(tmp_pa
     assert tenancy.ring.identify(b"sk-test-1234") is None
 
 
-def test_the_watch_reloads_when_the_file_changes(tmp_path: Path) -> None:
-    path = _file(tmp_path, TENANTS)
-    tenancy = Tenancy(load_keyring(path, environ={}), FleetMetrics(), (path, None), environ={})
+def _watch_until_known(tenancy: Tenancy, key: bytes, act: Callable[[], None]) -> bool:
+    """Run the watch, ``act`` once it runs, and whether ``key`` is known within 10 s."""
 
-    async def change_and_wait() -> bool:
+    async def run() -> bool:
         watching = asyncio.create_task(tenancy.watch())
-        await asyncio.sleep(0.1)
-        Path(path).write_text("keys:\n  - {name: a, key: changed}\n", encoding="utf-8")
-        os.utime(path, ns=(1, 1))  # a new modification time even on a coarse clock
+        await asyncio.sleep(0.2)
+        act()
         for _ in range(100):
-            if tenancy.ring.identify(b"changed") is not None:
+            if tenancy.ring.identify(key) is not None:
                 break
             await asyncio.sleep(0.1)
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching
-        return tenancy.ring.identify(b"changed") is not None
+        return tenancy.ring.identify(key) is not None
 
-    assert asyncio.run(change_and_wait())
+    return asyncio.run(run())
+
+
+def test_the_watch_reloads_when_the_file_changes(tmp_path: Path) -> None:
+    path = _file(tmp_path, TENANTS)
+    tenancy = Tenancy(load_keyring(path, environ={}), FleetMetrics(), (path, None), environ={})
+
+    def change() -> None:
+        Path(path).write_text("keys:\n  - {name: a, key: changed}\n", encoding="utf-8")
+        os.utime(path, ns=(1, 1))  # a new modification time even on a coarse clock
+
+    assert _watch_until_known(tenancy, b"changed", change)
 
 
 def test_sighup_reloads_an_unchanged_looking_file(tmp_path: Path) -> None:
@@ -131,21 +141,7 @@ def test_sighup_reloads_an_unchanged_looking_file(tmp_path: Path) -> None:
     stamp = os.stat(path)
     Path(path).write_text(TENANTS.replace("sk-test-1234", "sk-test-9999"), encoding="utf-8")  # the same size
     os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # and time: only the signal tells
-
-    async def signal_and_wait() -> bool:
-        watching = asyncio.create_task(tenancy.watch())
-        await asyncio.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGHUP)
-        for _ in range(50):
-            if tenancy.ring.identify(b"sk-test-9999") is not None:
-                break
-            await asyncio.sleep(0.1)
-        watching.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watching
-        return tenancy.ring.identify(b"sk-test-9999") is not None
-
-    assert asyncio.run(signal_and_wait())
+    assert _watch_until_known(tenancy, b"sk-test-9999", lambda: os.kill(os.getpid(), signal.SIGHUP))
 
 
 def test_the_keys_files_the_docs_show_are_valid(tmp_path: Path) -> None:
