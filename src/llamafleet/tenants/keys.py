@@ -111,7 +111,8 @@ class KeysFile(BaseModel):
     keys: list[KeyEntry] = Field(min_length=1)
     cached_token_weight: float = Field(1.0, ge=0.0, le=1.0,
                                        description="how much a prompt token served from the prefix cache counts")
-    usage_file: str | None = Field(None, description="SQLite file of usage per key and day (default: beside this file)")
+    usage_file: str | None = Field(None, description="SQLite file of usage per key and day, relative to this file's "
+                                   "folder (default: this file's name with .usage.sqlite)")
 
     @model_validator(mode="after")
     def _unique(self) -> KeysFile:
@@ -202,7 +203,8 @@ def load_keyring(keys_file: str | None, admin_file: str | None = None,
     tenants = {bytes.fromhex(e.sha256) if e.sha256 else digest(e.key or ""): Tenant(
         e.name, frozenset(e.scopes), tuple(e.models), PRIORITY_CLASSES.index(e.priority), e.limits, plain=False)
         for e in parsed.keys}
-    usage = parsed.usage_file or str(Path(keys_file or ".").with_suffix(".usage.sqlite"))
+    where = Path(keys_file or ".")  # a relative usage_file is beside the keys file
+    usage = str(where.parent / parsed.usage_file if parsed.usage_file else where.with_suffix(".usage.sqlite"))
     return KeyRing({**ring.tenants, **tenants}, False, parsed.cached_token_weight, usage)
 
 

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import sqlite3
 from collections.abc import Callable
 
 from llamafleet.fleet.telemetry import FleetMetrics
@@ -34,7 +35,11 @@ class Tenancy:
         self.usage = Usage(metrics)
         self._stamps = self._stamp()
         if ring.usage_file is not None:
-            self.usage.open(ring.usage_file)
+            try:
+                self.usage.open(ring.usage_file)
+            except (OSError, sqlite3.Error) as e:  # a read-only folder beside the keys file, a damaged file
+                log.warning("usage per key is kept in memory only: cannot open %s (%s); set usage_file in the keys "
+                            "file to a writable place", ring.usage_file, e)
 
     def admit(self, tenant: Tenant) -> Refusal | None:
         refusal = self.limiter.admit(tenant)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from llamafleet.api.app import create_app
 from llamafleet.fleet.telemetry import FleetMetrics
 from llamafleet.tenants.keys import load_keyring
+from llamafleet.tenants.tenancy import Tenancy
 from llamafleet.tenants.usage import Usage
 from one_model import one_model_service
 
@@ -49,3 +51,15 @@ def test_the_usage_route_is_for_admins_and_filters_by_key_and_day(tmp_path: Path
     assert client.get("/v1/usage?day=1999-01-01", headers=root).json()["data"] == []
     assert client.get("/v1/usage?day=yesterday", headers=root).status_code == 400
     assert client.get("/v1/usage?key=b", headers=root).status_code == 404
+
+
+def test_a_usage_file_that_cannot_be_opened_leaves_usage_in_memory(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "blocker").write_text("a file, not a folder", encoding="utf-8")
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"usage_file: {tmp_path / 'blocker' / 'usage.sqlite'}\nkeys:\n  - {{name: a, key: k}}\n",
+                    encoding="utf-8")
+    tenancy = Tenancy(load_keyring(str(keys), environ={}), FleetMetrics())
+    tenancy.usage.admitted("a")
+    tenancy.usage.flush()
+    assert tenancy.usage.report("a")[0]["requests"] == 1 and "kept in memory only" in caplog.text
