@@ -9,11 +9,13 @@ and waits for the server to reload it. Start the server with a queue that holds 
 Phases, in this order (A and B side by side in one run, on one server):
 
 1. ``alone``: the interactive key ``chat`` sends one request every ``--every`` seconds, nothing else runs.
-2. ``flood_flat``: both keys in the default class; the batch key ``bulk`` sends ``--flood`` requests at once while
-   ``chat`` goes on sending one every ``--every`` seconds, until the flood is answered (today's behaviour: one queue).
-3. ``alone`` again (the machine may have changed), then ``flood_priority``: the same with ``chat`` interactive and
-   ``bulk`` batch.
-4. ``fairness``: both keys in one class; ``many`` sends ``--many`` requests at once, and once they fill the slots
+2. ``flood_one_queue``: the batch key ``bulk`` sends ``--flood`` requests at once while the interactive client goes on
+   sending one every ``--every`` seconds with the same key, until the flood is answered: one tenant, one class, one
+   queue (the behaviour without tenants).
+3. ``flood_fair``: the same, the interactive client with its own key ``chat``, both keys in the default class (fair
+   shares only).
+4. ``alone`` again (the machine may have changed), then ``flood_priority``: ``chat`` interactive, ``bulk`` batch.
+5. ``fairness``: both keys in one class; ``many`` sends ``--many`` requests at once, and once they fill the slots
    ``one`` sends one request and ``many`` one more (the control, queued at the same moment). For the lone request:
    its time to first token, and how many of ``many``'s requests started (first token) after it was sent and before it.
 
@@ -67,13 +69,13 @@ def ttft(r: RequestResult) -> float | None:
 
 
 async def interactive_while(url: str, model: str, every: float, busy: asyncio.Task[Any] | None,
-                            n: int, max_tokens: int) -> list[RequestResult]:
-    """``chat`` sends one request every ``every`` s: ``n`` of them, or (with ``busy``) until ``busy`` is done."""
+                            n: int, max_tokens: int, key: str = "k-chat") -> list[RequestResult]:
+    """``key`` sends one request every ``every`` s: ``n`` of them, or (with ``busy``) until ``busy`` is done."""
     results: list[RequestResult] = []
     i = 0
     while (busy is None and i < n) or (busy is not None and not busy.done()):
         t0 = time.perf_counter()
-        results.append(await ask(url, model, "k-chat", max_tokens, f"Question {i}: what is the capital of France?"))
+        results.append(await ask(url, model, key, max_tokens, f"Question {i}: what is the capital of France?"))
         i += 1
         await asyncio.sleep(max(0.0, every - (time.perf_counter() - t0)))
     return results
@@ -95,10 +97,10 @@ def summary(chat: list[RequestResult], bulk: list[RequestResult] | None = None) 
     return out
 
 
-async def flood_phase(url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+async def flood_phase(url: str, model: str, args: argparse.Namespace, key: str = "k-chat") -> dict[str, Any]:
     bulk = asyncio.create_task(flood(url, model, "k-bulk", args.flood, args.max_tokens))
     await asyncio.sleep(1.0)  # the flood is in
-    chat = await interactive_while(url, model, args.every, bulk, 0, args.chat_tokens)
+    chat = await interactive_while(url, model, args.every, bulk, 0, args.chat_tokens, key)
     return summary(chat, await bulk)
 
 
@@ -129,7 +131,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                               "cpus": os.cpu_count(), "load_1min_at_start": os.getloadavg()[0]}
     result["alone_before"] = summary(await interactive_while(url, model, args.every, None, args.alone,
                                                              args.chat_tokens))
-    result["flood_flat"] = await flood_phase(url, model, args)
+    result["flood_one_queue"] = await flood_phase(url, model, args, "k-bulk")
+    result["flood_fair"] = await flood_phase(url, model, args)
     result["alone_between"] = summary(await interactive_while(url, model, args.every, None, args.alone,
                                                               args.chat_tokens))
     use_keys(url, keys, PRIORITY)
@@ -137,8 +140,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     use_keys(url, keys, FLAT)
     result["fairness"] = await fairness(url, model, args)
     alone = statistics.median([result["alone_before"]["chat_ttft_p50_s"], result["alone_between"]["chat_ttft_p50_s"]])
-    result["penalty_flat"] = round(result["flood_flat"]["chat_ttft_p50_s"] / alone, 2)
-    result["penalty_priority"] = round(result["flood_priority"]["chat_ttft_p50_s"] / alone, 2)
+    for phase in ("one_queue", "fair", "priority"):
+        result[f"penalty_{phase}"] = round(result[f"flood_{phase}"]["chat_ttft_p50_s"] / alone, 2)
     result["load_1min_at_end"] = os.getloadavg()[0]
     return result
 

@@ -173,10 +173,10 @@ class Service:
             if dispatcher is None or self.model.state == "unloading":
                 raise NoReplicaError(f"model '{self.model_name}' is {self.model.state}")
             tenant = self.tenant
-            if tenant is None:
-                return dispatcher.submit(msgs, self.config.request_timeout_s)
-            msgs = [replace(m, priority=tenant.priority, tenant=tenant.name) for m in msgs]
-            return dispatcher.submit(msgs, self.config.request_timeout_s, self.tenancy.meter(tenant))
+            if tenant is not None and not tenant.plain:  # a plain key is scheduled as before tenants: one queue
+                msgs = [replace(m, priority=tenant.priority, tenant=tenant.name) for m in msgs]
+            meter = None if tenant is None else self.tenancy.meter(tenant)
+            return dispatcher.submit(msgs, self.config.request_timeout_s, meter)
         except NoReplicaError as e:
             raise self._refuse(503, "no_replica",
                                f"{e}; retry shortly (GET /ready reports when replicas are up)") from None

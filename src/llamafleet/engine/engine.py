@@ -74,7 +74,7 @@ class Engine(TextSide):
         self.embedder = Embedder(self.model, ctx_cfg)  # its own context, created on first use
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
-        self._waiting = Waiting()
+        self._waiting = Waiting(cfg.n_seq)
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
         self.tiers = KvTiers.of(cfg, self._slots.min_reuse, STATE_FORMAT)  # KV beyond the slots: RAM, disk
@@ -199,7 +199,9 @@ class Engine(TextSide):
     def _admit(self) -> None:
         self._end_waits()
         while self._waiting and self._slots.n_free:
-            req = self._waiting.pop(self._running)
+            req = self._waiting.pop(self._running, self._slots.n_free)
+            if req is None:
+                break  # the last slot is kept for better work (engine/scheduler.py)
             p = req.params
             chain = None
             penalties = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
