@@ -84,7 +84,7 @@ class Gate:
             state[AUTHENTICATED] = refusal is None
             tenant, refusal = None, None
         work = refusal is None and tenant is not None and scope["method"] == "POST" and needs != "admin"
-        limited = work and tenant is not None and tenant.limits.any
+        limited = work and tenant is not None and tenant.limited
         if limited:
             assert tenant is not None
             over = self.tenancy.admit(tenant)

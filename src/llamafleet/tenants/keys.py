@@ -26,6 +26,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -58,7 +59,8 @@ class Limits(BaseModel):
     @property
     def any(self) -> bool:
         """Whether any limit is set."""
-        return any(getattr(self, name) is not None for name in type(self).model_fields)
+        return (self.requests_per_minute is not None or self.tokens_per_minute is not None
+                or self.tokens_per_day is not None or self.concurrent is not None)
 
 
 class KeyEntry(BaseModel):
@@ -136,6 +138,11 @@ class Tenant:
     priority: int = PRIORITY_CLASSES.index("default")
     limits: Limits = field(default_factory=Limits)
     plain: bool = True  # from a plain list or the environment: today's key, with today's answers
+
+    @cached_property
+    def limited(self) -> bool:
+        """Whether any limit is set (asked on every request: kept)."""
+        return self.limits.any
 
     def may_use(self, model: str) -> bool:
         return any(fnmatch.fnmatchcase(model, glob) for glob in self.models)
