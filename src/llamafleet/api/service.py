@@ -23,6 +23,7 @@ from llamafleet.api.response_store import ResponseStore
 from llamafleet.api.tools import Serving
 from llamafleet.config import FleetConfig
 from llamafleet.engine.families import FAMILIES, Family
+from llamafleet.engine.types import DEFAULT_PRIORITY
 from llamafleet.fleet.dispatch import Group, Unservable
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
@@ -30,7 +31,7 @@ from llamafleet.fleet.router import NoReplicaError, QueueFullError
 from llamafleet.fleet.snapshot import FleetSnapshot, take
 from llamafleet.fleet.telemetry import FleetMetrics
 from llamafleet.fleet.watchdog import Watchdog
-from llamafleet.tenants.keys import KeyRing, Tenant
+from llamafleet.tenants.keys import KeyRing, Tenant, effective_priority
 from llamafleet.tenants.tenancy import Tenancy
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
@@ -161,7 +162,9 @@ class Service:
         view._shared, view.model, view.tenant = self._shared, model, self.tenant
         return view
 
-    def submit(self, msgs: list[Submit]) -> Group:
+    def submit(self, msgs: list[Submit], priority: int | None = None) -> Group:
+        """Queue ``msgs`` (one request's sequences) at the tenant's priority, or the lower ``priority`` the request
+        asks for (:func:`~llamafleet.tenants.keys.effective_priority`)."""
         for m in msgs:
             if m.params.max_tokens is not None and m.params.max_tokens >= self.n_ctx_per_seq:
                 raise ApiError(400, f"max_tokens ({m.params.max_tokens}) leaves no room for a prompt in the context "
@@ -173,8 +176,10 @@ class Service:
             if dispatcher is None or self.model.state == "unloading":
                 raise NoReplicaError(f"model '{self.model_name}' is {self.model.state}")
             tenant = self.tenant
-            if tenant is not None and not tenant.plain:  # a plain key is scheduled as before tenants: one queue
-                msgs = [replace(m, priority=tenant.priority, tenant=tenant.name) for m in msgs]
+            scheduled = tenant is not None and not tenant.plain  # a plain key is scheduled as before tenants
+            level = effective_priority(tenant.priority if tenant is not None and scheduled else None, priority)
+            if scheduled or level != DEFAULT_PRIORITY:
+                msgs = [replace(m, priority=level, tenant=tenant.name if tenant and scheduled else "") for m in msgs]
             meter = None if tenant is None else self.tenancy.meter(tenant)
             return dispatcher.submit(msgs, self.config.request_timeout_s, meter)
         except NoReplicaError as e:

@@ -33,6 +33,8 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
+from llamafleet.engine.types import DEFAULT_PRIORITY
+
 KEYS_ENV = "LLAMAFLEET_API_KEYS"
 ADMIN_KEYS_ENV = "LLAMAFLEET_ADMIN_API_KEYS"
 Scope = Literal["inference", "embeddings", "admin", "metrics"]
@@ -135,7 +137,7 @@ class Tenant:
     name: str
     scopes: frozenset[Scope]
     models: tuple[str, ...] = ("*",)
-    priority: int = PRIORITY_CLASSES.index("default")
+    priority: int = DEFAULT_PRIORITY
     limits: Limits = field(default_factory=Limits)
     plain: bool = True  # from a plain list or the environment: today's key, with today's answers
 
@@ -175,6 +177,13 @@ class KeyRing:
         tenants = {digest(k): Tenant(f"key-{digest(k).hex()[:8]}", PLAIN_SCOPES) for k in api_keys}
         tenants |= {digest(k): Tenant(f"admin-{digest(k).hex()[:8]}", frozenset(SCOPES)) for k in admin_keys}
         return cls(tenants, open=not api_keys)
+
+
+def effective_priority(key_class: int | None, requested: int | None) -> int:
+    """The priority a request runs at: its key's class (None: a plain key or none, the default class), or the
+    lower class the request asks for (vLLM's ``priority``: lower first), never a better one, clamped to the classes."""
+    base = DEFAULT_PRIORITY if key_class is None else key_class
+    return base if requested is None else min(len(PRIORITY_CLASSES) - 1, max(base, requested))
 
 
 def digest(key: str | bytes) -> bytes:

@@ -8,7 +8,9 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from llamafleet.api.app import create_app
-from llamafleet.tenants.keys import Limits, Tenant, load_keyring
+from llamafleet.engine.scheduler import BATCH
+from llamafleet.engine.types import DEFAULT_PRIORITY
+from llamafleet.tenants.keys import PRIORITY_CLASSES, Limits, Tenant, effective_priority, load_keyring
 from llamafleet.tenants.limits import DAY_S, Limiter
 from one_model import one_model_service
 
@@ -118,3 +120,20 @@ def test_refusals_over_http_name_the_limit_scope_or_hide_the_model(tmp_path: Pat
     assert 'llamafleet_key_refused_total{key="chat",limit="model"} 1' in metrics
     assert 'llamafleet_key_refused_total{key="prom",limit="scope"} 1' in metrics
     assert 'llamafleet_key_requests_total{key="bulk"} 2' in metrics and "k-bulk" not in metrics
+
+
+def test_a_request_may_ask_for_a_lower_class_never_a_better_one() -> None:
+    assert PRIORITY_CLASSES[DEFAULT_PRIORITY] == "default" and PRIORITY_CLASSES[BATCH] == "batch"  # the engine's
+    assert [effective_priority(0, r) for r in (None, -5, 0, 1, 2, 99)] == [0, 0, 0, 1, 2, 2]  # an interactive key
+    assert [effective_priority(2, r) for r in (None, 0, 1)] == [2, 2, 2]  # a batch key stays batch
+    assert [effective_priority(None, r) for r in (None, 0, 2)] == [1, 1, 2]  # a plain key, or none: default or lower
+
+
+def test_the_priority_field_is_taken_by_both_completion_routes() -> None:
+    client = TestClient(create_app(one_model_service(MODEL), on_ready=lambda: None, on_fatal=lambda _m: None))
+    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": [
+            {"role": "user", "content": "hi"}]})):
+        ok = client.post(path, json={"model": MODEL, "max_tokens": 4, "priority": 2, **body})
+        assert ok.status_code == 503  # accepted (no replica runs in this test)
+        bad = client.post(path, json={"model": MODEL, "max_tokens": 4, "priority": "high", **body})
+        assert bad.status_code == 400 and "'priority'" in bad.json()["error"]["message"]
