@@ -22,9 +22,9 @@ from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
+    from llamafleet.fleet.launch import ReplicaSpec
     from llamafleet.fleet.models import ManagedModel
     from llamafleet.fleet.ray_cluster import RayFleet
-    from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.placement.gpus import Inventory
     from llamafleet.placement.plan import Plan

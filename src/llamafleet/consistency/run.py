@@ -39,8 +39,9 @@ from llamafleet.consistency.prompts import Prompt
 from llamafleet.consistency.report import ConfigResult, Report
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.types import EngineConfig, Generation, SamplingParams
+from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.fleet.messages import Ready, StepOutputs, Submit
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.fleet.replicas import ReplicaSet
 from llamafleet.fleet.specs import plan_specs
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import Inventory, empty_inventory
