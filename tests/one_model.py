@@ -10,14 +10,15 @@ from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.fleet.models import ModelManager, placed_model
 from llamafleet.fleet.telemetry import FleetMetrics
 from llamafleet.placement.plan import Plan
+from llamafleet.tenants.keys import KeyRing
 
 NEVER_LOADED = [ReplicaSpec(env={}, engine=EngineConfig(model_path="never-loaded.gguf"), label="CPU")]
 
 
 def one_model_service(name: str, specs: list[ReplicaSpec] | None = None, cfg: FleetConfig | None = None,
                       api_keys: frozenset[str] = frozenset(), admin_keys: frozenset[str] = frozenset(),
-                      plan: Plan | None = None, n_ctx_per_seq: int = 512) -> Service:
+                      plan: Plan | None = None, n_ctx_per_seq: int = 512, keys: KeyRing | None = None) -> Service:
     cfg = cfg or FleetConfig()
     metrics = FleetMetrics()
     model = placed_model(name, specs or NEVER_LOADED, n_ctx_per_seq, cfg, metrics, plan=plan)
-    return Service(ModelManager([model], cfg, metrics), api_keys, admin_keys)
+    return Service(ModelManager([model], cfg, metrics), keys or KeyRing.of(api_keys, admin_keys))

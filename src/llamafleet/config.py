@@ -199,7 +199,8 @@ class FleetConfig(BaseModel):
 
     # Access.
     api_keys_file: str | None = Field(
-        None, description="file of API keys, one per line ('#' comments); with LLAMAFLEET_API_KEYS, turns auth on"
+        None, description="file of API keys, one per line ('#' comments), or a keys file of tenants (names, scopes, "
+        "models, priorities, limits: docs/OPERATIONS.md); with LLAMAFLEET_API_KEYS, turns auth on"
     )
     admin_api_keys_file: str | None = Field(
         None, description="file of admin API keys (the same form); with LLAMAFLEET_ADMIN_API_KEYS, the only keys that "

@@ -63,8 +63,9 @@ FLAGS: tuple[Flag, ...] = (
          "sequences waiting beyond a replica's slots before it refuses more with 429", "N"),
     Flag("max_queue", "--max-queue", "sequences waiting beyond slots on all replicas together before 429", "N"),
     Flag("request_timeout_s", "--request-timeout", "a request running longer fails with 504", "S"),
-    Flag("api_keys_file", "--api-keys-file", "API keys, one per line; LLAMAFLEET_API_KEYS adds more "
-         "(comma-separated); with any key set, requests need 'Authorization: Bearer KEY'", "FILE", unset="none"),
+    Flag("api_keys_file", "--api-keys-file", "API keys, one per line, or a keys file of tenants (docs/OPERATIONS.md, "
+         "Tenants); LLAMAFLEET_API_KEYS adds more (comma-separated); with any key set, requests need "
+         "'Authorization: Bearer KEY'", "FILE", unset="none"),
     Flag("log_level", "--log-level", "log level of this process and its workers"),
 )
 BY_KEY = {f.key: f for f in FLAGS}

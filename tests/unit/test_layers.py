@@ -28,6 +28,7 @@ LAYERS = (
     ("config",),
     ("placement",),
     ("fleet", "catalog", "flags"),
+    ("tenants",),
     ("api", "bench", "envcheck"),
     ("consistency",),
     ("commands",),

@@ -45,7 +45,10 @@ def card(service: Service, m: ModelView) -> FleetModelCard:
 
 @routes.get("/v1/models")
 async def list_models(service: ServiceDep) -> FleetModelList:
-    return FleetModelList(data=[card(service, m) for m in service.snapshot().models])
+    """Every configured model (those the request's key may use)."""
+    tenant = service.tenant
+    return FleetModelList(data=[card(service, m) for m in service.snapshot().models
+                                if tenant is None or tenant.may_use(m.name)])
 
 
 @routes.get("/v1/models/{model_id:path}")

@@ -35,7 +35,20 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import admin, anthropic, embeddings, generate, infill, openai, props, responses, status, tokens, ui
+from llamafleet.api import (
+    admin,
+    anthropic,
+    embeddings,
+    generate,
+    infill,
+    openai,
+    props,
+    responses,
+    status,
+    tokens,
+    ui,
+    usage,
+)
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HeadAsGet, HttpMetrics, InternalErrors, authenticated
@@ -120,10 +133,12 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(load())
         watching = asyncio.create_task(service.watchdog.run())
+        keys = asyncio.create_task(service.tenancy.watch())
         sampling = asyncio.create_task(dashboard.run())
         yield
         loading.cancel()
         watching.cancel()
+        keys.cancel()
         sampling.cancel()
         await service.models.stop(WORKER_EXIT_S)
 
@@ -140,11 +155,11 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(props.routes)
     app.include_router(infill.routes)
     app.include_router(status.routes)
+    app.include_router(usage.routes)
     app.include_router(ui.routes)
     cfg = service.config
     app.add_middleware(HeadAsGet)
-    app.add_middleware(Gate, api_keys=service.api_keys, max_body_bytes=cfg.max_body_bytes,
-                       admin_keys=service.admin_keys)
+    app.add_middleware(Gate, tenancy=service.tenancy, max_body_bytes=cfg.max_body_bytes)
     if cfg.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])

@@ -1,19 +1,23 @@
 """Every ASGI layer a request passes before a route sees it: :class:`HttpMetrics` (outermost: counts and times every
-answer), :class:`InternalErrors` (a crash becomes a 500 with an error id), :class:`Gate` (API keys, request
-body limits), then :class:`HeadAsGet` (HEAD answered as GET without the body).
+answer), :class:`InternalErrors` (a crash becomes a 500 with an error id), :class:`Gate` (API keys, their scopes and
+limits, request body limits), then :class:`HeadAsGet` (HEAD answered as GET without the body).
 
-Keys come from the ``LLAMAFLEET_API_KEYS`` environment variable (comma-separated) and/or the configured
-``api_keys_file`` (one key per line, ``#`` starts a comment); with no key anywhere, authentication is off. Clients
+Keys are the tenants of :mod:`llamafleet.tenants` (``LLAMAFLEET_API_KEYS``, ``api_keys_file`` as a plain list or in
+the tenants form, and the admin keys); with no API key anywhere, authentication is off outside ``/admin/``. Clients
 send ``Authorization: Bearer <key>`` (OpenAI's SDKs) or ``x-api-key: <key>`` (Anthropic's); a missing or wrong key
 gets 401 with the error body of the route's dialect. ``/health`` and
 ``/ready`` stay open for probes (``/ready`` shows its details only to callers with a key, see :func:`authenticated`),
 and so do the dashboard's static files under ``/ui`` (the page asks for the key and sends it with every call to
 ``/v1/status`` and the API, which stay closed).
-Keys are compared by their SHA-256 digests in constant time.
 
-Admin keys (``LLAMAFLEET_ADMIN_API_KEYS`` and/or ``admin_api_keys_file``, the same forms) are the only ones that open
-the ``/admin/`` routes (loading and unloading models); without any, those routes answer 403. An admin key also
-works wherever an API key does.
+Each route needs a scope (:func:`scope_of`): ``/admin/`` and ``/v1/usage`` ``admin``, ``/metrics`` ``metrics``,
+``/v1/embeddings`` ``embeddings``, everything else ``inference``; a key without it gets 403 (a plain key on an admin
+route: 401, as before tenants). Admin keys (``LLAMAFLEET_ADMIN_API_KEYS``, ``admin_api_keys_file``) have every scope.
+Without any key with the ``admin`` scope, the admin routes answer 403.
+
+A POST outside the admin routes by a key with limits takes its place in the key's limits here (429 with
+``Retry-After``, naming the limit, see :mod:`llamafleet.tenants.limits`) and gives it back when its answer is over.
+The recognised tenant is left in ``scope["state"]`` for the routes (:func:`tenant_of`).
 
 Bodies larger than ``max_body_bytes`` get 413, whether announced by ``Content-Length`` or streamed chunked; the body
 is read here (bounded) and handed on whole, so nothing downstream ever holds more than the limit.
@@ -21,11 +25,7 @@ is read here (bounded) and handed on whole, so nothing downstream ever holds mor
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
 import time
-from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,41 +33,17 @@ from llamafleet.api.errors import ApiError, error_response, internal_error, is_a
 from llamafleet.api.protocol import SSE_DONE, Event, sse, sse_event
 from llamafleet.api.recent import RecentRequests
 from llamafleet.fleet.telemetry import FleetMetrics
+from llamafleet.tenants.keys import ADMIN_KEYS_ENV, Tenant
+from llamafleet.tenants.keys import Scope as KeyScope
+from llamafleet.tenants.tenancy import Tenancy
 
-KEYS_ENV = "LLAMAFLEET_API_KEYS"
-ADMIN_KEYS_ENV = "LLAMAFLEET_ADMIN_API_KEYS"
 ADMIN_PREFIX = "/admin/"
+ADMIN_PATHS = frozenset({"/v1/usage"})
 OPEN_PATHS = frozenset({"/health", "/ready", "/ui"})
 OPEN_PREFIX = "/ui/"  # the dashboard's files: the same bytes as in the package; its data needs a key
 DRAIN_FACTOR = 16  # an oversize body is read (and dropped) up to this many times the limit, so the client sees 413
 AUTHENTICATED = "llamafleet.authenticated"  # scope["state"] key: the request to an open path carried a valid key
-
-
-class ApiKeysError(ValueError):
-    """The API keys cannot be loaded (named file missing or empty)."""
-
-
-def load_api_keys(keys_file: str | None, environ: dict[str, str] | None = None, variable: str = KEYS_ENV,
-                  key: str = "api_keys_file") -> frozenset[str]:
-    """Every key from the environment ``variable`` and ``keys_file`` (the config ``key`` that named it); empty
-    means authentication is off (for admin keys: the admin routes are)."""
-    env = os.environ if environ is None else environ
-    keys = {k.strip() for k in env.get(variable, "").split(",") if k.strip()}
-    if keys_file is not None:
-        path = Path(keys_file)
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as e:
-            raise ApiKeysError(f"{key} {path} cannot be read ({e.strerror}); fix the path or unset it") from None
-        from_file = {line.split("#", 1)[0].strip() for line in lines} - {""}
-        if not from_file:
-            raise ApiKeysError(f"{key} {path} holds no key; put one key per line")
-        keys |= from_file
-    return frozenset(keys)
-
-
-def _digest(key: str | bytes) -> bytes:
-    return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
+TENANT = "llamafleet.tenant"  # scope["state"] key: the tenant whose key the request carried
 
 
 def presented_key(scope: Scope) -> bytes:
@@ -79,49 +55,85 @@ def presented_key(scope: Scope) -> bytes:
     return token.strip()
 
 
-class Gate:
-    """ASGI middleware: API key check (when keys are set; admin keys on ``/admin/``), then the body size limit."""
+def scope_of(path: str) -> KeyScope:
+    """The scope a key needs for ``path``."""
+    if path.startswith(ADMIN_PREFIX) or path in ADMIN_PATHS:
+        return "admin"
+    if path == "/metrics":
+        return "metrics"
+    return "embeddings" if path == "/v1/embeddings" else "inference"
 
-    def __init__(self, app: ASGIApp, api_keys: frozenset[str], max_body_bytes: int,
-                 admin_keys: frozenset[str] = frozenset()) -> None:
+
+class Gate:
+    """ASGI middleware: API key check (when keys are set), the key's scope and limits, then the body size limit."""
+
+    def __init__(self, app: ASGIApp, tenancy: Tenancy, max_body_bytes: int) -> None:
         self.app = app
-        self._admin = [_digest(k) for k in admin_keys]
-        self._digests = [_digest(k) for k in api_keys] + self._admin if api_keys else []
+        self.tenancy = tenancy
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._check_key(scope, scope["path"].startswith(ADMIN_PREFIX))
-        if scope["path"] in OPEN_PATHS or scope["path"].startswith(OPEN_PREFIX):
-            scope.setdefault("state", {})[AUTHENTICATED] = refusal is None
-            refusal = None
-        if refusal is None:
-            body = await self._read_body(scope, receive)
-            if isinstance(body, ApiError):
-                refusal = body
-            else:
-                await self.app(scope, _replay(body, receive), send)
-                return
-        await error_response(refusal, scope["path"])(scope, receive, send)
+        path = scope["path"]
+        needs = scope_of(path)
+        tenant, refusal = self._check_key(scope, needs)
+        state = scope.setdefault("state", {})
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIX):
+            state[AUTHENTICATED] = refusal is None
+            tenant, refusal = None, None
+        work = refusal is None and tenant is not None and scope["method"] == "POST" and needs != "admin"
+        limited = work and tenant is not None and tenant.limited
+        if limited:
+            assert tenant is not None
+            over = self.tenancy.admit(tenant)
+            if over is not None:
+                limited = False
+                refusal = ApiError(429, f"rate limit reached: {over.message}", code="rate_limit_exceeded",
+                                   param=over.limit, headers={"Retry-After": str(over.retry_after_s)})
+        elif work and tenant is not None:
+            self.tenancy.usage.admitted(tenant.name)
+        try:
+            if refusal is None:
+                state[TENANT] = tenant
+                body = await self._read_body(scope, receive)
+                if isinstance(body, ApiError):
+                    refusal = body
+                else:
+                    await self.app(scope, _replay(body, receive), send)
+                    return
+            await error_response(refusal, path)(scope, receive, send)
+        finally:
+            if limited:
+                assert tenant is not None
+                self.tenancy.limiter.release(tenant)
 
-    def _check_key(self, scope: Scope, admin: bool) -> ApiError | None:
-        digests = self._admin if admin else self._digests
-        if admin and not digests:
-            return ApiError(403, "the admin routes need an admin API key, and none is set: set admin_api_keys_file "
-                                 f"or {ADMIN_KEYS_ENV}", code="admin_disabled")
-        if not digests:
-            return None
+    def _check_key(self, scope: Scope, needs: KeyScope) -> tuple[Tenant | None, ApiError | None]:
+        """The tenant of the request's key (None: authentication is off), or the 401/403 that refuses it."""
+        ring = self.tenancy.ring
+        admin = needs == "admin"
+        if admin and not ring.has_admin:
+            return None, ApiError(403, "the admin routes need an admin API key, and none is set: set "
+                                       f"admin_api_keys_file or {ADMIN_KEYS_ENV}, or give a key the 'admin' scope",
+                                  code="admin_disabled")
+        if ring.open and not admin:
+            return None, None
         token = presented_key(scope)
         if not token:
-            return ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-        given = _digest(token)
-        if not any([hmac.compare_digest(given, d) for d in digests]):  # every key compared: constant time
+            return None, ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>' or "
+                                       "'x-api-key: <key>'", code="invalid_api_key",
+                                  headers={"WWW-Authenticate": "Bearer"})
+        tenant = ring.identify(token)
+        if tenant is None or (admin and tenant.plain and needs not in tenant.scopes):
             what = "invalid admin API key" if admin else "invalid API key"
-            return ApiError(401, what, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-        return None
+            return None, ApiError(401, what, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        if needs not in tenant.scopes:
+            self.tenancy.usage.refusal(tenant.name, "scope")
+            return None, ApiError(403, f"the key '{tenant.name}' may not use {scope['path']}: it lacks the "
+                                       f"'{needs}' scope (its scopes: {', '.join(sorted(tenant.scopes))})",
+                                  code="insufficient_scope", param=needs)
+        return tenant, None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | ApiError:
         """The whole request body, or the 413/400 that refuses it."""
@@ -149,6 +161,12 @@ class Gate:
                 return too_big
             more = message.get("more_body", False)
         return too_big if size > limit else b"".join(chunks)
+
+
+def tenant_of(scope: Scope) -> Tenant | None:
+    """The tenant whose key the request carried (None: authentication is off, or an open path)."""
+    tenant: Tenant | None = scope.get("state", {}).get(TENANT)
+    return tenant
 
 
 def authenticated(scope: Scope) -> bool:

@@ -198,7 +198,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
     group = service.submit([
         Submit(f"{cid}-{c}", body.sampling(body.token_limit(), c, body.logprobs), chat=turns, tools=tools)
         for c in range(body.n)
-    ])
+    ], body.priority)
     answers = AnswerStreams.over(service.family, body.callable, body.forced)
     render = ChatRenderer(cid, created, service.model_name, body.logprobs, body.include_usage, answers)
     return await respond(group, render, request, body.stream, body.n)
@@ -216,7 +216,7 @@ async def completions(body: CompletionRequest, request: Request, service: Servic
                **({"prompt": prompt} if isinstance(prompt, str) else {"prompt_ids": prompt}))
         for p, prompt in enumerate(prompts)
         for c in range(body.n)
-    ])
+    ], body.priority)
     echo = tuple(p if isinstance(p, str) else None for p in prompts for _ in range(body.n)) if body.echo else None
     render = TextRenderer(cid, created, service.model_name, want_logprobs, body.include_usage, echo=echo)
     return await respond(group, render, request, body.stream, body.n)

@@ -203,6 +203,8 @@ class SamplingRequest(Request):
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
     grammar: str | None = None  # GBNF, start rule "root"
     speculative: bool = True  # false: no speculative decoding for this request, whatever the model's settings
+    # vLLM's: lower first (0 interactive, 1 default, 2 batch), never ahead of the API key's class
+    priority: int | None = Field(None, ge=-(2**31), lt=2**31)
     # accepted, ignored
     user: str | None = None
     metadata: dict[str, str] | None = None

@@ -12,16 +12,18 @@ carry ``Retry-After``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
 from llamafleet.api.errors import ApiError
+from llamafleet.api.middleware import tenant_of
 from llamafleet.api.response_store import ResponseStore
 from llamafleet.api.tools import Serving
 from llamafleet.config import FleetConfig
 from llamafleet.engine.families import FAMILIES, Family
+from llamafleet.engine.types import DEFAULT_PRIORITY
 from llamafleet.fleet.dispatch import Group, Unservable
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
@@ -29,6 +31,8 @@ from llamafleet.fleet.router import NoReplicaError, QueueFullError
 from llamafleet.fleet.snapshot import FleetSnapshot, take
 from llamafleet.fleet.telemetry import FleetMetrics
 from llamafleet.fleet.watchdog import Watchdog
+from llamafleet.tenants.keys import KeyRing, Tenant, effective_priority
+from llamafleet.tenants.tenancy import Tenancy
 
 RETRY_AFTER_S = 1  # what 429 and 503 answers suggest; queues move within a few engine steps
 
@@ -38,9 +42,8 @@ class _Shared:
     """What every view of one service shares: configuration, keys, models, and their watchdog."""
 
     config: FleetConfig
-    api_keys: frozenset[str]
-    admin_keys: frozenset[str]
     models: ModelManager
+    tenancy: Tenancy
     created: int = field(default_factory=lambda: int(time.time()))
     loaded: bool = False  # set once the first load of every pinned model finished
     watchdog: Watchdog = field(init=False)  # GPU memory and slot leaks (run by the app while it serves)
@@ -56,10 +59,14 @@ class Service:
     """The served models, the way to them, and the limits on the way in; bound to one model (the first configured
     one, unless :meth:`for_model` gave this view)."""
 
-    def __init__(self, models: ModelManager, api_keys: frozenset[str] = frozenset(),
-                 admin_keys: frozenset[str] = frozenset()) -> None:
-        """A service of ``models`` (one pinned model, or several), configured as the manager is."""
-        self._shared = _Shared(models.cfg, api_keys, admin_keys, models)
+    tenant: Tenant | None = None  # whose request this view serves (None: authentication is off)
+
+    def __init__(self, models: ModelManager, keys: KeyRing | None = None,
+                 keys_files: tuple[str | None, str | None] | None = None) -> None:
+        """A service of ``models`` (one pinned model, or several), configured as the manager is, accepting ``keys``
+        (reloaded from ``keys_files``, see :class:`~llamafleet.tenants.tenancy.Tenancy`)."""
+        tenancy = Tenancy(keys or KeyRing(), models.metrics, keys_files)
+        self._shared = _Shared(models.cfg, models, tenancy)
         self.model = models.models[0]
 
     # -- what every view shares ----------------------------------------------------------------------------------
@@ -68,12 +75,8 @@ class Service:
         return self._shared.config
 
     @property
-    def api_keys(self) -> frozenset[str]:
-        return self._shared.api_keys
-
-    @property
-    def admin_keys(self) -> frozenset[str]:
-        return self._shared.admin_keys
+    def tenancy(self) -> Tenancy:
+        return self._shared.tenancy
 
     @property
     def models(self) -> ModelManager:
@@ -128,11 +131,22 @@ class Service:
         """What a chat request needs to know of the bound model (see :class:`~llamafleet.api.tools.ToolRequest`)."""
         return Serving(self.family, self.config.reasoning_budget, tuple(self.config.chat_template_kwargs.items()))
 
+    def for_tenant(self, tenant: Tenant | None) -> Service:
+        """This service serving ``tenant``'s request."""
+        if tenant is None:
+            return self
+        view = Service.__new__(Service)
+        view._shared, view.model, view.tenant = self._shared, self.model, tenant
+        return view
+
     def find_model(self, name: str) -> ManagedModel:
-        """The configured model ``name`` names (or an alias of it); 404 if none."""
+        """The configured model ``name`` names (or an alias of it); 404 if none, or if the tenant may not use it."""
         model = self.models.find(name)
-        if model is None:
-            served = ", ".join(f"'{m.name}'" for m in self.models.models)
+        tenant = self.tenant
+        if model is None or (tenant is not None and not tenant.may_use(model.name)):
+            if model is not None and tenant is not None:
+                self.tenancy.usage.refusal(tenant.name, "model")
+            served = ", ".join(f"'{m.name}'" for m in self.models.models if tenant is None or tenant.may_use(m.name))
             raise ApiError(404, f"model '{name}' is not served here; this server serves {served} "
                                 "(see GET /v1/models)", param="model", code="model_not_found")
         return model
@@ -145,10 +159,12 @@ class Service:
         except ModelUnavailable as e:
             raise self._refuse(503, "model_unavailable", str(e), LOAD_RETRY_S) from None
         view = Service.__new__(Service)
-        view._shared, view.model = self._shared, model
+        view._shared, view.model, view.tenant = self._shared, model, self.tenant
         return view
 
-    def submit(self, msgs: list[Submit]) -> Group:
+    def submit(self, msgs: list[Submit], priority: int | None = None) -> Group:
+        """Queue ``msgs`` (one request's sequences) at the tenant's priority, or the lower ``priority`` the request
+        asks for (:func:`~llamafleet.tenants.keys.effective_priority`)."""
         for m in msgs:
             if m.params.max_tokens is not None and m.params.max_tokens >= self.n_ctx_per_seq:
                 raise ApiError(400, f"max_tokens ({m.params.max_tokens}) leaves no room for a prompt in the context "
@@ -159,7 +175,13 @@ class Service:
         try:
             if dispatcher is None or self.model.state == "unloading":
                 raise NoReplicaError(f"model '{self.model_name}' is {self.model.state}")
-            return dispatcher.submit(msgs, self.config.request_timeout_s)
+            tenant = self.tenant
+            scheduled = tenant is not None and not tenant.plain  # a plain key is scheduled as before tenants
+            level = effective_priority(tenant.priority if tenant is not None and scheduled else None, priority)
+            if scheduled or level != DEFAULT_PRIORITY:
+                msgs = [replace(m, priority=level, tenant=tenant.name if tenant and scheduled else "") for m in msgs]
+            meter = None if tenant is None else self.tenancy.meter(tenant)
+            return dispatcher.submit(msgs, self.config.request_timeout_s, meter)
         except NoReplicaError as e:
             raise self._refuse(503, "no_replica",
                                f"{e}; retry shortly (GET /ready reports when replicas are up)") from None
@@ -180,7 +202,8 @@ class Service:
 
 
 def get_service(request: Request) -> Service:
-    return cast(Service, request.app.state.service)
+    """The server's service, serving the tenant whose key the request carried."""
+    return cast(Service, request.app.state.service).for_tenant(tenant_of(request.scope))
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]

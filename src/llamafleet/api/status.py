@@ -25,6 +25,7 @@ from fastapi import APIRouter, Request
 
 from llamafleet import __version__
 from llamafleet.api.errors import ApiError
+from llamafleet.api.middleware import tenant_of
 from llamafleet.api.recent import RecentRequests
 from llamafleet.api.service import Service
 from llamafleet.fleet.history import INTERVAL_S, History, mean_of, utilization
@@ -33,6 +34,7 @@ from llamafleet.fleet.pace import Pace
 from llamafleet.fleet.snapshot import FleetSnapshot, ReplicaView
 from llamafleet.fleet.telemetry import GpuSample
 from llamafleet.fleet.tier_metrics import tier_json
+from llamafleet.tenants.keys import Tenant
 
 log = logging.getLogger(__name__)
 routes = APIRouter()
@@ -173,8 +175,9 @@ def _totals(svc: Service, snap: FleetSnapshot, replicas: list[dict[str, Any]],
     }
 
 
-def status(dash: Dashboard, since: float) -> dict[str, Any]:
-    """The whole document; see the module docstring and docs/API.md."""
+def status(dash: Dashboard, since: float, viewer: Tenant | None = None) -> dict[str, Any]:
+    """The whole document; see the module docstring and docs/API.md. ``viewer``: the caller's key (None: keys are
+    off); a key without the admin scope sees only its own usage."""
     svc = dash.service
     snap = svc.snapshot()
     samples = dash.history.samples
@@ -191,10 +194,18 @@ def status(dash: Dashboard, since: float) -> dict[str, Any]:
         "plans": [m.plan.to_json() | {"model": m.name} for m in snap.models if m.plan is not None],
         "history": {"interval_s": dash.history.interval_s, "span_s": dash.history.span_s,
                     "samples": dash.history.since(since)},
+        "keys": _keys_today(svc, viewer),
         "recent": {"contents": dash.recent.contents,
                    "requests": [e.to_json() for e in reversed(dash.recent.requests)],
                    "errors": list(reversed(dash.recent.errors))},
     }
+
+
+def _keys_today(svc: Service, viewer: Tenant | None) -> list[dict[str, int | str]]:
+    """Today's usage of every key (of the viewer's own only, unless it has the admin scope)."""
+    rows = svc.tenancy.usage.report(None if viewer is None or "admin" in viewer.scopes else viewer.name)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    return [r for r in rows if r["day"] == today]
 
 
 @routes.get("/v1/status")
@@ -205,4 +216,4 @@ async def get_status(request: Request, since: str | None = None) -> dict[str, An
     except ValueError:
         raise ApiError(400, f"invalid 'since': a Unix time in seconds, e.g. 1733040000.5 (got {since!r:.40})",
                        param="since") from None
-    return status(cast(Dashboard, request.app.state.dashboard), after)
+    return status(cast(Dashboard, request.app.state.dashboard), after, tenant_of(request.scope))

@@ -208,7 +208,6 @@ def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) ->
 def run(args: argparse.Namespace) -> int:
     # Heavy modules (FastAPI, uvicorn, the fleet, the planner) load in here, when serve runs, so that building the
     # parser for another command never loads them.
-    from llamafleet.api.middleware import ADMIN_KEYS_ENV, ApiKeysError, load_api_keys
     from llamafleet.api.service import Service
     from llamafleet.fleet.models import ModelManager
     from llamafleet.fleet.telemetry import FleetMetrics
@@ -217,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.rpc_probe import with_rpc
+    from llamafleet.tenants.keys import ApiKeysError, load_keyring
 
     try:
         cfg = load_config(args.config, overrides(args))
@@ -227,8 +227,8 @@ def run(args: argparse.Namespace) -> int:
         return Exit.USAGE
     logging.getLogger().setLevel(cfg.log_level.upper())
     try:
-        keys = (load_api_keys(cfg.api_keys_file),
-                load_api_keys(cfg.admin_api_keys_file, variable=ADMIN_KEYS_ENV, key="admin_api_keys_file"))
+        keys_files = (cfg.api_keys_file, cfg.admin_api_keys_file)
+        keys = load_keyring(*keys_files)
     except ApiKeysError as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.USAGE
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         return Exit.MODEL
     if served is None:  # the plan does not fit (said above)
         return Exit.NO
-    service = Service(ModelManager(served, cfg, metrics, inventory), *keys)
+    service = Service(ModelManager(served, cfg, metrics, inventory), keys, keys_files)
     try:
         sock = _listen(cfg.host, cfg.port)
     except OSError as e:
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         return Exit.MACHINE
     from llamafleet.api.app import run_server
 
-    if not keys[0] and not _loopback(cfg.host):
+    if keys.open and not _loopback(cfg.host):
         log.warning("listening on %s with no API key: anyone who can reach it can use it (set LLAMAFLEET_API_KEYS "
                     "or api_keys_file)", cfg.host)
     models = service.models.models

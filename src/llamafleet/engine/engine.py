@@ -33,7 +33,7 @@ from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.loop import EngineLoop
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts
-from llamafleet.engine.scheduler import schedule
+from llamafleet.engine.scheduler import Waiting, schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.speculative.policy import PassCost
 from llamafleet.engine.speculative.speculator import Speculator
@@ -71,7 +71,7 @@ class Engine(EngineLoop, TextSide[Model]):
         self.embedder = Embedder(self.model, ctx_cfg)  # its own context, created on first use
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
-        self._waiting: deque[Request] = deque()
+        self._waiting = Waiting(cfg.n_seq)
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
         self.tiers = KvTiers.of(cfg, self._slots.min_reuse, STATE_FORMAT)  # KV beyond the slots: RAM, disk
@@ -201,7 +201,9 @@ class Engine(EngineLoop, TextSide[Model]):
         while self._waiting and self._slots.n_free:
             if self.tiers.budget.spent_out():  # this step's KV copies took a pass's time: the rest wait a step
                 break
-            req = self._waiting.popleft()
+            req = self._waiting.pop(self._running, self._slots.n_free)
+            if req is None:
+                break  # the last slot is kept for better work (engine/scheduler.py)
             p = req.params
             chain = None
             penalties = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty

@@ -5,11 +5,11 @@ in-process use (tests, the consistency checker, benchmarks)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Self
 
+from llamafleet.engine.scheduler import Waiting
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import FinishReason, Generation, Request, RequestOutput
 
@@ -17,7 +17,7 @@ from llamafleet.engine.types import FinishReason, Generation, Request, RequestOu
 class EngineLoop(ABC):
     """The engine's queues (``_waiting``: admitted by ``step``, ``_running``: in slots) and the calls built on them."""
 
-    _waiting: deque[Request]
+    _waiting: Waiting
     _running: list[Sequence]
 
     @abstractmethod
@@ -43,12 +43,10 @@ class EngineLoop(ABC):
 
     def _cancel(self, rid: str, outs: list[RequestOutput]) -> None:
         """End request ``rid`` as cancelled, waiting or running (an unknown id: nothing)."""
-        for req in self._waiting:
-            if req.request_id == rid:
-                self._waiting.remove(req)
-                outs.append(RequestOutput(rid, finished=True, finish_reason="cancelled",
-                                          prompt_tokens=len(req.prompt_tokens)))
-                break
+        req = self._waiting.remove(rid)
+        if req is not None:
+            outs.append(RequestOutput(rid, finished=True, finish_reason="cancelled",
+                                      prompt_tokens=len(req.prompt_tokens)))
         for s in self._running:
             if s.request_id == rid:
                 outs.append(self._finish(s, "cancelled"))

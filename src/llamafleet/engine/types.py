@@ -18,6 +18,7 @@ KvType = Literal["f16", "q8_0", "q4_0"]
 TopLogprobs = list[tuple[int, float]]  # (token id, logprob) of the most likely tokens at one position, best first
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+DEFAULT_PRIORITY = 1  # a request's priority unless its API key gives another (0 is admitted first, then 1, then 2)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,8 @@ class Request:
     request_id: str
     prompt_tokens: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = DEFAULT_PRIORITY  # waiting requests of a lower number are admitted first (engine/scheduler.py)
+    tenant: str = ""  # who asked (an API key's name): slots are shared fairly between tenants of one priority
 
 
 @dataclass

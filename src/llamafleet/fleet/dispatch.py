@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llamafleet.engine.types import ContextOverflow, RequestOutput
@@ -57,6 +58,7 @@ class Unservable(ValueError):
 
 
 Event = tuple[int, Delta | Failure]  # (index of the sequence in its group, what happened)
+Meter = Callable[[int, int, int], None]  # a request's tokens as they come: (prompt, of them cached, new completion)
 
 
 @dataclass
@@ -70,14 +72,16 @@ class _Route:
     able: list[int] | None  # the replicas that can serve it (None: all)
     left: list[int] = field(default_factory=list)  # replicas it was moved off
     last_token: float | None = None
+    metered: int = -1  # completion tokens already metered (-1: not even its prompt yet)
 
 
 class Group:
     """The sequences of one HTTP request; their events arrive on one queue. Use :meth:`next` until :attr:`finished`."""
 
     def __init__(self, dispatcher: Dispatcher, request_ids: list[str], replicas: list[int],
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, meter: Meter | None = None) -> None:
         self.request_ids = request_ids
+        self.meter = meter
         self.replicas = replicas  # where each sequence was sent
         self._dispatcher = dispatcher
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -145,14 +149,15 @@ class Dispatcher:
         """Load the replicas (serially); see :meth:`ReplicaSet.start`."""
         await self.replicas.start(self)
 
-    def submit(self, msgs: list[Submit], timeout_s: float | None = None) -> Group:
-        """Send every sequence of one request to a replica; its events stop after ``timeout_s``.
+    def submit(self, msgs: list[Submit], timeout_s: float | None = None, meter: Meter | None = None) -> Group:
+        """Send every sequence of one request to a replica; its events stop after ``timeout_s``; ``meter`` is told
+        the tokens each sequence uses, as they come.
 
         :class:`~llamafleet.fleet.router.NoReplicaError` if none is up, :class:`~llamafleet.fleet.router.QueueFullError`
         if the queues are full (then nothing was sent)."""
         able = [self._able(m) for m in msgs]  # before anything is assigned: a refusal leaves nothing behind
         try:
-            placed = [self.router.assign(m.request_id, m.routing_prompt, a)
+            placed = [self.router.assign(m.request_id, m.routing_prompt, a, m.priority)
                       for m, a in zip(msgs, able, strict=True)]
         except BaseException:
             for m in msgs:
@@ -160,7 +165,7 @@ class Dispatcher:
             raise
         if self.model:
             self.metrics.model_requests.inc(self.model)
-        group = Group(self, [m.request_id for m in msgs], placed, timeout_s)
+        group = Group(self, [m.request_id for m in msgs], placed, timeout_s, meter)
         now = time.perf_counter()
         for index, (m, a) in enumerate(zip(msgs, able, strict=True)):
             self._routes[m.request_id] = _Route(group, index, now, msg=m, able=a)
@@ -279,6 +284,10 @@ class Dispatcher:
         route = self._routes.get(out.request_id)
         if route is not None:
             route.msg = None  # started: it stays where it is
+            if route.group.meter is not None:
+                prompt = (out.prompt_tokens, out.cached_tokens) if route.metered < 0 else (0, 0)
+                route.group.meter(*prompt, out.completion_tokens - max(route.metered, 0))
+                route.metered = out.completion_tokens
         if route is not None and out.token_ids:
             now = time.perf_counter()
             label = f"{self.replica_prefix}{replica}"

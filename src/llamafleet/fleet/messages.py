@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from llamafleet.engine.infill import Infill
 from llamafleet.engine.template import ToolChat
-from llamafleet.engine.types import ContextOverflow, EngineStats, RequestOutput, SamplingParams
+from llamafleet.engine.types import DEFAULT_PRIORITY, ContextOverflow, EngineStats, RequestOutput, SamplingParams
 
 ChatTurn = tuple[str, str]  # (role, content)
 
@@ -56,6 +56,8 @@ class Submit:
     parse_special: bool = False
     tokenize_only: bool = False
     embed: tuple[str | tuple[int, ...], ...] | None = None
+    priority: int = DEFAULT_PRIORITY  # the engine admits lower first (see engine/scheduler.py)
+    tenant: str = ""  # the key's name, for fair shares between keys of one priority
 
     @property
     def routing_prompt(self) -> str | tuple[ChatTurn, ...]:

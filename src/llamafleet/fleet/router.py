@@ -25,6 +25,12 @@ replica that can serve it has room; with none, it gets them as before (they wait
 Backpressure: a replica takes at most ``max_queue_per_replica`` sequences beyond its slots, and all replicas together
 at most ``max_queue`` beyond theirs; past that :meth:`Router.assign` raises :class:`QueueFullError` (an HTTP 429).
 
+Priorities (an API key's class: 0 interactive, 1 default, 2 batch; see engine/scheduler.py): a sequence counts, for
+load and for the queue bounds, only the sequences of its own class and better, since the engine admits those before
+it. A flood of batch work thus neither fills the queue for interactive requests nor makes a replica look busy to
+them, and an interactive request goes where it would not queue. With every sequence of one class (no tenants), the
+counts are the plain ones.
+
 The map from request id to replica lets an abort reach the worker that runs the sequence, and lets a dead
 replica's sequences be found and failed at once. Pure bookkeeping: no I/O, no asyncio.
 """
@@ -37,6 +43,7 @@ from fractions import Fraction
 from typing import Literal, get_args
 
 from llamafleet.config import RoutingPolicy
+from llamafleet.engine.types import DEFAULT_PRIORITY
 from llamafleet.fleet.affinity import PrefixIndex, Prompt, prefix_keys
 
 ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
@@ -71,7 +78,9 @@ class Router:
         self.max_queue = max_queue
         self._slots: list[int | None] = [None] * n_replicas  # None: the replica is down
         self._load = [0] * n_replicas
+        self._classes: list[Counter[int]] = [Counter() for _ in range(n_replicas)]  # outstanding, by priority
         self._where: dict[str, int] = {}
+        self._priority: dict[str, int] = {}  # of each sequence in flight
         self._suspect: set[int] = set()
         self._cursor = 0  # where the round-robin turn starts
         self._prefixes = PrefixIndex(n_replicas) if policy == "prefix" else None
@@ -85,14 +94,21 @@ class Router:
         """Sequences assigned to ``replica`` that have not finished."""
         return self._load[replica]
 
-    def queued(self, replica: int) -> int:
-        """Sequences assigned to ``replica`` beyond its slots (waiting for a slot there)."""
-        slots = self._slots[replica]
-        return 0 if slots is None else max(0, self._load[replica] - slots)
+    def ahead(self, replica: int, priority: int | None = None) -> int:
+        """Sequences on ``replica`` of class ``priority`` or better (None: all of them)."""
+        if priority is None:
+            return self._load[replica]
+        return sum(n for p, n in self._classes[replica].items() if p <= priority)
 
-    def queue_depth(self) -> int:
-        """Sequences waiting for a slot, all replicas together."""
-        return sum(self.queued(r) for r in range(self.n_replicas))
+    def queued(self, replica: int, priority: int | None = None) -> int:
+        """Sequences assigned to ``replica`` beyond its slots (waiting for a slot there), counting only those of class
+        ``priority`` or better (None: all)."""
+        slots = self._slots[replica]
+        return 0 if slots is None else max(0, self.ahead(replica, priority) - slots)
+
+    def queue_depth(self, priority: int | None = None) -> int:
+        """Sequences waiting for a slot, all replicas together (of class ``priority`` or better; None: all)."""
+        return sum(self.queued(r, priority) for r in range(self.n_replicas))
 
     def set_up(self, replica: int, slots: int) -> None:
         """``replica`` (with ``slots`` parallel sequences) is ready for work."""
@@ -111,6 +127,9 @@ class Router:
         for rid in lost:
             del self._where[rid]
         self._load[replica] = 0
+        self._classes[replica].clear()
+        for rid in lost:
+            self._priority.pop(rid, None)
         return lost
 
     def set_suspect(self, replica: int, suspect: bool) -> None:
@@ -120,67 +139,78 @@ class Router:
     def suspects(self) -> list[int]:
         return sorted(self._suspect)
 
-    def assign(self, request_id: str, prompt: Prompt = "", able: Collection[int] | None = None) -> int:
-        """Choose a replica for ``request_id`` (whose ``prompt`` is text or chat messages) and record it there;
-        ``able``: the only replicas that can serve it (None: any)."""
+    def assign(self, request_id: str, prompt: Prompt = "", able: Collection[int] | None = None,
+               priority: int = DEFAULT_PRIORITY) -> int:
+        """Choose a replica for ``request_id`` (whose ``prompt`` is text or chat messages, of class ``priority``) and
+        record it there; ``able``: the only replicas that can serve it (None: any)."""
         if request_id in self._where:
             raise ValueError(f"request id {request_id!r} is already in flight")
         up = [r for r in self._rotation() if able is None or r in able]
         if not up:
             raise NoReplicaError("no replica is ready to serve (loading or restarting)" if able is None else
                                  "no replica that can serve this request is ready (loading or restarting)")
-        candidates = [r for r in up if self._has_room(r)]
+        candidates = [r for r in up if self._has_room(r, priority)]
         if not candidates:
-            raise QueueFullError(f"the server is at capacity ({self.queue_depth()} sequence(s) already waiting)")
-        chosen, reason = self._choose([r for r in candidates if r not in self._suspect] or candidates, prompt)
+            raise QueueFullError(f"the server is at capacity ({self.queue_depth(priority)} sequence(s) already "
+                                 "waiting)")
+        chosen, reason = self._choose([r for r in candidates if r not in self._suspect] or candidates, prompt,
+                                      priority)
         self.decisions[reason] += 1
-        self._place(request_id, chosen)
+        self._place(request_id, chosen, priority)
         return chosen
 
     def move(self, request_id: str, prompt: Prompt, avoid: Collection[int]) -> int | None:
         """Put ``request_id`` (not started on its replica) on another replica that is up, not suspect, not in
         ``avoid`` and has room, as :meth:`assign` would choose it; None (nothing changes) if there is none."""
         source = self._where.get(request_id)
+        priority = self._priority.get(request_id, DEFAULT_PRIORITY)
         options = [r for r in self._rotation() if r != source and r not in avoid and r not in self._suspect
-                   and self._has_room(r)]
+                   and self._has_room(r, priority)]
         if source is None or not options:
             return None
-        chosen, _ = self._choose(options, prompt)
-        self._load[source] -= 1
-        self._place(request_id, chosen)
+        chosen, _ = self._choose(options, prompt, priority)
+        self._forget(request_id, source)
+        self._place(request_id, chosen, priority)
         return chosen
 
-    def _place(self, request_id: str, chosen: int) -> None:
+    def _place(self, request_id: str, chosen: int, priority: int) -> None:
         self._cursor = (chosen + 1) % self.n_replicas
         self._where[request_id] = chosen
+        self._priority[request_id] = priority
         self._load[chosen] += 1
+        self._classes[chosen][priority] += 1
+
+    def _forget(self, request_id: str, replica: int) -> None:
+        self._load[replica] -= 1
+        self._classes[replica][self._priority.pop(request_id, DEFAULT_PRIORITY)] -= 1
 
     def release(self, request_id: str) -> int | None:
         """``request_id`` finished; returns the replica it ran on (None if unknown, e.g. its replica died)."""
         replica = self._where.pop(request_id, None)
         if replica is not None:
-            self._load[replica] -= 1
+            self._forget(request_id, replica)
         return replica
 
     def replica_of(self, request_id: str) -> int | None:
         return self._where.get(request_id)
 
-    def clearly_busier(self, holder: int, least: int) -> bool:
+    def clearly_busier(self, holder: int, least: int, priority: int = DEFAULT_PRIORITY) -> bool:
         """Whether a prefix ``holder`` is too busy, next to the ``least`` loaded replica, to take the sequence there:
         on the holder it would wait for a slot while the least loaded has one free, or the holder's outstanding /
         slots after taking it would exceed the least loaded's by more than :data:`PREFIX_LOAD_MARGIN`."""
         holder_slots, least_slots = self._slots[holder], self._slots[least]
         assert holder_slots is not None and least_slots is not None
-        if self._load[holder] >= holder_slots and self._load[least] < least_slots:
+        if self.ahead(holder, priority) >= holder_slots and self.ahead(least, priority) < least_slots:
             return True
-        return self._score_after_one_more(holder) - self._score_after_one_more(least) > PREFIX_LOAD_MARGIN
+        return (self._score_after_one_more(holder, priority) - self._score_after_one_more(least, priority)
+                > PREFIX_LOAD_MARGIN)
 
-    def _choose(self, candidates: list[int], prompt: Prompt) -> tuple[int, Reason]:
+    def _choose(self, candidates: list[int], prompt: Prompt, priority: int) -> tuple[int, Reason]:
         """The replica for a sequence among ``candidates`` (up, with room, in rotation order), and why."""
         if self.policy == "round_robin":
             return candidates[0], "round_robin"
         # min() keeps the first of equals, so ties follow the rotation
-        least = min(candidates, key=self._score_after_one_more)
+        least = min(candidates, key=lambda r: self._score_after_one_more(r, priority))
         if self._prefixes is None:
             return least, "load"
         keys = prefix_keys(prompt)
@@ -191,8 +221,9 @@ class Router:
         if longest < MIN_PREFIX_CHARS:
             chosen, reason = least, "load"
         else:
-            holder = min((r for r in candidates if matched.get(r, 0) == longest), key=self._score_after_one_more)
-            chosen, reason = ((least, "prefix_overridden_by_load") if self.clearly_busier(holder, least)
+            holder = min((r for r in candidates if matched.get(r, 0) == longest),
+                         key=lambda r: self._score_after_one_more(r, priority))
+            chosen, reason = ((least, "prefix_overridden_by_load") if self.clearly_busier(holder, least, priority)
                               else (holder, "prefix"))
         self._prefixes.record(chosen, keys)
         return chosen, reason
@@ -203,17 +234,17 @@ class Router:
         order = [(self._cursor + i) % n for i in range(n)]
         return [r for r in order if self._slots[r] is not None]
 
-    def _has_room(self, replica: int) -> bool:
-        """Whether one more sequence on ``replica`` stays within the queue limits."""
+    def _has_room(self, replica: int, priority: int) -> bool:
+        """Whether one more sequence of class ``priority`` on ``replica`` stays within the queue limits."""
         slots = self._slots[replica]
         assert slots is not None
-        if self._load[replica] < slots:
-            return True  # a free slot: nothing waits
-        if self.max_queue_per_replica is not None and self.queued(replica) >= self.max_queue_per_replica:
+        if self.ahead(replica, priority) < slots:
+            return True  # a free slot, or one that frees for it before the worse classes waiting there
+        if self.max_queue_per_replica is not None and self.queued(replica, priority) >= self.max_queue_per_replica:
             return False
-        return self.max_queue is None or self.queue_depth() < self.max_queue
+        return self.max_queue is None or self.queue_depth(priority) < self.max_queue
 
-    def _score_after_one_more(self, replica: int) -> Fraction:
+    def _score_after_one_more(self, replica: int, priority: int) -> Fraction:
         slots = self._slots[replica]
         assert slots is not None
-        return Fraction(self._load[replica] + 1, slots)
+        return Fraction(self.ahead(replica, priority) + 1, slots)

@@ -129,6 +129,15 @@ class FleetMetrics:
                                                   buckets=LOAD_BUCKETS))
         self.model_evictions = r.add(Counter("llamafleet_model_evictions_total", "model unloads, by reason (lru: "
                                              "room for another, idle: idle_ttl_s, admin)", ("model", "reason")))
+        # Per API key, by its name (never the key itself: llamafleet.tenants)
+        self.key_requests = r.add(Counter("llamafleet_key_requests_total", "requests admitted, by key name", ("key",)))
+        self.key_prompt = r.add(Counter("llamafleet_key_prompt_tokens_total", "prompt tokens, by key name", ("key",)))
+        self.key_cached = r.add(Counter("llamafleet_key_cached_tokens_total",
+                                        "of those, served from the prefix cache, by key name", ("key",)))
+        self.key_completion = r.add(Counter("llamafleet_key_completion_tokens_total", "generated tokens, by key name",
+                                            ("key",)))
+        self.key_refused = r.add(Counter("llamafleet_key_refused_total", "requests refused, by key name and the limit "
+                                         "or check that refused them (a limit's name, scope, model)", ("key", "limit")))
         self._steps_seen: dict[str, tuple[int | None, int]] = {}  # replica -> (worker pid, its steps counted)
         self._retired: CounterOf[str] = CounterOf()  # routing decisions of replica sets since unloaded
 

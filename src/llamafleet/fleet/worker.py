@@ -155,7 +155,7 @@ def _admit(engine: Engine | TorchEngine, msg: Submit, opened: dict[str, str]) ->
         params = msg.params
         if marker and params.grammar is not None:  # the answer starts inside the think block
             params = dataclasses.replace(params, grammar=inside_think(params.grammar))
-        engine.add_request(Request(msg.request_id, tuple(ids), params))
+        engine.add_request(Request(msg.request_id, tuple(ids), params, msg.priority, msg.tenant))
         if marker:
             opened[msg.request_id] = marker
     except ContextOverflow as e:

@@ -14,6 +14,8 @@ from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.middleware import Gate, HttpMetrics
 from llamafleet.api.recent import CONTENT_BYTES, KEEP_REQUESTS, RecentRequests, note_error, note_usage
 from llamafleet.fleet.telemetry import FleetMetrics
+from llamafleet.tenants.keys import KeyRing
+from llamafleet.tenants.tenancy import Tenancy
 
 
 def _app(recent: RecentRequests) -> FastAPI:
@@ -46,7 +48,8 @@ def _app(recent: RecentRequests) -> FastAPI:
     async def status() -> dict[str, str]:
         return {}
 
-    app.add_middleware(Gate, api_keys=frozenset(), max_body_bytes=1 << 20)  # reads the body, as in the server
+    tenancy = Tenancy(KeyRing(), FleetMetrics())
+    app.add_middleware(Gate, tenancy=tenancy, max_body_bytes=1 << 20)  # reads the body, as in the server
     app.add_middleware(HttpMetrics, metrics=FleetMetrics(), recent=recent)
     return app
 

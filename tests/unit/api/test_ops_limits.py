@@ -10,12 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from llamafleet.api.app import create_app
-from llamafleet.api.middleware import ApiKeysError, load_api_keys
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineStats
 from llamafleet.fleet.router import QueueFullError, Router
 from llamafleet.fleet.snapshot import ReplicaView
 from llamafleet.fleet.watchdog import leaking
+from llamafleet.tenants.keys import ApiKeysError, load_api_keys
 from one_model import one_model_service
 
 MODEL = "tiny-model"

@@ -1,6 +1,8 @@
 """Continuous-batching schedule under a token budget (pure logic)."""
 
-from llamafleet.engine.scheduler import schedule
+from collections.abc import Callable
+
+from llamafleet.engine.scheduler import AGING_PASSES, RESERVE_S, Waiting, schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import Request
 
@@ -76,3 +78,67 @@ def test_a_second_prompt_joins_a_pass_only_while_its_tokens_cost_less_than_the_p
     # a burst: each joining chunk spares the many behind it a pass, so they fill the pass up to its budget
     burst = [seq(str(i), 128) for i in range(64)]
     assert len(schedule(burst, budget=512, join_tokens=8.0)) == 4
+
+
+def _waiting(*reqs: tuple[str, int, str], clock: Callable[[], float] = lambda: 0.0) -> Waiting:
+    w = Waiting(4, clock)
+    for rid, priority, tenant in reqs:
+        w.append(Request(rid, (1, 2, 3), priority=priority, tenant=tenant))
+    return w
+
+
+def _running(*tenants: str) -> list[Sequence]:
+    return [Sequence(Request(f"r{i}", (1,), tenant=t), slot=i, chain=None) for i, t in enumerate(tenants)]
+
+
+def test_admission_is_first_come_first_served_without_priorities_or_tenants() -> None:
+    w = _waiting(*((str(i), 1, "") for i in range(5)))
+    assert [w.pop([], 4).request_id for _ in range(5)] == ["0", "1", "2", "3", "4"]
+
+
+def test_a_better_class_is_admitted_first() -> None:
+    w = _waiting(("b1", 2, "bulk"), ("b2", 2, "bulk"), ("d", 1, "x"), ("i", 0, "chat"))
+    assert [w.pop([], 4).request_id for _ in range(4)] == ["i", "d", "b1", "b2"]
+
+
+def test_within_a_class_the_tenant_holding_fewest_slots_goes_first() -> None:
+    w = _waiting(*((f"a{i}", 1, "a") for i in range(100)), ("lone", 1, "b"))
+    assert w.pop(_running("a", "a", "a"), 1).request_id == "lone"  # the next slot that frees is the lone key's
+    w = _waiting(*((f"a{i}", 1, "a") for i in range(3)), ("b0", 1, "b"), ("b1", 1, "b"))
+    order, running = [], _running()
+    for _ in range(5):
+        req = w.pop(running, 4)
+        order.append(req.request_id)
+        running.append(Sequence(req, slot=len(running), chain=None))
+    assert order == ["a0", "b0", "a1", "b1", "a2"]  # turns, oldest first among equals
+
+
+def test_aging_admits_a_lower_class_within_a_bounded_number_of_admissions() -> None:
+    w = _waiting(("batch", 2, "bulk"))
+    admitted = []
+    for i in range(4 * AGING_PASSES):
+        w.append(Request(f"i{i}", (1,), priority=0, tenant="chat"))  # interactive work never stops coming
+        admitted.append(w.pop([], 4).request_id)
+    assert "batch" in admitted and admitted.index("batch") <= 2 * AGING_PASSES
+    assert len(w) == 1 and w.remove("nope") is None
+
+
+def _next(w: Waiting, free: int) -> str | None:
+    req = w.pop([], free)
+    return None if req is None else req.request_id
+
+
+def test_batch_work_leaves_the_last_free_slot_while_better_work_is_about() -> None:
+    now = [0.0]
+    w = _waiting(("b0", 2, "bulk"), ("b1", 2, "bulk"), clock=lambda: now[0])
+    assert [_next(w, 2), _next(w, 1)] == ["b0", "b1"]  # no better work seen: every slot
+    w.append(Request("i", (1,), priority=0, tenant="chat"))
+    w.append(Request("b2", (1,), priority=2, tenant="bulk"))
+    w.append(Request("b3", (1,), priority=2, tenant="bulk"))
+    assert [_next(w, 1), _next(w, 2), _next(w, 1)] == ["i", "b2", None]  # two free: one for batch; the last kept
+    now[0] += RESERVE_S + 1
+    assert _next(w, 1) == "b3"  # better work has gone quiet: the last slot is batch's too
+    single = Waiting(1, lambda: 0.0)  # one slot: nothing can be kept
+    single.append(Request("i", (1,), priority=0))
+    single.append(Request("b", (1,), priority=2))
+    assert [_next(single, 1), _next(single, 1)] == ["i", "b"]

@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection
 import pytest
 
 from llamafleet.fleet.affinity import Prompt
-from llamafleet.fleet.router import MIN_PREFIX_CHARS, NoReplicaError, Router
+from llamafleet.fleet.router import MIN_PREFIX_CHARS, NoReplicaError, QueueFullError, Router
 
 
 def _router(slots: list[int], policy: str = "least_outstanding") -> Router:
@@ -240,3 +240,20 @@ def test_moving_does_not_count_as_a_routing_decision() -> None:
     r.set_suspect(0, True)
     assert r.move("a", "", avoid=()) == 1
     assert sum(r.decisions.values()) == 1
+
+
+def test_a_batch_flood_neither_fills_the_queue_nor_weighs_on_interactive_routing() -> None:
+    r = Router(2, "least_outstanding", max_queue_per_replica=2, max_queue=3)
+    r.set_up(0, 2)
+    r.set_up(1, 2)
+    batch = [r.assign(f"b{i}", priority=2) for i in range(7)]  # 4 slots + 3 queued: the queues are full for batch
+    assert sorted([batch.count(0), batch.count(1)]) == [3, 4]
+    with pytest.raises(QueueFullError):
+        r.assign("b7", priority=2)
+    assert r.queue_depth() == 3 and r.queue_depth(priority=0) == 0
+    # not refused, and each goes where its class would not queue
+    assert {r.assign("i0", priority=0), r.assign("i1", priority=0)} == {0, 1}
+    r.release("i0")
+    r.release("i1")
+    r.release("b0")
+    assert r.queue_depth() == 2 and r.ahead(0, 2) + r.ahead(1, 2) == 6 and r.ahead(0, 0) == 0

@@ -184,6 +184,14 @@ function renderRecent(s) {
     e.status ? `${e.status}: ` : "", e.message)) : [lf.el("li", {class: "muted"}, "no error yet")]));
 }
 
+function renderKeys(s) {  // today's usage per API key name (only the caller's own without the admin scope)
+  const rows = s.keys || [];
+  document.getElementById("keys-section").hidden = !rows.length;
+  document.querySelector("#keys tbody").replaceChildren(...rows.map((k) => lf.el("tr", {},
+    lf.el("td", {}, k.key), lf.el("td", {}, k.requests), lf.el("td", {}, `${k.prompt_tokens} (${k.cached_tokens})`),
+    lf.el("td", {}, k.completion_tokens), lf.el("td", {}, k.refused))));
+}
+
 async function poll() {
   try {
     const resp = await lf.call(`/v1/status?since=${seen.lastT}`);
@@ -191,7 +199,8 @@ async function poll() {
     const s = await resp.json();
     lf.banner((s.warnings || []).join(" "));  // slow steps, an overloaded host (fleet/pace.py)
     merge(s.history);
-    for (const render of [renderHeader, renderOverview, renderDevices, renderPlans, renderReplicas, renderRecent]) {
+    for (const render of [renderHeader, renderOverview, renderDevices, renderPlans, renderReplicas, renderKeys,
+      renderRecent]) {
       render(s);
     }
     document.dispatchEvent(new CustomEvent("lf-status", {detail: s}));

@@ -29,7 +29,7 @@ from llamafleet.engine.loop import EngineLoop
 from llamafleet.engine.pytorch.forward import Group, SlotModel
 from llamafleet.engine.pytorch.sampling import Draw, sample
 from llamafleet.engine.pytorch.vocab import GrammarUnsupported, HfVocab
-from llamafleet.engine.scheduler import schedule
+from llamafleet.engine.scheduler import Waiting, schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.textside import TextSide
 from llamafleet.engine.types import (
@@ -66,7 +66,7 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
         self.eog = self.model.end_ids(self.net.config.eos_token_id)
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
-        self._waiting: deque[Request] = deque()
+        self._waiting = Waiting(cfg.n_seq)  # admission by priority and fair share, as llama.cpp's engine
         self._running: list[Sequence] = []
         self._draws: dict[str, Draw] = {}
         self._free = list(range(cfg.n_seq))
@@ -147,7 +147,9 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
 
     def _admit(self) -> None:
         while self._waiting and self._free:
-            req = self._waiting.popleft()
+            req = self._waiting.pop(self._running, len(self._free))
+            if req is None:
+                break  # the last slot is kept for better work (engine/scheduler.py)
             s = Sequence(req, self._free.pop(0), None)
             self._draws[req.request_id] = Draw(req.params, req.prompt_tokens, self.net.device)
             self._running.append(s)
