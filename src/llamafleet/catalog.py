@@ -6,7 +6,9 @@ service's, unchanged), a ``models:`` list, or ``models_dir`` (every ``.gguf`` in
 one list of :class:`ServedModel`, each carrying a whole :class:`FleetConfig` for its model: the fleet's keys with
 the entry's own knobs on top. Keys the user did not set stay unset, so the planner's auto-fit still applies per
 model. With several models, ``replicas: auto`` means one replica (each model leaves room for the others); a lone
-model keeps the planner's choice (one per GPU that holds it).
+model keeps the planner's choice (one per GPU that holds it). A model's path may be a hub reference
+(``hf:ORG/REPO:QUANT``): it is resolved here to the file it will be in the hub cache, and its header is read from the
+hub (:mod:`llamafleet.model.hub`) until the caller fetches it, once the placement fits.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from llamafleet.config import ConfigError, FleetConfig, ModelEntry, describe_err
 from llamafleet.config_sections import RemoteEntry
 
 if TYPE_CHECKING:
+    from llamafleet.model.hub import Resolved
     from llamafleet.placement.packing import Demand
 
 FLEET_ONLY = {"models", "models_dir", "model_path", "model_name", "replicas", "remote"}
@@ -38,6 +41,7 @@ class ServedModel:
     idle_ttl_s: float | None  # unloaded after this long idle; None = kept until evicted
     cfg: FleetConfig
     remote: tuple[RemoteEntry, ...] = ()  # remote members beside its local replicas
+    hub: Resolved | None = None  # a model on the hub: ``path`` is where it will be in the cache once fetched
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -47,8 +51,8 @@ class ServedModel:
 def served_models(cfg: FleetConfig, default_path: Callable[[], Path]) -> list[ServedModel]:
     """The fleet's models in configuration order (``default_path`` gives the demo model when none is named)."""
     if cfg.models is None and cfg.models_dir is None:
-        path = Path(cfg.model_path) if cfg.model_path else default_path()
-        return [ServedModel(cfg.served_name(path), path, (), True, None, cfg)]
+        path, hub = _located(cfg.model_path, "model_path (--model)") if cfg.model_path else (default_path(), None)
+        return [ServedModel(cfg.served_name(path), path, (), True, None, cfg, hub=hub)]
     entries = list(cfg.models or ())
     if cfg.models_dir is not None:
         entries += _folder_entries(Path(cfg.models_dir), entries)
@@ -84,13 +88,33 @@ def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel
     ttl = entry.idle_ttl_s if entry.idle_ttl_s is not None else fleet.idle_ttl_s
     if entry.path is None:  # nothing is loaded here: always "loaded", never evicted
         return ServedModel(entry.name, None, tuple(entry.aliases), True, None, cfg, tuple(entry.remote))
-    return ServedModel(entry.name, Path(entry.path), tuple(entry.aliases), entry.pinned or not several, ttl, cfg,
-                       tuple(entry.remote))
+    path, hub = _located(entry.path, f"models[{entry.name}].path")
+    return ServedModel(entry.name, path, tuple(entry.aliases), entry.pinned or not several, ttl, cfg,
+                       tuple(entry.remote), hub)
+
+
+def _located(source: str, key: str) -> tuple[Path, Resolved | None]:
+    """A model's file: the path given, or a hub reference resolved (files, commit; nothing downloaded yet) and the
+    path it will have in the hub cache. Raises ``HubError`` if the hub cannot say."""
+    from llamafleet.model.hub import resolve
+    from llamafleet.model.hub_ref import RefError, is_ref, parse_ref
+
+    if not is_ref(source):
+        return Path(source), None
+    try:
+        ref = parse_ref(source)
+    except RefError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    hub = resolve(ref)
+    return hub.path, hub
 
 
 def demands(served: list[ServedModel]) -> list[Demand]:
-    """What the packer needs of each model with a file: its header read from it (raises ``GgufError``)."""
+    """What the packer needs of each model with a file: its header read from it, or from the hub for a model not
+    fetched yet (raises ``GgufError``, ``HubError``)."""
     from llamafleet.model.header import read_model_info
+    from llamafleet.model.hub import header
     from llamafleet.placement.packing import Demand
 
-    return [Demand(m.name, read_model_info(m.path), m.cfg, m.pinned) for m in served if m.path is not None]
+    return [Demand(m.name, header(m.hub) if m.hub else read_model_info(m.path), m.cfg, m.pinned)
+            for m in served if m.path is not None]

@@ -45,8 +45,8 @@ class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)  # the per-model knobs; anything else is refused
 
     name: str = Field(min_length=1, description="the name clients send as 'model'")
-    path: str | None = Field(None, min_length=1, description="the GGUF file; unset: served by its remote members "
-                             "only")
+    path: str | None = Field(None, min_length=1, description="the GGUF file, or a hub reference (hf:ORG/REPO:QUANT); "
+                             "unset: served by its remote members only")
     aliases: list[str] = Field(default_factory=list, description="other names clients may send for it")
     replicas: int | Literal["auto"] = Field(
         "auto", description="replicas while loaded; auto = 1 when the fleet has several models, else the plan's")
@@ -90,7 +90,8 @@ class FleetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # What to serve.
-    model_path: str | None = Field(None, description="GGUF file to serve; unset = the built-in demo model")
+    model_path: str | None = Field(None, description="GGUF file to serve, or a hub reference (hf:ORG/REPO:QUANT); "
+                                   "unset = the built-in demo model")
     model_name: str | None = Field(None, description="name clients use in 'model'; default: the file's stem")
 
     models: list[ModelEntry] | None = Field(
