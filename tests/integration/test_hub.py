@@ -172,6 +172,8 @@ def test_a_gated_repo_needs_a_token(hub: LocalHub, tmp_path: Path) -> None:
     r = llamafleet(hub, tmp_path, "pull", "hf:org/gated-GGUF:Q4_0")
     assert r.returncode == Exit.MODEL
     assert "hf:org/gated-GGUF:Q4_0: org/gated-GGUF is a gated repo" in r.stderr and "HF_TOKEN" in r.stderr
+    r = llamafleet(hub, tmp_path, "plan", "--model", "hf:org/gated-GGUF:Q4_0")  # its header, by a ranged read
+    assert r.returncode == Exit.MODEL and "is a gated repo" in r.stderr
     r = llamafleet(hub, tmp_path, "pull", "hf:org/gated-GGUF:Q4_0", HF_TOKEN=hub.token)
     assert r.returncode == Exit.OK, r.stderr
 

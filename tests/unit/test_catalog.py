@@ -11,7 +11,7 @@ import pytest
 
 from llamafleet.catalog import served_models
 from llamafleet.cli import main
-from llamafleet.config import ConfigError, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import load_inventory
 from llamafleet.placement.planner import make_plan
@@ -133,3 +133,11 @@ def test_a_lone_model_in_a_list_plans_like_the_single_model_keys(models: dict[st
     single = load_config(None, {"model_path": path, "model_name": "a"})  # the plan names it as clients do
     inv = load_inventory(ROOT / "examples" / "inventories" / "2x24gb-pcie.yaml")
     assert make_plan(models["7b-q4_0"], inv, lone.cfg) == make_plan(models["7b-q4_0"], inv, single)
+
+
+def test_a_malformed_hub_reference_names_its_key() -> None:
+    cfg = FleetConfig.model_validate({"models": [{"name": "a", "path": "hf:org/repo/../x.gguf"}]})
+    with pytest.raises(ConfigError, match=r"models\[a\]\.path: 'hf:org/repo/\.\./x\.gguf': the file path"):
+        served_models(cfg, lambda: Path("demo.gguf"))
+    with pytest.raises(ConfigError, match=r"model_path \(--model\): .*names no repo(.|\n)*hf:ORG/REPO:QUANT"):
+        served_models(FleetConfig.model_validate({"model_path": "hf:org"}), lambda: Path("demo.gguf"))
