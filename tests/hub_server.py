@@ -277,3 +277,19 @@ def _tree(hub: LocalHub, files: dict[str, Path], prefix: str, recursive: bool) -
     out += [{"type": "directory", "path": f, "oid": hashlib.sha1(f.encode()).hexdigest(), "size": 0}
             for f in sorted(folders)]
     return out
+
+
+def main() -> None:
+    """``python tests/hub_server.py ORG/REPO FILE...``: serve the files as that repo; prints the URL, runs until
+    killed (for scripts/hub_bench.py: the hub in its own process, as a real one is)."""
+    import sys
+
+    repo, *files = sys.argv[1:]
+    with LocalHub() as hub:
+        hub.add(repo, {Path(f).name: Path(f) for f in files})
+        print(hub.url, flush=True)
+        hub.thread.join()
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ Three steps, so that a model is planned before its weights are fetched:
    copy of the repo answers instead, if it has the file.
 2. :func:`header`: the model's header read with ranged requests (a few MB of a 40 GB file), for the planner.
 3. :func:`fetch`: the files downloaded into the cache (refused first when the disk would fill), each new one checked
-   against its sha256.
+   against its sha256 (hashed while it is written: :mod:`llamafleet.model.tail_hash`).
 
 A resolved model's path is known before it is downloaded (the cache's snapshot path), so a plan made from its
 header names the file its replicas will load.
@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from llamafleet.model.header import ModelInfo, read_model_info
 from llamafleet.model.hub_ref import HubRef, PickError, is_ref, parse_ref, pick_files
+from llamafleet.model.tail_hash import TailHash
 
 log = logging.getLogger(__name__)
 
@@ -192,15 +193,22 @@ def fetch(resolved: Resolved, progress: type[tqdm[Any]] | None = None) -> Path:
     missing = resolved.missing()
     check_space(resolved.ref, sum(f.size for f in missing))
     for f in resolved.files:
-        # by the branch or tag named, so that the cache records where it pointed (for offline use later)
-        with hub_errors(resolved.ref):
-            path = Path(hf_hub_download(resolved.ref.repo, f.name, revision=resolved.ref.revision or "main",
-                                        tqdm_class=progress, local_files_only=resolved.offline))
+        tail = None
+        if f in missing and f.sha256 is not None:  # hashed while it is written
+            tail = TailHash(resolved.snapshot.parent.parent / "blobs", f.sha256, f.size)
+            tail.start()
+        try:
+            # by the branch or tag named, so that the cache records where it pointed (for offline use later)
+            with hub_errors(resolved.ref):
+                path = Path(hf_hub_download(resolved.ref.repo, f.name, revision=resolved.ref.revision or "main",
+                                            tqdm_class=progress, local_files_only=resolved.offline))
+        finally:
+            if tail is not None:
+                tail.done.set()
         if path != resolved.snapshot / f.name:
-            raise HubError(f"{resolved.ref}: the repo moved to another commit while it was fetched ({path.parent.name} "
-                           f"after {resolved.commit}); fetch it again")
-        if f in missing and f.sha256 is not None:
-            _verify(resolved.ref, path, f)
+            raise HubError(f"{resolved.ref}: the repo moved to another commit while it was fetched; fetch it again")
+        if tail is not None:
+            _verify(resolved.ref, path, f, tail.digest(path.resolve()))
     return resolved.path
 
 
@@ -228,9 +236,11 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _verify(ref: HubRef, path: Path, f: HubFile) -> None:
-    """Check a fresh download against the hub's LFS sha256; a file that does not match is deleted."""
-    digest = sha256_of(path)
+def _verify(ref: HubRef, path: Path, f: HubFile, digest: str | None) -> None:
+    """Check a fresh download against the hub's LFS sha256 (``digest``: as hashed while it was written, None if it
+    could not be); a file that does not match is deleted."""
+    if digest != f.sha256:
+        digest = sha256_of(path)  # hashed again whole: a mismatch is never decided by the tail hash alone
     if digest != f.sha256:
         blob = path.resolve()
         path.unlink(missing_ok=True)
