@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,12 +54,15 @@ def run(work: Path, args: argparse.Namespace) -> None:
         hub.kill()
         hub.wait()
     best = {k: min(v) for k, v in times.items()}
+    median = {k: statistics.median(v) for k, v in times.items()}
     ratio = best["hf_hub_download"] / best["llamafleet"]
+    ratio_median = median["hf_hub_download"] / median["llamafleet"]
     print(f"best: llamafleet {best['llamafleet']:.2f} s, hf_hub_download {best['hf_hub_download']:.2f} s; "
-          f"llamafleet at {100 * ratio:.0f}% of hf_hub_download's rate")
+          f"llamafleet at {100 * ratio:.0f}% of hf_hub_download's rate ({100 * ratio_median:.0f}% by the medians)")
     if args.json:
         args.json.write_text(json.dumps({"size_mib": args.size_mb, "reps": args.reps, "seconds": times,
-                                         "best_s": best, "ratio": ratio, "load": os.getloadavg(),
+                                         "best_s": best, "median_s": median, "ratio": ratio,
+                                         "ratio_median": ratio_median, "load": os.getloadavg(),
                                          "cpus": os.cpu_count()}, indent=2) + "\n")
 
 

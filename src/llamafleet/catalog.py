@@ -65,11 +65,24 @@ def _folder_entries(folder: Path, listed: list[ModelEntry]) -> list[ModelEntry]:
     if not folder.is_dir():
         raise ConfigError(f"models_dir: {folder} is not a folder; give a folder of .gguf files (--models-dir)")
     taken = {n for e in listed for n in (e.name, *e.aliases)} | {str(Path(e.path).resolve()) for e in listed if e.path}
-    files = sorted(folder.glob("*.gguf"))
+    files = [f for f in sorted(folder.glob("*.gguf")) if _first_part(f.name)]
     if not files and not listed:
         raise ConfigError(f"models_dir: {folder} holds no .gguf file")
     fresh = [f for f in files if f.stem not in taken and str(f.resolve()) not in taken]
     return [ModelEntry.model_validate({"name": f.stem, "path": str(f)}) for f in fresh]
+
+
+def _first_part(name: str) -> bool:
+    """Whether a file is a model to serve: a whole one, or a split model's first part (llama.cpp loads the rest)."""
+    from llamafleet.model.hub_ref import split_parts
+
+    parts = split_parts(name)
+    return parts is None or parts[1] == 1
+
+
+def folder_model(fleet: FleetConfig, name: str, path: Path) -> ServedModel:
+    """A model added to ``models_dir`` while the fleet runs (a pull), as a file found there at start would be."""
+    return _served(fleet, ModelEntry.model_validate({"name": name, "path": str(path)}), several=True)
 
 
 def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel:

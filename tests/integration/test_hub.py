@@ -11,9 +11,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import FleetServer
@@ -277,4 +279,57 @@ def test_a_fleet_names_the_demo_model_by_reference(
     chat = server.client().chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
                                                    max_tokens=4)
     assert chat.choices[0].message.content
+    server.stop()
+
+
+def test_an_admin_pulls_a_model_into_a_running_server(
+        served_hub: LocalHub, files: dict[str, Path], launch_fleet: Callable[[list[str]], FleetServer],
+        tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "micro.gguf").symlink_to(files["q4_0"])
+    os.environ["LLAMAFLEET_ADMIN_API_KEYS"] = "admin-key"
+    try:
+        server = serve(launch_fleet, served_hub, tmp_path, ["--models-dir", str(folder), "--ctx", "256",
+                                                            "--parallel", "1", "--threads", "1"])
+    finally:
+        del os.environ["LLAMAFLEET_ADMIN_API_KEYS"]
+    server.wait_ready()
+    admin = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer admin-key"}, timeout=60)
+    served_hub.rate = 4e6  # about 3 s for its 12 MB: time to see it downloading
+    try:
+        r = admin.post("/admin/models/pull", json={"model": "hf:org/tiny-GGUF:Q4_0", "name": "tiny"})
+        assert r.status_code == 202, r.text
+        assert r.json()["state"] == "downloading" and r.json()["download"]["total"] > 10e6
+        seen = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            card = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models").json()["data"]}["tiny"]
+            seen.append(card)
+            if card["state"] != "downloading":
+                break
+            time.sleep(0.3)
+    finally:
+        served_hub.rate = None
+    assert card["state"] == "unloaded" and card["download"] is None, card
+    moving = [c["download"] for c in seen if c["state"] == "downloading" and c["download"]["bytes"] > 0]
+    assert moving and moving[-1]["bytes_per_s"] > 0 and moving[-1]["eta_s"] is not None
+    assert sorted(p.name for p in folder.iterdir()) == ["micro.gguf", "tiny-Q4_0-00001-of-00002.gguf",
+                                                         "tiny-Q4_0-00002-of-00002.gguf"]
+    answer = server.client().completions.create(model="tiny", prompt="Hello", max_tokens=3)
+    assert answer.usage is not None and answer.usage.completion_tokens == 3
+    assert "downloaded tiny-Q4_0-00002-of-00002.gguf" in server.log()
+    # refused before any download: a taken name, a malformed reference, a disk too small
+    r = admin.post("/admin/models/pull", json={"model": "hf:org/tiny-GGUF:Q4_0", "name": "micro"})
+    assert r.status_code == 409 and "already has a model named 'micro'" in r.json()["error"]["message"]
+    r = admin.post("/admin/models/pull", json={"model": "hf:org/tiny-GGUF/../x.gguf"})
+    assert r.status_code == 400 and "hf:ORG/REPO:QUANT" in r.json()["error"]["message"]
+    huge = tmp_path / "huge-Q4_0.gguf"
+    with huge.open("wb") as f:
+        f.truncate(shutil.disk_usage(tmp_path).free + (8 << 30))
+    served_hub.add("org/huge-GGUF", {huge.name: huge})
+    r = admin.post("/admin/models/pull", json={"model": "hf:org/huge-GGUF:Q4_0"})
+    assert r.status_code == 507 and "the download needs" in r.json()["error"]["message"]
+    assert httpx.post(f"{server.url}/admin/models/pull", json={"model": "hf:org/tiny-GGUF:Q4_0"}).status_code == 401
+    admin.close()
     server.stop()

@@ -80,11 +80,13 @@ def test_the_example_fleet_loads() -> None:
 
 
 def test_models_dir_serves_every_gguf_by_its_stem(tmp_path: Path) -> None:
-    for name in ("b.gguf", "a.gguf", "notes.txt"):
+    for name in ("b.gguf", "a.gguf", "notes.txt", "c-00001-of-00002.gguf", "c-00002-of-00002.gguf"):
         (tmp_path / name).write_bytes(b"")
     served = served_models(load_config(None, {"models_dir": str(tmp_path)}), lambda: DEMO)
-    assert [(m.name, m.path.name, m.pinned, m.cfg.replicas) for m in served] == [
-        ("a", "a.gguf", False, 1), ("b", "b.gguf", False, 1)]
+    assert [(m.name, m.path.name, m.pinned, m.cfg.replicas) for m in served] == [  # a split model: its first part
+        ("a", "a.gguf", False, 1), ("b", "b.gguf", False, 1), ("c-00001-of-00002", "c-00001-of-00002.gguf", False, 1)]
+    for part in ("c-00001-of-00002.gguf", "c-00002-of-00002.gguf"):
+        (tmp_path / part).unlink()
     cfg = load_config(None, {"models_dir": str(tmp_path), "models": [
         {"name": "first", "path": str(tmp_path / "b.gguf"), "pinned": True}]})
     assert [m.name for m in served_models(cfg, lambda: DEMO)] == ["first", "a"]  # the list names b already

@@ -51,6 +51,10 @@ class HubError(RuntimeError):
     """A hub model that cannot be resolved, read or fetched; the message names the reference and what to do."""
 
 
+class NoSpace(HubError):
+    """A download that would not fit on the cache's disk."""
+
+
 @dataclass(frozen=True)
 class HubFile:
     name: str  # its path inside the repo
@@ -220,7 +224,7 @@ def check_space(ref: HubRef, need: int) -> None:
     where = next(p for p in (root, *root.parents) if p.exists())
     free = shutil.disk_usage(where).free
     if need > free:
-        raise HubError(f"{ref}: the download needs {gib(need)} and the disk of the hub cache ({root}) has {gib(free)} "
+        raise NoSpace(f"{ref}: the download needs {gib(need)} and the disk of the hub cache ({root}) has {gib(free)} "
                        f"free; free {gib(need - free)} more, or set HF_HUB_CACHE to a folder on a larger disk")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tqdm import tqdm
@@ -32,6 +33,12 @@ class LogProgress(tqdm):  # type: ignore[type-arg]
     """tqdm's counting, written to the log (``llamafleet.download``) every ``every_s`` seconds and at the end."""
 
     every_s = 5.0
+    sink: Callable[[float], None] | None = None  # also told every increment (a server's record of a pull)
+
+    @classmethod
+    def feeding(cls, sink: Callable[[float], None]) -> type[LogProgress]:
+        """This class, telling ``sink`` of every increment (``huggingface_hub`` takes a class, not an instance)."""
+        return type(cls.__name__, (cls,), {"sink": staticmethod(sink)})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["file"] = io.StringIO()  # the bar itself goes nowhere; the log lines say it
@@ -51,6 +58,8 @@ class LogProgress(tqdm):  # type: ignore[type-arg]
 
     def update(self, n: float | None = 1) -> bool | None:
         shown = super().update(n)
+        if self.sink is not None:
+            self.sink(n or 0)
         now = time.monotonic()
         if now - self._logged >= self.every_s:
             self._logged = now
