@@ -6,8 +6,9 @@ one run, from the test suite's local hub (tests/hub_server.py) on loopback.
 The hub runs in a process of its own. Ours is what ``llamafleet pull`` does: resolve the reference (one API call),
 check the disk, ``hf_hub_download`` into the hub cache with the sha256 computed as the file is written, checked
 against the hub's LFS metadata. Theirs is ``hf_hub_download`` alone. Each rep runs both,
-in alternating order, each into an empty cache; the ratio is of the best times (the machine may be shared). The file
-is random bytes (a download is bytes; its content does not matter here).
+in alternating order, each into an empty cache; the ratio is of the best times (the machine may be shared), and
+each run's CPU time (this process's, every thread) says what the sha256 costs. The file is random bytes (a download
+is bytes; its content does not matter here).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def run(work: Path, args: argparse.Namespace) -> None:
     try:
         assert hub.stdout is not None
         url = hub.stdout.readline().strip()
-        times = compare(work, blob, url, args.reps, args.size_mb)
+        times, cpu = compare(work, blob, url, args.reps, args.size_mb)
     finally:
         hub.kill()
         hub.wait()
@@ -60,13 +61,17 @@ def run(work: Path, args: argparse.Namespace) -> None:
     print(f"best: llamafleet {best['llamafleet']:.2f} s, hf_hub_download {best['hf_hub_download']:.2f} s; "
           f"llamafleet at {100 * ratio:.0f}% of hf_hub_download's rate ({100 * ratio_median:.0f}% by the medians)")
     if args.json:
-        args.json.write_text(json.dumps({"size_mib": args.size_mb, "reps": args.reps, "seconds": times,
+        args.json.write_text(json.dumps({"size_mib": args.size_mb, "reps": args.reps, "seconds": times, "cpu_s": cpu,
                                          "best_s": best, "median_s": median, "ratio": ratio,
                                          "ratio_median": ratio_median, "load": os.getloadavg(),
                                          "cpus": os.cpu_count()}, indent=2) + "\n")
 
 
-def compare(work: Path, blob: Path, url: str, reps: int, size_mb: int) -> dict[str, list[float]]:
+Runs = dict[str, list[float]]
+
+
+def compare(work: Path, blob: Path, url: str, reps: int, size_mb: int) -> tuple[Runs, Runs]:
+    """Seconds and CPU seconds (this process's, every thread) of each run of each path."""
     os.environ |= {"HF_ENDPOINT": url, "HF_HUB_CACHE": str(work / "cache"), "HF_HUB_DISABLE_TELEMETRY": "1",
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     # huggingface_hub reads its settings when imported: after the environment is set
@@ -81,16 +86,19 @@ def compare(work: Path, blob: Path, url: str, reps: int, size_mb: int) -> dict[s
     def theirs() -> None:
         hf_hub_download("bench/bench-GGUF", blob.name)
 
-    times: dict[str, list[float]] = {"llamafleet": [], "hf_hub_download": []}
+    times: Runs = {"llamafleet": [], "hf_hub_download": []}
+    cpu: Runs = {"llamafleet": [], "hf_hub_download": []}
     for rep in range(reps):
         order = [("llamafleet", ours), ("hf_hub_download", theirs)]
         for name, fn in order if rep % 2 == 0 else order[::-1]:
             shutil.rmtree(work / "cache", ignore_errors=True)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             times[name].append(time.perf_counter() - t0)
-            print(f"rep {rep} {name}: {times[name][-1]:.2f} s ({size_mb / times[name][-1]:.0f} MiB/s)", flush=True)
-    return times
+            cpu[name].append(time.process_time() - c0)
+            print(f"rep {rep} {name}: {times[name][-1]:.2f} s ({size_mb / times[name][-1]:.0f} MiB/s), "
+                  f"CPU {cpu[name][-1]:.2f} s", flush=True)
+    return times, cpu
 
 
 if __name__ == "__main__":

@@ -301,17 +301,20 @@ def test_an_admin_pulls_a_model_into_a_running_server(
         r = admin.post("/admin/models/pull", json={"model": "hf:org/tiny-GGUF:Q4_0", "name": "tiny"})
         assert r.status_code == 202, r.text
         assert r.json()["state"] == "downloading" and r.json()["download"]["total"] > 10e6
-        seen = []
+        seen, on_dashboard = [], []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             card = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models").json()["data"]}["tiny"]
             seen.append(card)
             if card["state"] != "downloading":
                 break
+            on_dashboard += httpx.get(f"{server.url}/v1/status").json()["downloads"]
             time.sleep(0.3)
     finally:
         served_hub.rate = None
     assert card["state"] == "unloaded" and card["download"] is None, card
+    assert on_dashboard and on_dashboard[-1]["id"] == "tiny" and on_dashboard[-1]["download"]["total"] > 10e6
+    assert httpx.get(f"{server.url}/v1/status").json()["downloads"] == []
     moving = [c["download"] for c in seen if c["state"] == "downloading" and c["download"]["bytes"] > 0]
     assert moving and moving[-1]["bytes_per_s"] > 0 and moving[-1]["eta_s"] is not None
     assert sorted(p.name for p in folder.iterdir()) == ["micro.gguf", "tiny-Q4_0-00001-of-00002.gguf",

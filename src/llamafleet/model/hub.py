@@ -131,7 +131,8 @@ def resolve(ref: HubRef) -> Resolved:
         except httpx2.TransportError as e:
             return _cached(ref, f"the hub at {endpoint()} cannot be reached ({e})")
     files = {s.rfilename: s for s in info.siblings or ()}
-    assert info.sha is not None, "the hub's model info names no commit"
+    if info.sha is None:
+        raise HubError(f"{ref}: the hub at {endpoint()} names no commit for {ref.repo}; is HF_ENDPOINT a hub?")
     try:
         picked = [files[name] for name in pick_files(ref, files)]
     except PickError as e:
