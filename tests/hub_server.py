@@ -10,9 +10,9 @@ answers them, with faults on request.
   model info stays readable, as on the hub).
 
 Faults: ``drop_after[path] = n`` closes the connection after ``n`` body bytes of the next full GET of that file
-(once); ``corrupt`` (a set of paths) serves the file with its last byte changed; ``rate`` limits every body's bytes
-per second. ``served[path]`` counts the body bytes sent for each file, ``bytes_out`` every body byte, ``ranges`` the
-``Range`` of each ranged GET of a file.
+(once); ``corrupt`` (a set of paths) serves the file with its last byte changed; ``rate`` limits the bytes per second
+of whole-file GETs (downloads; not the ranged reads of headers). ``served[path]`` counts the body bytes sent for each
+file, ``bytes_out`` every body byte, ``ranges`` the ``Range`` of each ranged GET of a file.
 
 Files larger than ``HASH_LIMIT`` (sparse synthetic models) get a made-up sha256: tests never download them.
 """
@@ -59,7 +59,7 @@ class LocalHub:
         self.shas: dict[Path, str] = {}
         self.drop_after: dict[str, int] = {}
         self.corrupt: set[str] = set()
-        self.rate: float | None = None  # body bytes per second, None: as fast as it goes
+        self.rate: float | None = None  # bytes per second of whole-file GETs, None: as fast as it goes
         self.served: Counter[str] = Counter()
         self.bytes_out = 0
         self.requests: list[str] = []
@@ -232,7 +232,7 @@ def _handler(hub: LocalHub) -> type[BaseHTTPRequestHandler]:
                         self.close_connection = True
                         self.connection.shutdown(2)
                         return
-                    if hub.rate:
+                    if hub.rate and whole:
                         time.sleep(len(chunk) / hub.rate)
 
         def _json(self, data: object, body: bool) -> None:

@@ -337,5 +337,10 @@ def test_an_admin_pulls_a_model_into_a_running_server(
     r = admin.post("/admin/models/pull", json={"model": "hf:org/huge-GGUF:Q4_0"})
     assert r.status_code == 507 and "the download needs" in r.json()["error"]["message"]
     assert httpx.post(f"{server.url}/admin/models/pull", json={"model": "hf:org/tiny-GGUF:Q4_0"}).status_code == 401
-    admin.close()
-    server.stop()
+    served_hub.rate = 1e5  # the demo model's 100 MB would take 1000 s: a server stopped meanwhile does not wait for it
+    try:
+        assert admin.post("/admin/models/pull", json={"model": "hf:org/SmolLM2-GGUF:Q4_1"}).status_code == 202
+        admin.close()
+        assert server.stop(timeout=60) is not None, server.log()[-3000:]
+    finally:
+        served_hub.rate = None

@@ -11,9 +11,12 @@ files. A failed pull stays listed, ``failed`` with its error, until the name is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +98,7 @@ class Pulls:
 
     async def _run(self, pull: Pull, models: ModelManager, resolved: Resolved, entry: ManagedModel) -> None:
         try:
-            await asyncio.to_thread(fetch, resolved, LogProgress.feeding(pull.add))
+            await _in_daemon_thread(lambda: fetch(resolved, LogProgress.feeding(pull.add)), f"pull-{pull.name}")
             assert models.cfg.models_dir is not None and entry.demand is not None
             first = _link(resolved, Path(models.cfg.models_dir))
             entry.demand = dataclasses.replace(entry.demand, model=dataclasses.replace(entry.demand.model,
@@ -107,6 +110,33 @@ class Pulls:
             return
         del self.active[pull.name]
         log.info("pulled %s as model '%s' (%s): it loads on its first request", pull.ref, pull.name, first)
+
+
+async def _in_daemon_thread(work: Callable[[], object], name: str) -> None:
+    """Run ``work`` in a daemon thread (an executor's thread would hold the server's exit until a 40 GB download
+    ends; a daemon one dies with it, leaving the library's partial file behind)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(None)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            work()
+        except BaseException as e:  # handed to the awaiting task, which records it
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop closed: the server is gone
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    await done
 
 
 def _link(resolved: Resolved, folder: Path) -> Path:
