@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from llamafleet.config import ConfigError, FleetConfig, ModelEntry, describe_errors
 from llamafleet.config_sections import RemoteEntry
+from llamafleet.model.hub_ref import model_stem, split_parts
 
 if TYPE_CHECKING:
     from llamafleet.model.hub import Resolved
@@ -68,14 +69,12 @@ def _folder_entries(folder: Path, listed: list[ModelEntry]) -> list[ModelEntry]:
     files = [f for f in sorted(folder.glob("*.gguf")) if _first_part(f.name)]
     if not files and not listed:
         raise ConfigError(f"models_dir: {folder} holds no .gguf file")
-    fresh = [f for f in files if f.stem not in taken and str(f.resolve()) not in taken]
-    return [ModelEntry.model_validate({"name": f.stem, "path": str(f)}) for f in fresh]
+    fresh = [f for f in files if model_stem(f.name) not in taken and str(f.resolve()) not in taken]
+    return [ModelEntry.model_validate({"name": model_stem(f.name), "path": str(f)}) for f in fresh]
 
 
 def _first_part(name: str) -> bool:
     """Whether a file is a model to serve: a whole one, or a split model's first part (llama.cpp loads the rest)."""
-    from llamafleet.model.hub_ref import split_parts
-
     parts = split_parts(name)
     return parts is None or parts[1] == 1
 

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llamafleet.config_sections import RemoteEntry, SpeculativeSettings
+from llamafleet.model.hub_ref import model_stem
 from llamafleet.rpc import INSECURE, parse_endpoint
 
 SplitMode = Literal["auto", "none", "layer", "tensor"]
@@ -304,9 +305,9 @@ class FleetConfig(BaseModel):
         return self.ubatch_size or min(self.batch_size, 512)
 
     def served_name(self, model_path: str | Path) -> str:
-        """The name clients send as 'model' for the file ``model_path``: ``model_name``, else the file's stem (never
-        the GGUF's own ``general.name``, which clients do not know)."""
-        return self.model_name or Path(model_path).stem
+        """The name clients send as 'model' for the file ``model_path``: ``model_name``, else the file's stem (a split
+        model's without ``-00001-of-0000N``; never the GGUF's own ``general.name``, which clients do not know)."""
+        return self.model_name or model_stem(Path(model_path).name)
 
 
 def read_yaml(path: Path, what: str, error: type[ValueError]) -> Any:

@@ -84,7 +84,7 @@ def test_models_dir_serves_every_gguf_by_its_stem(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(b"")
     served = served_models(load_config(None, {"models_dir": str(tmp_path)}), lambda: DEMO)
     assert [(m.name, m.path.name, m.pinned, m.cfg.replicas) for m in served] == [  # a split model: its first part
-        ("a", "a.gguf", False, 1), ("b", "b.gguf", False, 1), ("c-00001-of-00002", "c-00001-of-00002.gguf", False, 1)]
+        ("a", "a.gguf", False, 1), ("b", "b.gguf", False, 1), ("c", "c-00001-of-00002.gguf", False, 1)]
     for part in ("c-00001-of-00002.gguf", "c-00002-of-00002.gguf"):
         (tmp_path / part).unlink()
     cfg = load_config(None, {"models_dir": str(tmp_path), "models": [

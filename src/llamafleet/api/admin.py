@@ -5,7 +5,6 @@ and placement, and the models being pulled with their download's progress), ``PO
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter
@@ -19,7 +18,7 @@ from llamafleet.fleet.models import ModelUnavailable, NotUnloadable
 from llamafleet.fleet.snapshot import ModelView
 from llamafleet.model.header import GgufError
 from llamafleet.model.hub import HubError, NoSpace, check_space, header, resolve
-from llamafleet.model.hub_ref import RefError, parse_ref
+from llamafleet.model.hub_ref import RefError, model_stem, parse_ref
 
 routes = APIRouter()
 
@@ -97,7 +96,7 @@ async def pull(body: PullRequest, service: ServiceDep) -> FleetModelCard:
         raise ApiError(502, str(e), code="hub_error", param="model") from None
     except GgufError as e:
         raise ApiError(422, f"{ref}: {e}", code="not_a_model", param="model") from None
-    name = body.name or Path(resolved.files[0].name).stem
+    name = body.name or model_stem(resolved.files[0].name)
     try:
         p = service.pulls.start(service.models, resolved, model, name)
     except PullRefused as e:

@@ -90,6 +90,13 @@ def split_parts(file: str) -> tuple[str, int, int] | None:
     return (m["stem"], int(m["no"]), int(m["count"])) if m else None
 
 
+def model_stem(file: str) -> str:
+    """A model's name from its file's: the name without ``.gguf``, and a split model's without its part suffix."""
+    name = file.rsplit("/", 1)[-1]
+    parts = split_parts(name)
+    return parts[0] if parts is not None else name.removesuffix(".gguf")
+
+
 def part_names(first: str, count: int) -> list[str]:
     """The names of all parts of the split model whose first part is ``first``."""
     parts = split_parts(first)

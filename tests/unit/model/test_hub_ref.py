@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamafleet.model.hub_ref import HubRef, PickError, RefError, is_ref, parse_ref, pick_files
+from llamafleet.model.hub_ref import HubRef, PickError, RefError, is_ref, model_stem, parse_ref, pick_files
 
 REPO = ["README.md", "config.json",
         "Llama-3.2-3B-Instruct-Q4_K_M.gguf", "Llama-3.2-3B-Instruct-Q4_K_S.gguf", "Llama-3.2-3B-Instruct-Q4_K.gguf",
@@ -87,3 +87,8 @@ def test_a_repo_without_gguf_lists_what_it_has() -> None:
         pick_files(parse_ref("hf:org/repo:Q4_0"), ["model.safetensors", "README.md"])
     with pytest.raises(PickError, match="has no file x.gguf"):
         pick_files(parse_ref("hf:org/repo/x.gguf"), REPO)
+
+
+def test_a_split_model_is_named_without_its_part_suffix() -> None:
+    assert model_stem("Q6_K/Llama-Q6_K-00001-of-00002.gguf") == "Llama-Q6_K"
+    assert model_stem("llama-2-7b.Q4_K_M.gguf") == "llama-2-7b.Q4_K_M"
