@@ -94,7 +94,7 @@ def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel
     elif fleet.replicas is not None:
         data["replicas"] = fleet.replicas
     try:
-        cfg = FleetConfig.model_validate(data)
+        cfg = fetched_draft(FleetConfig.model_validate(data))
     except ValidationError as e:
         raise ConfigError(describe_errors(e, f"invalid settings for model '{entry.name}':")) from None
     ttl = entry.idle_ttl_s if entry.idle_ttl_s is not None else fleet.idle_ttl_s
@@ -103,6 +103,21 @@ def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel
     path, hub = _located(entry.path, f"models[{entry.name}].path")
     return ServedModel(entry.name, path, tuple(entry.aliases), entry.pinned or not several, ttl, cfg,
                        tuple(entry.remote), hub)
+
+
+def fetched_draft(cfg: FleetConfig) -> FleetConfig:
+    """``cfg`` with a speculative draft model named on the hub fetched now and named by its file (the planner and the
+    workers read the draft's file; drafts are small). Raises ``HubError``."""
+    from llamafleet.model.hub import fetch
+
+    source = cfg.speculative.draft_model
+    if source is None:
+        return cfg
+    path, hub = _located(source, "speculative.draft_model")
+    if hub is None:
+        return cfg
+    fetch(hub)
+    return cfg.model_copy(update={"speculative": cfg.speculative.model_copy(update={"draft_model": str(path)})})
 
 
 def _located(source: str, key: str) -> tuple[Path, Resolved | None]:

@@ -344,3 +344,16 @@ def test_an_admin_pulls_a_model_into_a_running_server(
         assert server.stop(timeout=60) is not None, server.log()[-3000:]
     finally:
         served_hub.rate = None
+
+
+def test_a_draft_model_named_on_the_hub_is_fetched_and_planned(hub: LocalHub, tmp_path: Path) -> None:
+    config = tmp_path / "spec.yaml"
+    config.write_text("model_path: 'hf:org/micro-GGUF:Q4_0'\n"
+                      "speculative: {mode: draft, draft_model: 'hf:org/micro-GGUF:Q8_0'}\n")
+    r = llamafleet(hub, tmp_path, "plan", "--config", str(config))
+    assert r.returncode in (Exit.OK, Exit.NO), r.stderr
+    assert "draft model" in r.stdout and "beside it in each replica" in r.stdout
+    assert [p.name for p in (tmp_path / "hub").rglob("micro-Q8_0.gguf")] == ["micro-Q8_0.gguf"]  # the draft, fetched
+    config.write_text("speculative: {mode: draft, draft_model: 'hf:org/micro-GGUF/../x.gguf'}\n")
+    r = llamafleet(hub, tmp_path, "plan", "--config", str(config))
+    assert r.returncode == Exit.USAGE and "draft_model" in r.stderr and "hf:ORG/REPO:QUANT" in r.stderr
