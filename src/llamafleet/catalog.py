@@ -139,9 +139,9 @@ def _located(source: str, key: str) -> tuple[Path, Resolved | None]:
 def demands(served: list[ServedModel]) -> list[Demand]:
     """What the packer needs of each model with a file: its header read from it, or from the hub for a model not
     fetched yet (raises ``GgufError``, ``HubError``)."""
-    from llamafleet.model.header import read_model_info
+    from llamafleet.model.checkpoint import describe
     from llamafleet.model.hub import header
     from llamafleet.placement.packing import Demand
 
-    return [Demand(m.name, header(m.hub) if m.hub else read_model_info(m.path), m.cfg, m.pinned)
+    return [Demand(m.name, header(m.hub) if m.hub else describe(m.path), m.cfg, m.pinned)
             for m in served if m.path is not None]

@@ -23,9 +23,9 @@ from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
+    from llamafleet.fleet.launch import ReplicaSpec
     from llamafleet.fleet.models import ManagedModel
     from llamafleet.fleet.ray_cluster import RayFleet
-    from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.header import ModelInfo
     from llamafleet.model.hub import Resolved
@@ -138,11 +138,11 @@ def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:
     except ImportError as e:
         raise ConfigError(f"ray: Ray is not installed ({e}); install it with `pip install llamafleet[ray]`, or leave "
                           "--ray / ray unset") from None
-    from llamafleet.model.header import read_model_info
+    from llamafleet.model.checkpoint import describe
 
     assert cfg.ray is not None
     connect(cfg.ray, cfg.log_level)
-    fleet = ray_fleet(read_model_info(model_path), cfg, str(model_path))
+    fleet = ray_fleet(describe(model_path), cfg, str(model_path))
     out = sys.stdout if fleet.plan.fits else sys.stderr
     for node in fleet.plan.nodes:
         print(f"  plan: node {node.node.address}: {len(node.plan.replicas)} replica(s) on "
@@ -168,7 +168,7 @@ def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics)
 
     served = served_models(cfg, default_model_path)
     for m in served:
-        if m.path is not None and m.hub is None and not m.path.is_file():
+        if m.path is not None and m.hub is None and not m.path.exists():
             raise GgufError(f"model file not found: {m.path} (check the path of model '{m.name}')")
     packing, fixed = pack(demands(served), inventory)
     report = format_fleet(fleet_json(packing, fixed, served, inventory, cfg.vram_margin_mib), inventory)
@@ -210,7 +210,7 @@ def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) ->
         n_ctx, specs, plan = remote_context(cfg), [], None
     else:
         source = cfg.model_path or default_model_path()
-        if not is_ref(str(source)) and not Path(source).is_file():
+        if not is_ref(str(source)) and not Path(source).exists():
             raise GgufError(f"model file not found: {source} (check model_path / --model)")
         model, hub = model_header(source)
         if cfg.ray is not None:  # planned per node: the dashboard shows what each node measures, not one plan

@@ -91,6 +91,7 @@ class ModelInfo:
     n_tensors: int
     n_params: int
     tensor_types: tuple[tuple[str, int], ...]  # (ggml type, bytes) largest first
+    engine: str = "llama.cpp"  # what serves it: "llama.cpp" (a GGUF file) or "torch" (a checkpoint folder)
 
     @property
     def kv_elements_per_token(self) -> int:

@@ -38,6 +38,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import repo_folder_name
 from tqdm import tqdm
 
+from llamafleet.model.checkpoint import describe
 from llamafleet.model.header import ModelInfo, read_model_info
 from llamafleet.model.hub_ref import HubRef, PickError, is_ref, parse_ref, pick_files
 from llamafleet.model.tail_hash import TailHash
@@ -166,10 +167,11 @@ def _cached(ref: HubRef, why: str) -> Resolved:
 
 
 def model_header(source: str | Path) -> tuple[ModelInfo, Resolved | None]:
-    """What a model path given by a user describes: a local file's header, or a hub reference's (resolved, read
-    from the hub without its weights) with its resolution, for :func:`fetch` once the plan fits."""
+    """What a model path given by a user describes: a local file's header (or a checkpoint folder's), or a hub
+    reference's (resolved, read from the hub without its weights) with its resolution, for :func:`fetch` once the
+    plan fits."""
     if not is_ref(str(source)):
-        return read_model_info(source), None
+        return describe(source), None
     resolved = resolve(parse_ref(str(source)))
     return header(resolved), resolved
 
