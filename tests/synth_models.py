@@ -32,3 +32,27 @@ def _write(folder: Path) -> dict[str, ModelInfo]:
                                sparse=True, progress=False)
             out[f"{size}-{quant}"] = read_model_info(path)
     return out
+
+
+def split_model(src: Path, folder: Path, parts: int) -> list[Path]:
+    """``src`` (a real GGUF) split as llama.cpp's gguf-split splits it: ``STEM-0000K-of-0000N.gguf`` in ``folder``,
+    the metadata in the first part, the tensors spread over all."""
+    import logging
+    import math
+
+    from gguf import GGUFReader, GGUFWriter
+
+    from llamafleet.model.header import read_fields
+
+    logging.getLogger("gguf.gguf_writer").setLevel(logging.ERROR)
+    reader = GGUFReader(src)
+    writer = GGUFWriter(folder / src.name, None, split_max_tensors=math.ceil(len(reader.tensors) / parts))
+    for key, field in read_fields(src, "").items():
+        writer.add_key_value(key, field.value, field.vtype, field.sub_type)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return [folder / f"{src.stem}-{i:05d}-of-{parts:05d}.gguf" for i in range(1, parts + 1)]

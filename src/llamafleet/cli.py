@@ -20,7 +20,8 @@ from llamafleet import __version__
 from llamafleet.exits import Exit
 
 # Each module defines ``register(sub)``, which adds its parser and sets ``func``, its ``run(args) -> int``.
-COMMANDS = ("serve", "plan", "synth", "bench", "consistency", "check_env", "model", "rpc_server", "keys")
+COMMANDS = ("serve", "plan", "pull", "models", "rm", "synth", "bench", "consistency", "check_env", "model",
+            "rpc_server", "keys")
 # Commands that load a model in this process: llama.cpp must be loaded before the commands import numpy
 # (see engine/llama.py's docstring).
 IN_PROCESS_MODEL = (("bench", "engine"),)

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llamafleet.config_sections import RemoteEntry, SpeculativeSettings
+from llamafleet.model.hub_ref import model_stem
 from llamafleet.rpc import INSECURE, parse_endpoint
 
 SplitMode = Literal["auto", "none", "layer", "tensor"]
@@ -45,8 +46,8 @@ class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)  # the per-model knobs; anything else is refused
 
     name: str = Field(min_length=1, description="the name clients send as 'model'")
-    path: str | None = Field(None, min_length=1, description="the GGUF file; unset: served by its remote members "
-                             "only")
+    path: str | None = Field(None, min_length=1, description="the GGUF file, or a hub reference (hf:ORG/REPO:QUANT); "
+                             "unset: served by its remote members only")
     aliases: list[str] = Field(default_factory=list, description="other names clients may send for it")
     replicas: int | Literal["auto"] = Field(
         "auto", description="replicas while loaded; auto = 1 when the fleet has several models, else the plan's")
@@ -90,7 +91,8 @@ class FleetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # What to serve.
-    model_path: str | None = Field(None, description="GGUF file to serve; unset = the built-in demo model")
+    model_path: str | None = Field(None, description="GGUF file to serve, or a hub reference (hf:ORG/REPO:QUANT); "
+                                   "unset = the built-in demo model")
     model_name: str | None = Field(None, description="name clients use in 'model'; default: the file's stem")
     engine: Literal["auto", "llama.cpp", "torch"] = Field(
         "auto", description="what serves the model: llama.cpp (a GGUF file) or torch (a Hugging Face checkpoint "
@@ -307,9 +309,9 @@ class FleetConfig(BaseModel):
         return self.ubatch_size or min(self.batch_size, 512)
 
     def served_name(self, model_path: str | Path) -> str:
-        """The name clients send as 'model' for the file ``model_path``: ``model_name``, else the file's stem (never
-        the GGUF's own ``general.name``, which clients do not know)."""
-        return self.model_name or Path(model_path).stem
+        """The name clients send as 'model' for the file ``model_path``: ``model_name``, else the file's stem (a split
+        model's without ``-00001-of-0000N``; never the GGUF's own ``general.name``, which clients do not know)."""
+        return self.model_name or model_stem(Path(model_path).name)
 
 
 def read_yaml(path: Path, what: str, error: type[ValueError]) -> Any:

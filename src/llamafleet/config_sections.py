@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llamafleet.engine.speculative.settings import MAX_DRAFT_LIMIT, MAX_NGRAM
+from llamafleet.model.hub_ref import is_ref, parse_ref
 
 
 class RemoteEntry(BaseModel):
@@ -53,7 +54,8 @@ class SpeculativeSettings(BaseModel):
                                                    "from the sequence's own prompt and answer; draft: a smaller "
                                                    "model with the same vocabulary (draft_model) drafts")
     draft_model: str | None = Field(None, min_length=1, description="with mode draft: the draft model's GGUF file "
-                                    "(same vocabulary as the served model; loaded beside it in each replica)")
+                                    "or hub reference (same vocabulary as the served model; loaded beside it in each "
+                                    "replica)")
     max_draft: int = Field(8, ge=1, le=MAX_DRAFT_LIMIT, description="most tokens drafted for one sequence per step")
     ngram_min: int = Field(2, ge=1, le=MAX_NGRAM, description="shortest tail of the sequence looked up (ngram)")
     ngram_max: int = Field(4, ge=1, le=MAX_NGRAM, description="longest tail looked up, tried first (ngram)")
@@ -76,6 +78,8 @@ class SpeculativeSettings(BaseModel):
         if self.mode != "draft" and self.draft_model is not None:
             raise ValueError(f"draft_model is only used with mode draft (mode is {self.mode}): set mode: draft, or "
                              "remove draft_model")
-        if self.draft_model is not None and not Path(self.draft_model).is_file():
+        if self.draft_model is not None and is_ref(self.draft_model):
+            parse_ref(self.draft_model)  # its form checked now; it is fetched before planning
+        elif self.draft_model is not None and not Path(self.draft_model).is_file():
             raise ValueError(f"draft_model: no GGUF file at {self.draft_model}")
         return self

@@ -32,7 +32,8 @@ class Flag:
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("model_path", "--model", "GGUF model file", "FILE", unset="the built-in demo model"),
+    Flag("model_path", "--model", "GGUF model file; for serve and plan also a hub reference, hf:ORG/REPO:QUANT",
+         "FILE", unset="the built-in demo model"),
     Flag("model_name", "--model-name", "the name clients send as 'model' and /v1/models lists", "NAME",
          unset="the file name without .gguf"),
     Flag("models_dir", "--models-dir", "serve every .gguf file in this folder under its file name (without .gguf), "

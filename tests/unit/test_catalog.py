@@ -11,7 +11,7 @@ import pytest
 
 from llamafleet.catalog import served_models
 from llamafleet.cli import main
-from llamafleet.config import ConfigError, load_config
+from llamafleet.config import ConfigError, FleetConfig, load_config
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import load_inventory
 from llamafleet.placement.planner import make_plan
@@ -80,11 +80,13 @@ def test_the_example_fleet_loads() -> None:
 
 
 def test_models_dir_serves_every_gguf_by_its_stem(tmp_path: Path) -> None:
-    for name in ("b.gguf", "a.gguf", "notes.txt"):
+    for name in ("b.gguf", "a.gguf", "notes.txt", "c-00001-of-00002.gguf", "c-00002-of-00002.gguf"):
         (tmp_path / name).write_bytes(b"")
     served = served_models(load_config(None, {"models_dir": str(tmp_path)}), lambda: DEMO)
-    assert [(m.name, m.path.name, m.pinned, m.cfg.replicas) for m in served] == [
-        ("a", "a.gguf", False, 1), ("b", "b.gguf", False, 1)]
+    assert [(m.name, m.path.name, m.pinned, m.cfg.replicas) for m in served] == [  # a split model: its first part
+        ("a", "a.gguf", False, 1), ("b", "b.gguf", False, 1), ("c", "c-00001-of-00002.gguf", False, 1)]
+    for part in ("c-00001-of-00002.gguf", "c-00002-of-00002.gguf"):
+        (tmp_path / part).unlink()
     cfg = load_config(None, {"models_dir": str(tmp_path), "models": [
         {"name": "first", "path": str(tmp_path / "b.gguf"), "pinned": True}]})
     assert [m.name for m in served_models(cfg, lambda: DEMO)] == ["first", "a"]  # the list names b already
@@ -133,3 +135,11 @@ def test_a_lone_model_in_a_list_plans_like_the_single_model_keys(models: dict[st
     single = load_config(None, {"model_path": path, "model_name": "a"})  # the plan names it as clients do
     inv = load_inventory(ROOT / "examples" / "inventories" / "2x24gb-pcie.yaml")
     assert make_plan(models["7b-q4_0"], inv, lone.cfg) == make_plan(models["7b-q4_0"], inv, single)
+
+
+def test_a_malformed_hub_reference_names_its_key() -> None:
+    cfg = FleetConfig.model_validate({"models": [{"name": "a", "path": "hf:org/repo/../x.gguf"}]})
+    with pytest.raises(ConfigError, match=r"models\[a\]\.path: 'hf:org/repo/\.\./x\.gguf': the file path"):
+        served_models(cfg, lambda: Path("demo.gguf"))
+    with pytest.raises(ConfigError, match=r"model_path \(--model\): .*names no repo(.|\n)*hf:ORG/REPO:QUANT"):
+        served_models(FleetConfig.model_validate({"model_path": "hf:org"}), lambda: Path("demo.gguf"))

@@ -19,6 +19,7 @@ from fastapi import Depends, Request
 
 from llamafleet.api.errors import ApiError
 from llamafleet.api.middleware import tenant_of
+from llamafleet.api.pulls import Pulls
 from llamafleet.api.response_store import ResponseStore
 from llamafleet.api.tools import Serving
 from llamafleet.config import FleetConfig
@@ -48,6 +49,7 @@ class _Shared:
     loaded: bool = False  # set once the first load of every pinned model finished
     watchdog: Watchdog = field(init=False)  # GPU memory and slot leaks (run by the app while it serves)
     responses: ResponseStore = field(init=False)  # stored responses, for previous_response_id
+    pulls: Pulls = field(default_factory=Pulls)  # models on their way from the hub (POST /admin/models/pull)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -85,6 +87,10 @@ class Service:
     @property
     def responses(self) -> ResponseStore:
         return self._shared.responses
+
+    @property
+    def pulls(self) -> Pulls:
+        return self._shared.pulls
 
     @property
     def metrics(self) -> FleetMetrics:

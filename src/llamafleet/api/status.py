@@ -24,6 +24,7 @@ from typing import Any, cast
 from fastapi import APIRouter, Request
 
 from llamafleet import __version__
+from llamafleet.api.admin import pull_card
 from llamafleet.api.errors import ApiError
 from llamafleet.api.middleware import tenant_of
 from llamafleet.api.recent import RecentRequests
@@ -188,6 +189,8 @@ def status(dash: Dashboard, since: float, viewer: Tenant | None = None) -> dict[
         "status": snap.readiness(svc.loaded), "overloaded": snap.overloaded, "warnings": dash.pace.warnings(),
         "models": [{"name": m.name, "state": m.state, "pinned": m.pinned, "n_ctx_per_seq": m.n_ctx_per_seq,
                     "replicas": [r.id for r in m.replicas]} for m in snap.models],
+        "downloads": [pull_card(svc, p).model_dump(include={"id", "state", "download", "last_error"})
+                      for p in svc.pulls.active.values()],
         "totals": _totals(svc, snap, replicas, latest),
         "replicas": replicas,
         "devices": _devices(snap, replicas),

@@ -9,7 +9,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamafleet.config import ConfigError, FleetConfig, load_config
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from llamafleet.placement.planner import Plan
 
 
-def _table(rows: list[list[str]]) -> list[str]:
+def table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
@@ -48,7 +47,7 @@ def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
             rows.append([str(i), (",".join(map(str, r.gpus)) or "cpu") + "".join(f" + rpc {e}" for e in r.rpc_servers),
                          r.split_mode,
                          ",".join(f"{x:.4g}" for x in r.tensor_split) or "-", str(r.main_gpu) if r.gpus else "-"])
-        lines += _table(rows)
+        lines += table(rows)
     fa = {None: "auto", True: "on", False: "off"}[plan.flash_attn]
     lines.append(f"context: {plan.n_seq} slots x {plan.n_ctx_per_seq} tokens per replica; n_batch {plan.n_batch}, "
                  f"n_ubatch {plan.n_ubatch}; KV cache {plan.kv_type}; flash attention {fa}")
@@ -60,7 +59,7 @@ def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
             rows.append([b.device, "-" if b.replica is None else str(b.replica), str(b.weights_mib), str(b.kv_mib),
                          str(b.compute_mib), str(b.margin_mib), str(b.used_mib),
                          "?" if b.capacity_mib is None else str(b.capacity_mib), left])
-        lines += _table(rows)
+        lines += table(rows)
     if plan.host_mib:
         lines.append(f"host memory per replica: {plan.host_mib} MiB (token embedding, logits)")
     lines.append("why:")
@@ -124,7 +123,7 @@ def format_fleet(d: dict[str, Any], inventory: Inventory) -> str:
         rows.append([m["name"], "yes" if m["pinned"] else "no", m["state"], str(len(where["replicas"])),
                      f"{shape['n_seq']} x {shape['n_ctx_per_seq']}",
                      " ".join(_where(r) for r in where["replicas"]) if m["placement"] else "-", m["path"]])
-    lines += _table(rows)
+    lines += table(rows)
     lines.append("memory (MiB) with the models that fit together loaded (on a GPU, each model's MiB include the margin "
                  "of its own worker process):")
     names = [m["name"] for m in resident]
@@ -133,7 +132,7 @@ def format_fleet(d: dict[str, Any], inventory: Inventory) -> str:
         rows.append([dev["device"], "?" if dev["free_mib"] is None else str(dev["free_mib"]), str(dev["margin_mib"]),
                      *(str(dev["models"].get(n, "-")) for n in names),
                      "?" if dev["left_mib"] is None else str(dev["left_mib"])])
-    lines += _table(rows)
+    lines += table(rows)
     swapped = [m for m in d["models"] if m["state"] == "swapped"]
     if swapped:
         lines.append("swaps (loading a model unloads the least recently used unpinned ones; here, right after start):")
@@ -164,9 +163,11 @@ def _run_fleet(args: argparse.Namespace, cfg: FleetConfig, inventory: Inventory)
 
 def run(args: argparse.Namespace) -> int:
     # the GGUF reader and the planner (numpy) load here, not when the parser is built for another command
-    from llamafleet.model.checkpoint import describe
+    from llamafleet.catalog import fetched_draft
     from llamafleet.model.demo import ModelFetchError, default_model_path
     from llamafleet.model.header import GgufError
+    from llamafleet.model.hub import HubError, model_header
+    from llamafleet.model.hub_ref import RefError
     from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.planner import make_plan
@@ -184,11 +185,12 @@ def run(args: argparse.Namespace) -> int:
                   if args.json else "nothing to place here: the model is served by remote members only: "
                   f"{', '.join(remote)}; each places it on its own machine")
             return Exit.OK
-        model = describe(Path(cfg.model_path) if cfg.model_path else default_model_path())
-    except (ConfigError, InventoryError) as e:
+        model, _ = model_header(cfg.model_path or default_model_path())
+        cfg = fetched_draft(cfg)
+    except (ConfigError, InventoryError, RefError) as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.USAGE
-    except (GgufError, ModelFetchError) as e:
+    except (GgufError, ModelFetchError, HubError) as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.MODEL
     # a described inventory is another machine's: its core count is not known

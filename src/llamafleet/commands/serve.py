@@ -1,7 +1,8 @@
 """``llamafleet serve``: plan the model onto this machine, start one worker per replica, serve the OpenAI API.
 
 Everything that can be refused is refused before any weights load: the configuration (unknown keys, wrong types),
-the model file, a plan that does not fit (with the planner's reasons), a port already in use. With several models
+the model file, a plan that does not fit (with the planner's reasons), a port already in use. A model named on the
+hub (``hf:ORG/REPO:QUANT``) is planned from its header alone and downloaded only once its plan fits. With several models
 (``models:`` or ``--models-dir``) the whole fleet is placed first (as ``llamafleet plan`` shows it); the pinned
 models load at start, the others on their first request (:mod:`llamafleet.fleet.models`).
 """
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from llamafleet.fleet.models import ManagedModel
     from llamafleet.fleet.ray_cluster import RayFleet
     from llamafleet.fleet.telemetry import FleetMetrics
+    from llamafleet.model.header import ModelInfo
+    from llamafleet.model.hub import Resolved
     from llamafleet.placement.gpus import Inventory
     from llamafleet.placement.plan import Plan
 
@@ -93,23 +96,38 @@ def _banner(cfg: FleetConfig, model_name: str, what: str) -> str:
     ])
 
 
-def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> tuple[Plan, list[ReplicaSpec]] | None:
-    """Plan the model onto this machine: the plan and its replicas; None (after printing why) if it cannot fit."""
+def _replica_specs(cfg: FleetConfig, model: ModelInfo, hub: Resolved | None,
+                   inventory: Inventory) -> tuple[Plan, list[ReplicaSpec]] | None:
+    """Plan the model onto this machine (a hub model from its header alone, fetched once the plan fits): the plan
+    and its replicas; None (after printing why) if it cannot fit."""
     from llamafleet.fleet.specs import plan_specs
-    from llamafleet.model.checkpoint import describe
     from llamafleet.placement.planner import make_plan
 
-    plan = make_plan(describe(model_path), inventory, cfg)
+    plan = make_plan(model, inventory, cfg)
     out = sys.stdout if plan.fits else sys.stderr
     for reason in plan.reasons:
         print(f"  plan: {reason}", file=out)
     for warning in plan.warnings:
         print(f"  warning: {warning}", file=out)
     if not plan.fits:
-        print(f"error: {model_path.name} does not fit this machine with this configuration; nothing was loaded.",
-              file=sys.stderr)
+        print(f"error: {hub.ref if hub else Path(model.path).name} does not fit this machine with this configuration; "
+              f"nothing was {'downloaded' if hub and hub.missing() else 'loaded'}.", file=sys.stderr)
         return None
-    return plan, plan_specs(plan, cfg, str(model_path))
+    if hub is not None:
+        _fetch([hub])
+    return plan, plan_specs(plan, cfg, model.path)
+
+
+def _fetch(models: list[Resolved]) -> None:
+    """Download the hub models the cache lacks (after their plan fits), with progress in the log."""
+    from llamafleet.model.hub import cache_root, fetch, gib
+    from llamafleet.model.progress import LogProgress
+
+    for hub in models:
+        need = sum(f.size for f in hub.missing())
+        if need:
+            print(f"llamafleet: downloading {hub.ref} ({gib(need)}) into the hub cache {cache_root()}", flush=True)
+        fetch(hub, LogProgress)
 
 
 def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:
@@ -150,7 +168,7 @@ def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics)
 
     served = served_models(cfg, default_model_path)
     for m in served:
-        if m.path is not None and not m.path.exists():
+        if m.path is not None and m.hub is None and not m.path.exists():
             raise GgufError(f"model file not found: {m.path} (check the path of model '{m.name}')")
     packing, fixed = pack(demands(served), inventory)
     report = format_fleet(fleet_json(packing, fixed, served, inventory, cfg.vram_margin_mib), inventory)
@@ -158,6 +176,7 @@ def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics)
     if not packing.fits:
         print("error: these models cannot all be served on this machine; nothing was loaded.", file=sys.stderr)
         return None
+    _fetch([m.hub for m in served if m.hub is not None])
     demand = {d.name: d for d in fixed}
     models = []
     for m in served:
@@ -174,12 +193,15 @@ def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics)
 
 def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) -> list[ManagedModel] | None:
     """Plan the one model (printing why): a pinned model placed now; None if it does not fit."""
+    from llamafleet.catalog import fetched_draft
     from llamafleet.fleet.models import placed_model
     from llamafleet.fleet.remote import member_specs, members, remote_context
     from llamafleet.model.demo import default_model_path
     from llamafleet.model.header import GgufError
+    from llamafleet.model.hub import model_header
+    from llamafleet.model.hub_ref import is_ref
 
-    remote, launcher = members(cfg.remote), None
+    remote, launcher, cfg = members(cfg.remote), None, fetched_draft(cfg)
     if remote and cfg.model_path is None:  # remote members only: nothing loads here
         model_name = cfg.model_name or remote[0].model
         if model_name is None:
@@ -187,20 +209,23 @@ def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) ->
                               "model_name (--model-name) or the first member's model")
         n_ctx, specs, plan = remote_context(cfg), [], None
     else:
-        model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
-        if not model_path.exists():
-            raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
+        source = cfg.model_path or default_model_path()
+        if not is_ref(str(source)) and not Path(source).exists():
+            raise GgufError(f"model file not found: {source} (check model_path / --model)")
+        model, hub = model_header(source)
         if cfg.ray is not None:  # planned per node: the dashboard shows what each node measures, not one plan
-            ray_fleet = _ray_fleet(cfg, model_path)
+            if hub is not None:
+                _fetch([hub])
+            ray_fleet = _ray_fleet(cfg, Path(model.path))
             if ray_fleet is None:
                 return None
             plan, local, launcher = None, ray_fleet.specs, ray_fleet.launcher
         else:
-            planned = _replica_specs(cfg, model_path, inventory)
+            planned = _replica_specs(cfg, model, hub, inventory)
             if planned is None:
                 return None
             plan, local = planned
-        model_name, n_ctx, specs = cfg.served_name(model_path), local[0].model_engine.n_ctx_per_seq, local
+        model_name, n_ctx, specs = cfg.served_name(model.path), local[0].model_engine.n_ctx_per_seq, local
     specs += member_specs(remote, n_ctx)
     return [placed_model(model_name, specs, n_ctx, cfg, metrics, plan=plan, launcher=launcher)]
 
@@ -213,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.model.demo import ModelFetchError
     from llamafleet.model.header import GgufError
+    from llamafleet.model.hub import HubError
+    from llamafleet.model.hub_ref import RefError
     from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.rpc_probe import with_rpc
@@ -237,10 +264,10 @@ def run(args: argparse.Namespace) -> int:
     several, metrics = cfg.models is not None or cfg.models_dir is not None, FleetMetrics()
     try:
         served = (_fleet_models if several else _one_model)(cfg, inventory, metrics)
-    except ConfigError as e:
+    except (ConfigError, RefError) as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.USAGE
-    except (GgufError, ModelFetchError) as e:
+    except (GgufError, ModelFetchError, HubError) as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.MODEL
     if served is None:  # the plan does not fit (said above)

@@ -165,6 +165,15 @@ class ModelManager:
         """The model ``name`` (or an alias) names; None if none."""
         return self._names.get(name)
 
+    def add(self, m: ManagedModel) -> None:
+        """Serve one more model (a pulled one): unloaded, it loads on its first request. Its names must be new."""
+        taken = [n for n in (m.name, *m.aliases) if n in self._names]
+        if taken:
+            raise ValueError(f"the fleet already has a model named {', '.join(taken)}")
+        self.models.append(m)
+        self._names |= {n: m for n in (m.name, *m.aliases)}
+        self._notify()
+
     def loaded(self) -> list[ManagedModel]:
         """Models with replicas now (loading, loaded or unloading)."""
         return [m for m in self.models if m.dispatcher is not None]

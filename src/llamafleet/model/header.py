@@ -10,14 +10,17 @@ arrays it does not need and takes the type tables (block sizes, names) from the 
 from __future__ import annotations
 
 import math
+import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
+
+from llamafleet.model.hub_ref import part_names, split_parts
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -226,10 +229,26 @@ def read_fields(path: str | Path, prefix: str) -> dict[str, MetaField]:
     return out
 
 
-def read_header(path: str | Path) -> tuple[dict[str, Value], list[TensorInfo]]:
+Opener = Callable[[str], tuple[BinaryIO, int]]  # a file's name -> the file opened for reading, and its size
+
+
+def open_local(name: str) -> tuple[BinaryIO, int]:
+    """The local file ``name`` and its size (the default :data:`Opener`)."""
+    p = Path(name)
+    f = _open(p)
+    return f, os.fstat(f.fileno()).st_size
+
+
+def read_header(path: str | Path, opener: Opener = open_local) -> tuple[dict[str, Value], list[TensorInfo]]:
     """The metadata (long arrays such as the vocabulary read as ``None``) and tensor list of a GGUF file."""
-    p = Path(path)
-    with _open(p) as f:
+    meta, tensors, _ = _read(Path(path), opener)
+    return meta, tensors
+
+
+def _read(p: Path, opener: Opener) -> tuple[dict[str, Value], list[TensorInfo], int]:
+    """:func:`read_header`'s answer and the file's size."""
+    f, size = opener(str(p))
+    with f:
         r = _Reader(f, p)
         n_tensors, n_kv = _preamble(r)
         meta: dict[str, Value] = {}
@@ -244,13 +263,30 @@ def read_header(path: str | Path) -> tuple[dict[str, Value], list[TensorInfo]]:
         align = meta.get("general.alignment", DEFAULT_ALIGNMENT)
         align = align if isinstance(align, int) and align > 0 else DEFAULT_ALIGNMENT
         data_start = -(-f.tell() // align) * align
-    size = p.stat().st_size
     tensors = []
     for name, dims, type_id, offset in raw:
         tensors.append(_tensor(p, name, dims, type_id, data_start + offset))
         if tensors[-1].offset + tensors[-1].n_bytes > size:
             raise GgufError(f"{p}: tensor {name} ends past the end of the file ({size} bytes); the file is truncated")
-    return meta, tensors
+    return meta, tensors, size
+
+
+def _split_tensors(p: Path, meta: Mapping[str, Value], opener: Opener) -> tuple[list[TensorInfo], int]:
+    """The tensors and bytes of a split model's other parts (llama.cpp's ``NAME-0000K-of-0000N.gguf`` beside the
+    first); none for a whole file."""
+    count = meta.get("split.count")
+    if not isinstance(count, int) or count <= 1:
+        return [], 0
+    parts = split_parts(p.name)
+    if parts is None or parts[1] != 1:
+        raise GgufError(f"{p} is a part of a model split in {count}; give its first part "
+                        f"(NAME-00001-of-{count:05d}.gguf)")
+    tensors, size = [], 0
+    for name in part_names(p.name, count)[1:]:
+        _, more, n = _read(p.with_name(name), opener)
+        tensors += more
+        size += n
+    return tensors, size
 
 
 def _tensor(p: Path, name: str, dims: tuple[int, ...], type_id: int, offset: int) -> TensorInfo:
@@ -290,10 +326,14 @@ def _file_type(meta: Mapping[str, Value], tensors: list[TensorInfo]) -> str:
     return max(by_type, key=lambda k: by_type[k]) if by_type else "unknown"
 
 
-def read_model_info(path: str | Path) -> ModelInfo:
-    """Describe the model in ``path`` from its header. Raises :class:`GgufError` with the reason if it cannot."""
+def read_model_info(path: str | Path, opener: Opener = open_local) -> ModelInfo:
+    """Describe the model in ``path`` from its header (a split model's: from all its parts' headers), read through
+    ``opener`` (a local file by default; :mod:`llamafleet.model.hub` reads ranges of a file on the hub). Raises
+    :class:`GgufError` with the reason if it cannot."""
     p = Path(path)
-    meta, tensors = read_header(p)
+    meta, tensors, file_bytes = _read(p, opener)
+    more, more_bytes = _split_tensors(p, meta, opener)
+    tensors, file_bytes = tensors + more, file_bytes + more_bytes
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise GgufError(f"{p}: no 'general.architecture' in the header; is this a model (not a vocab-only) file?")
@@ -339,7 +379,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         input_bytes=embd.n_bytes if embd is not None else 0,
         output_bytes=(head.n_bytes if head is not None else 0) + (norm.n_bytes if norm is not None else 0),
         tied_embeddings="output.weight" not in by_name,
-        file_bytes=p.stat().st_size,
+        file_bytes=file_bytes,
         n_tensors=len(tensors),
         n_params=sum(math.prod(t.shape) for t in tensors),
         tensor_types=tuple(sorted(types.items(), key=lambda kv: -kv[1])),

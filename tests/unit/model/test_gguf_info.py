@@ -9,6 +9,7 @@ import pytest
 
 from llamafleet.model.header import GgufError, read_fields, read_header, read_model_info
 from llamafleet.model.synth import SHAPES, find_vocab, write_model
+from synth_models import split_model
 
 MIB = 2**20
 
@@ -103,3 +104,16 @@ def test_errors_say_what_is_wrong(tmp_path: Path, tiny: Path) -> None:
     cut.write_bytes(data[:300])
     with pytest.raises(GgufError, match="header ends early"):
         read_model_info(cut)
+
+
+def test_a_split_model_is_described_over_all_its_parts(tmp_path: Path, tiny: Path) -> None:
+    parts = split_model(tiny, tmp_path, 3)
+    whole, split = read_model_info(tiny), read_model_info(parts[0])
+    assert (split.n_tensors, split.weights_bytes, split.layer_bytes) == (whole.n_tensors, whole.weights_bytes,
+                                                                          whole.layer_bytes)
+    assert split.file_bytes == sum(p.stat().st_size for p in parts)
+    with pytest.raises(GgufError, match="is a part of a model split in 3; give its first part"):
+        read_model_info(parts[1])
+    parts[2].unlink()
+    with pytest.raises(GgufError, match="model file not found: .*tiny-00003-of-00003.gguf"):
+        read_model_info(parts[0])

@@ -33,7 +33,10 @@ function renderHeader(s) {
   badge.textContent = s.status;
   badge.className = "badge " + s.status;
   if (s.overloaded) badge.title = s.overloaded;
-  document.getElementById("server-models").textContent = s.models.map((m) => m.name).join(", ");
+  const downloads = (s.downloads || []).map((d) => d.state === "failed" ? `${d.id} (download failed)` :
+    `${d.id} (downloading ${lf.pct(d.download.total ? d.download.bytes / d.download.total : null)}, ` +
+    `${lf.num((d.download.bytes_per_s || 0) / 1e6, 1)} MB/s, ETA ${d.download.eta_s == null ? "?" : lf.duration(d.download.eta_s)})`);
+  document.getElementById("server-models").textContent = s.models.map((m) => m.name).concat(downloads).join(", ");
   document.getElementById("server-uptime").textContent = "up " + lf.duration(s.time - s.started);
   document.getElementById("version").textContent = "llamafleet " + s.version;
 }
