@@ -35,7 +35,20 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
-from llamafleet.api import admin, anthropic, embeddings, generate, infill, openai, props, responses, status, tokens, ui
+from llamafleet.api import (
+    admin,
+    anthropic,
+    embeddings,
+    generate,
+    infill,
+    openai,
+    props,
+    rerank,
+    responses,
+    status,
+    tokens,
+    ui,
+)
 from llamafleet.api.errors import ApiError, error_response
 from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HeadAsGet, HttpMetrics, InternalErrors, authenticated
@@ -139,6 +152,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(tokens.routes)
     app.include_router(props.routes)
     app.include_router(infill.routes)
+    app.include_router(rerank.routes)
     app.include_router(status.routes)
     app.include_router(ui.routes)
     cfg = service.config

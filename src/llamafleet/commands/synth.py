@@ -30,9 +30,17 @@ class _Names:
         return iter(self._names())
 
 
+BERT_POOLING = ("mean", "cls", "rank")  # --bert: an embedding model's pooling, or a reranker's
+
+
 def run(args: argparse.Namespace) -> int:
     from llamafleet.model.synth import CHAT_TEMPLATE, SHAPES, SynthError, find_template, find_vocab, write_model
 
+    if args.bert is not None:
+        return _bert(args)
+    if args.shape is None:
+        print("error: give --shape (a LLaMA-2-shaped model) or --bert (a tiny encoder)", file=sys.stderr)
+        return 2
     try:
         vocab = find_vocab(args.vocab)
         template = CHAT_TEMPLATE if args.chat_template is None else find_template(args.chat_template)
@@ -49,6 +57,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bert(args: argparse.Namespace) -> int:
+    from gguf import PoolingType
+
+    from llamafleet.model.synth_bert import write_bert
+
+    try:
+        path = write_bert(args.output, pooling=PoolingType[args.bert.upper()], seed=args.seed)
+    except OSError as e:
+        print(f"error: cannot write {args.output}: {e}", file=sys.stderr)
+        return 1
+    print(f"{path} (a tiny BERT {'reranker' if args.bert == 'rank' else 'embedding model'})")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "synth",
@@ -57,8 +79,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "LLaMA-2 tokenizer. Its answers are noise; its speed and memory are those of the real model.",
     )
     # a metavar keeps argparse from listing the choices (and importing the writer) while the parser is built
-    p.add_argument("--shape", choices=_Names("SHAPES"), required=True, metavar="SHAPE",
-                   help="model shape: %(choices)s")
+    p.add_argument("--shape", choices=_Names("SHAPES"), metavar="SHAPE",
+                   help="model shape: %(choices)s (or --bert)")
+    p.add_argument("--bert", choices=BERT_POOLING, help="write a tiny BERT encoder with random weights instead: an "
+                   "embedding model pooled by mean or cls, or a reranker (rank: a classifier head, for /v1/rerank)")
     p.add_argument("--quant", choices=_Names("QUANTS"), default="q4_0", metavar="TYPE",
                    help="weight type: %(choices)s (default %(default)s)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the .gguf")
