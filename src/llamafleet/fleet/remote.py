@@ -115,6 +115,6 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
                 "llama.cpp upstream (set llama_cpp: true only for llamafleet or llama-server members)")
     if p.ignore_eos:
         return "ignore_eos needs a llama.cpp upstream"
-    if changed := p.changed(LLAMA_CPP_KNOBS):
+    if changed := p.changed((*LLAMA_CPP_KNOBS, "penalty_last_n")):
         return f"{', '.join(changed)} need a llama.cpp upstream; leave them at their defaults"
     return None
