@@ -38,8 +38,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.bert is not None:
         return _bert(args)
+    if args.lora_for is not None:
+        return _lora(args)
     if args.shape is None:
-        print("error: give --shape (a LLaMA-2-shaped model) or --bert (a tiny encoder)", file=sys.stderr)
+        print("error: give --shape (a LLaMA-2-shaped model), --bert (a tiny encoder) or --lora-for (an adapter)",
+              file=sys.stderr)
         return 2
     try:
         vocab = find_vocab(args.vocab)
@@ -71,6 +74,19 @@ def _bert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lora(args: argparse.Namespace) -> int:
+    from llamafleet.model.header import GgufError
+    from llamafleet.model.synth_lora import write_lora
+
+    try:
+        path = write_lora(args.lora_for, args.output, rank=args.rank, seed=args.seed)
+    except (GgufError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{path} (a LoRA adapter of rank {args.rank} for {args.lora_for})")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "synth",
@@ -93,6 +109,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "sdist, fetched if absent); default: LLaMA-2's (llama-spm)")
     p.add_argument("--chat-template", metavar="FILE|NAME", help="the chat template: a Jinja file, or the name of one "
                    "of llama.cpp's (Qwen-Qwen3-0.6B, meta-llama-Llama-3.1-8B-Instruct, ...); default: LLaMA-2's")
+    p.add_argument("--lora-for", metavar="BASE.gguf", help="write a LoRA adapter with random weights for the model "
+                   "file BASE instead (its attention query and value projections)")
+    p.add_argument("--rank", type=int, default=8, help="the adapter's rank, with --lora-for (default 8)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -1,8 +1,9 @@
 """llama.cpp's models, contexts and batches: the ctypes calls that load weights, run passes and edit the KV cache.
 
-The bindings are three modules, the only ones that call into llama.cpp (binding names drift between versions: one
-place to fix): this one; :mod:`llamafleet.engine.llama_backend` (backend setup, llama.cpp's logs, devices, RPC)
-and :mod:`llamafleet.engine.llama_sampler` (sampler chains, grammars, candidate buffers).
+The bindings are four modules, the only ones that call into llama.cpp (binding names drift between versions: one
+place to fix): this one; :mod:`llamafleet.engine.llama_backend` (backend setup, llama.cpp's logs, devices, RPC),
+:mod:`llamafleet.engine.llama_sampler` (sampler chains, grammars, candidate buffers) and
+:mod:`llamafleet.engine.llama_lora` (LoRA adapters).
 
 Import order matters on CUDA builds: if numpy (whose wheels bundle OpenBLAS and libgfortran) is loaded before
 libggml-cuda, loading a model can crash inside llama.cpp's own log formatting (``llama_model::print_info``; seen on
