@@ -10,13 +10,15 @@
 # one (its documents are then the synthetic vocabulary's words all the same: give a model whose vocabulary has them
 # as whole tokens, or expect the probe's token-count check to stop it).
 # Environment: LLAMA_SERVER (required), MODEL, DOCS (64), TOKENS (200), ROUNDS (5), SLOTS (8), THREADS (default:
-# every core), PORT (18095; llama-server on PORT+1), PYTHON (python3).
+# every core but one, llamafleet's own default, given to both), PORT (18095; llama-server on PORT+1), PYTHON
+# (python3). On a machine with GPUs, hide them (CUDA_VISIBLE_DEVICES=) to measure the CPU: gpu-bench.sh's rerank
+# phase does.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 OUT=${1:-rerank-report}
 DOCS=${DOCS:-64}; TOKENS=${TOKENS:-200}; ROUNDS=${ROUNDS:-5}; SLOTS=${SLOTS:-8}; PORT=${PORT:-18095}
-THREADS=${THREADS:-$(nproc)}
+THREADS=${THREADS:-$(( $(nproc) > 1 ? $(nproc) - 1 : 1 ))}
 : "${LLAMA_SERVER:?set LLAMA_SERVER to a llama-server binary built from the same llama.cpp source}"
 mkdir -p "$OUT"
 MODEL=${MODEL:-$OUT/reranker-minilm-l6-shape.gguf}
