@@ -14,7 +14,7 @@ agents, its Python examples): what each means here.
 * refused unless at their neutral values, because their samplers are not in this server's chain and an answer
   sampled without them would pass for one sampled with them: ``mirostat``, ``dynatemp_range``, ``xtc_probability``,
   ``dry_multiplier``, ``top_n_sigma`` (their companion fields, such as ``mirostat_tau``, are accepted: they do
-  nothing while the sampler is off).
+  nothing while the sampler is off); and ``lora`` (per-request adapters) unless empty: none are served.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class LlamaServerFields(LlamaServerNoOps):
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
     top_n_sigma: float = -1.0
+    lora: list[dict[str, Any]] | None = None  # per-request adapters: refused while none are served
 
     @field_validator("n_predict")
     @classmethod
@@ -103,4 +104,5 @@ class LlamaServerFields(LlamaServerNoOps):
             ("xtc_probability", self.xtc_probability != 0, NOT_IN_CHAIN.format(0)),
             ("dry_multiplier", self.dry_multiplier != 0, NOT_IN_CHAIN.format(0)),
             ("top_n_sigma", self.top_n_sigma not in (-1.0, 0.0), NOT_IN_CHAIN.format(-1)),
+            ("lora", bool(self.lora), "LoRA adapters are not served here; send [] or leave it out"),
         ]

@@ -23,7 +23,7 @@ NO_OPS = {"cache_prompt": True, "id_slot": 1, "samplers": ["top_k", "temperature
           "post_sampling_probs": True, "verbose": True, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
           "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
           "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
-          "dry_sequence_breakers": ["\n"], "top_n_sigma": -1.0}
+          "dry_sequence_breakers": ["\n"], "top_n_sigma": -1.0, "lora": []}
 
 
 def chat(**body: Any) -> SamplingParams:
@@ -62,13 +62,15 @@ def test_no_op_fields_are_accepted_and_change_nothing(client: TestClient) -> Non
 
 
 @pytest.mark.parametrize(("field", "value"), [("mirostat", 2), ("dynatemp_range", 0.5), ("xtc_probability", 0.5),
-                                              ("dry_multiplier", 0.8), ("top_n_sigma", 1.0)])
-def test_samplers_this_server_lacks_are_refused_unless_off(client: TestClient, field: str, value: float) -> None:
+                                              ("dry_multiplier", 0.8), ("top_n_sigma", 1.0),
+                                              ("lora", [{"id": 0, "scale": 0.5}])])
+def test_samplers_and_adapters_this_server_lacks_are_refused_unless_off(client: TestClient, field: str,
+                                                                        value: Any) -> None:
     for route, body in (("/v1/chat/completions", CHAT), ("/v1/completions", {"model": MODEL, "prompt": "hi"})):
         r = client.post(route, json={**body, field: value})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert err["param"] == field and "no such sampler" in err["message"]
+        assert err["param"] == field and ("no such sampler" in err["message"] or "LoRA" in err["message"])
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
