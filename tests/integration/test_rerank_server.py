@@ -34,7 +34,7 @@ def server(launch_fleet: Callable[[list[str]], FleetServer], models: dict[str, P
            tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
     config = tmp_path_factory.mktemp("rerank-config") / "fleet.yaml"
     config.write_text("parallel: 2\ncontext_length: 128\nthreads: 1\nmodels:\n"
-                      f"  - {{name: embedder, path: {models['embedder']}, pinned: true}}\n"
+                      f"  - {{name: embedder, path: {models['embedder']}}}\n"  # loaded on demand
                       f"  - {{name: ranker, path: {models['ranker']}, pinned: true}}\n", encoding="utf-8")
     fleet = launch_fleet(["--config", str(config)])
     fleet.wait_ready()
@@ -78,10 +78,15 @@ def test_client_shapes(server: FleetServer) -> None:
     assert [x["score"] for x in tei] == sorted((x["score"] for x in tei), reverse=True)
 
 
+def states(server: FleetServer) -> dict[str, str]:
+    return {m["id"]: m["state"] for m in httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"]}
+
+
 def test_refusals(server: FleetServer) -> None:
     r = post(server, {"model": "embedder", "query": QUERY, "documents": DOCS})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert "cannot rerank" in r.text and "'ranker'" in r.text
+    assert states(server)["embedder"] == "unloaded"  # its header said so: refused without loading it
     r = httpx.post(f"{server.url}/v1/embeddings", json={"model": "ranker", "input": "hello"}, timeout=60)
     assert r.status_code == 400 and "reranker" in r.text
     r = httpx.post(f"{server.url}/v1/completions", json={"model": "ranker", "prompt": "hello", "max_tokens": 2},

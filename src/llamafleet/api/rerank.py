@@ -32,6 +32,7 @@ from llamafleet.api.protocol import check_unicode
 from llamafleet.api.service import Service, ServiceDep
 from llamafleet.engine.types import ContextOverflow, SamplingParams
 from llamafleet.fleet.messages import Submit
+from llamafleet.fleet.models import ManagedModel
 
 routes = APIRouter()
 
@@ -84,18 +85,24 @@ def _result(index: int, score: float, text: str, body: RerankRequest) -> dict[st
                                                            else {})}
 
 
-async def _reranker(service: Service, name: str | None) -> Service:
-    """``service`` bound to the model ``name`` (by default the first that can rerank), which must be a reranker."""
-    rerankers = [m.name for m in service.models.models if m.reranker]
-    if name is None:
-        name = rerankers[0] if rerankers else service.model_name
-    bound = await service.for_model(name)
-    if not bound.model.reranker:
+def _check(service: Service, model: ManagedModel) -> None:
+    if not model.reranker:
         rerankers = [m.name for m in service.models.models if m.reranker]
         can = (f"the models served here that can: {', '.join(repr(n) for n in rerankers)}" if rerankers else
                "no model served here can; serve a reranker GGUF (pooling type 'rank', e.g. bge-reranker-v2-m3)")
-        raise ApiError(400, f"model '{bound.model_name}' cannot rerank: it is not a reranker (its pooling type is "
-                            f"not 'rank'); {can}", param="model", code="model_not_reranker")
+        raise ApiError(400, f"model '{model.name}' cannot rerank: it is not a reranker (its pooling type is not "
+                            f"'rank'); {can}", param="model", code="model_not_reranker")
+
+
+async def _reranker(service: Service, name: str | None) -> Service:
+    """``service`` bound to the model ``name`` (by default the first that can rerank), which must be a reranker:
+    refused before it is loaded when its header says it is not one, else once its replicas said so."""
+    if name is None:
+        name = next((m.name for m in service.models.models if m.reranker), service.model_name)
+    if (model := service.find_model(name)).demand is not None:
+        _check(service, model)
+    bound = await service.for_model(name)
+    _check(service, bound.model)
     return bound
 
 
