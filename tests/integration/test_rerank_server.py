@@ -91,7 +91,7 @@ def test_refusals(server: FleetServer) -> None:
     assert r.status_code == 400 and "reranker" in r.text
     r = httpx.post(f"{server.url}/v1/completions", json={"model": "ranker", "prompt": "hello", "max_tokens": 2},
                    timeout=60)
-    assert r.status_code == 400
+    assert r.status_code == 400 and "reranker" in r.text and "/v1/rerank" in r.text
     for bad, param in [({"documents": []}, "documents"), ({}, None), ({"documents": DOCS, "texts": DOCS}, None),
                        ({"documents": DOCS, "top_n": 0}, "top_n"), ({"documents": [1]}, "documents"),
                        ({"documents": [{"title": "t"}]}, "documents"),

@@ -101,7 +101,7 @@ class Embedder:
     def __init__(self, model: Model, cfg: EngineConfig) -> None:
         self.model = model
         self.pooling = model.pooling if model.pooling in (MEAN, CLS, LAST, RANK) else MEAN
-        self.reranks = self.pooling == RANK  # it scores query-document pairs, and embeds nothing
+        self.reranks = model.reranks  # it scores query-document pairs, and embeds nothing
         self.limit = cfg.n_ctx_per_seq if model.causal else min(cfg.n_ctx_per_seq, model.n_ctx_train)
         self.n_batch = min(cfg.n_batch, MAX_BATCH) if model.causal else max(self.limit, cfg.n_batch)
         self.n_seq = min(MAX_INPUTS_PER_PASS, self.n_batch)  # llama.cpp keeps an output row per sequence id

@@ -92,6 +92,7 @@ class Model(Native):
         # a recurrent state cannot be cut back part-way (no prefix reuse, no rejected drafts given back)
         self.recurrent = bool(lc.llama_model_is_recurrent(ptr) or lc.llama_model_is_hybrid(ptr))
         self.pooling = int(self.meta(f"{arch}.pooling_type") or lc.LLAMA_POOLING_TYPE_UNSPECIFIED)  # its own, if any
+        self.reranks = self.pooling == lc.LLAMA_POOLING_TYPE_RANK  # it scores query-document pairs, nothing else
         self.n_cls_out = int(lc.llama_model_n_cls_out(ptr))  # a reranker's scores per input (its classifier's)
 
     def close(self) -> None:
