@@ -28,7 +28,8 @@
 #   spec         (not in the default list: it needs a real model, SPEC_MODEL, default the demo model) speculative
 #                decoding by scripts/spec-bench.sh on GPU 0: prompt lookup on and off in-process (1 and 128
 #                streams, edit / extract / random) and over HTTP (edit workload, SPEC_LEVELS, default 1,8,128),
-#                against llama-server's ngram-simple speculation with the same lookup and draft lengths
+#                against llama-server's ngram-simple speculation with the same lookup and draft lengths;
+#                DRAFT_MODEL or DRAFT_QUANT (passed through) add a draft model's in-process phases
 #   rerank       (not in the default list) /v1/rerank of 64 documents x 200 tokens on the host's CPU (GPUs hidden),
 #                llamafleet against the llama-server of the build phase (scripts/rerank-bench.sh), rounds interleaved
 #

@@ -7,10 +7,12 @@
 #
 # 1. bench engine, in-process: the edit, extract and random workloads, 1 and ENGINE_STREAMS requests at once, each
 #    phase with speculation off and on in turn (the ratios are of runs made under the same load);
+# 1b. with DRAFT_MODEL (a GGUF with MODEL's vocabulary) or DRAFT_QUANT (q4_0 or q8_0: MODEL quantized again, every
+#    tensor, into $REPORT/draft-$DRAFT_QUANT.gguf), the same engine phases with a draft model (edit and random);
 # 2. HTTP, the edit workload at LEVELS: llamafleet serve with speculation off, then on, then llama-server with
 #    --spec-type ngram-simple (lookup length NGRAM, drafts of up to DRAFT tokens), then llama-server without it.
 #
-# Environment: MODEL (default: the demo model, `llamafleet model`), LLAMA_SERVER (the binary; unset: that part is
+# Environment: MODEL (default: the demo model, `llamafleet model`), DRAFT_MODEL or DRAFT_QUANT (see 1b), LLAMA_SERVER (the binary; unset: that part is
 # skipped), REPORT (default spec-report), NGRAM (default 3), DRAFT (default 8), MAX_BATCH (llamafleet's
 # speculative.max_batch, default 4), LEVELS (default 1,8), SLOTS (default 8), CTX (default 2048), MAX_TOKENS
 # (default 192), ENGINE_STREAMS (default 8), REPEAT (off/on pairs per engine phase, median ratio; default 3), REQUESTS (per level; default: the bench's), THREADS (CPU threads, default: the
@@ -37,6 +39,25 @@ for workload in edit extract random; do
       >"$REPORT/engine-$workload-$n.json" 2>>"$REPORT/engine.log"
   done
 done
+
+DRAFT_MODEL=${DRAFT_MODEL:-}
+if [ -z "$DRAFT_MODEL" ] && [ -n "${DRAFT_QUANT:-}" ]; then
+  DRAFT_MODEL=$REPORT/draft-$DRAFT_QUANT.gguf
+  log "draft model: $MODEL quantized again to $DRAFT_QUANT, every tensor: $DRAFT_MODEL"
+  "$PY" -c 'import sys; from llamafleet.engine.llama_backend import quantize; quantize(*sys.argv[1:])' \
+    "$MODEL" "$DRAFT_MODEL" "$DRAFT_QUANT" 2>>"$REPORT/engine.log"
+fi
+if [ -n "$DRAFT_MODEL" ]; then
+  for workload in edit random; do
+    for n in 1 "$ENGINE_STREAMS"; do
+      log "bench engine: $workload, $n at once, draft model $(basename "$DRAFT_MODEL") off and on"
+      "$PY" -m llamafleet.cli bench engine --model "$MODEL" "${threads[@]}" --workload "$workload" --requests "$n" \
+        --max-tokens "$MAX_TOKENS" --speculative draft --draft-model "$DRAFT_MODEL" --max-draft "$DRAFT" \
+        --spec-max-batch "$MAX_BATCH" --repeat "$REPEAT" --json >"$REPORT/engine-draft-$workload-$n.json" \
+        2>>"$REPORT/engine.log"
+    done
+  done
+fi
 
 . "$repo/scripts/serve-lib.sh"  # wait_ready, stop
 bench_edit() {  # label

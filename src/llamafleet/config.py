@@ -134,7 +134,7 @@ class FleetConfig(BaseModel):
                                "(see docs/OPERATIONS.md)")
     speculative: SpeculativeSettings = Field(
         default_factory=lambda: SpeculativeSettings.model_validate({}), description="speculative decoding: mode, "
-        "max_draft, ngram_min, ngram_max, max_batch (see docs/OPERATIONS.md, Speculative decoding)")
+        "draft_model, max_draft, ngram_min, ngram_max, max_batch (see docs/OPERATIONS.md, Speculative decoding)")
     cache_ram_mib: int | None = Field(None, ge=0, description="RAM tier of the KV cache per replica: slots' KV kept "
                                       "when their slot is reused (0 = off; default: on CPU plans a quarter of the "
                                       "RAM the plan leaves, at most 8192; off on GPU plans)")

@@ -6,6 +6,7 @@ belongs here (or beside the code it configures), one field in :class:`llamafleet
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -48,8 +49,11 @@ class SpeculativeSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["off", "ngram"] = Field("off", description="off, or ngram: prompt lookup, drafts copied from the "
-                                          "sequence's own prompt and answer (a draft model is not built yet)")
+    mode: Literal["off", "ngram", "draft"] = Field("off", description="off; ngram: prompt lookup, drafts copied "
+                                                   "from the sequence's own prompt and answer; draft: a smaller "
+                                                   "model with the same vocabulary (draft_model) drafts")
+    draft_model: str | None = Field(None, min_length=1, description="with mode draft: the draft model's GGUF file "
+                                    "(same vocabulary as the served model; loaded beside it in each replica)")
     max_draft: int = Field(8, ge=1, le=MAX_DRAFT_LIMIT, description="most tokens drafted for one sequence per step")
     ngram_min: int = Field(2, ge=1, le=MAX_NGRAM, description="shortest tail of the sequence looked up (ngram)")
     ngram_max: int = Field(4, ge=1, le=MAX_NGRAM, description="longest tail looked up, tried first (ngram)")
@@ -66,4 +70,12 @@ class SpeculativeSettings(BaseModel):
     def _ngram_range(self) -> SpeculativeSettings:
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) cannot exceed ngram_max ({self.ngram_max})")
+        if self.mode == "draft" and self.draft_model is None:
+            raise ValueError("mode draft needs draft_model: the path of a GGUF model with the served model's "
+                             "vocabulary (or use mode ngram, which needs no second model)")
+        if self.mode != "draft" and self.draft_model is not None:
+            raise ValueError(f"draft_model is only used with mode draft (mode is {self.mode}): set mode: draft, or "
+                             "remove draft_model")
+        if self.draft_model is not None and not Path(self.draft_model).is_file():
+            raise ValueError(f"draft_model: no GGUF file at {self.draft_model}")
         return self

@@ -92,6 +92,7 @@ def _replica(r: ReplicaView, svc: Service, latest: dict[str, Any] | None) -> dic
     m, stats = svc.metrics, r.stats
     cached = stats.prompt_tokens_cached_total if stats else 0
     computed = stats.prompt_tokens_total if stats else 0
+    drafted, accepted = (stats.draft_tokens_total, stats.draft_accepted_total) if stats else (0, 0)
     sampled = next((x for x in latest["replicas"] if x["id"] == r.id), None) if latest else None
     return {
         "id": r.id, "index": r.index, "model": r.model, "where": r.where,
@@ -104,6 +105,7 @@ def _replica(r: ReplicaView, svc: Service, latest: dict[str, Any] | None) -> dic
         "generated_tokens": r.generated_tokens,
         "prompt_tokens_computed": computed, "prompt_tokens_cached": cached,
         "cache_hit_rate": _ratio(cached, cached + computed),
+        "draft_tokens": drafted, "draft_accepted_tokens": accepted, "draft_acceptance": _ratio(accepted, drafted),
         "tokens_per_s": sampled["tokens_per_s"] if sampled else 0.0,
         "ttft_s": mean_of(m.ttft, r.id), "itl_s": mean_of(m.token_gap, r.id),
         "memory_pss_bytes": _pss_bytes(r.pid), "last_error": r.last_error,

@@ -239,10 +239,15 @@ def run_engine(args: argparse.Namespace) -> int:
     if not model.is_file():
         return _fail(f"--model: no GGUF file at {model}")
     try:
-        spec = SpeculativeConfig(mode=args.spec_mode, max_draft=args.max_draft, max_batch=args.spec_max_batch)
+        spec = SpeculativeConfig(mode=args.spec_mode, max_draft=args.max_draft, max_batch=args.spec_max_batch,
+                                 draft_model=args.draft_model, draft_cost=args.draft_cost)
     except ValueError as e:
         return _fail(str(e).replace("speculative.max_draft", "--max-draft").replace("speculative.max_batch",
-                                                                                   "--spec-max-batch"))
+                                                                                   "--spec-max-batch")
+                     .replace("speculative.draft_model", "--draft-model").replace("speculative.draft_cost",
+                                                                                "--draft-cost"))
+    if args.draft_model is not None and not Path(args.draft_model).is_file():
+        return _fail(f"--draft-model: no GGUF file at {args.draft_model}")
     engine_cfg = engine_settings(cfg, str(model), args.requests, args.max_tokens, kv_unified=bool(args.kv_unified),
                                  overlap=not args.no_overlap, room=128 if args.workload is None else 1024,
                                  speculative=spec)
@@ -349,9 +354,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     e.add_argument("--workload", choices=WORKLOADS, help="the prompts: random (one-token words), edit (rewrite a "
                    "text), extract (copy a paragraph of a long document) (default: short questions)")
-    e.add_argument("--speculative", dest="spec_mode", choices=("off", "ngram"), default="off",
-                   help="speculative decoding: ngram runs each phase with and without it, side by side "
-                        "(default %(default)s)")
+    e.add_argument("--speculative", dest="spec_mode", choices=("off", "ngram", "draft"), default="off",
+                   help="speculative decoding: ngram (prompt lookup) or draft (a draft model) runs each phase with "
+                        "and without it, side by side (default %(default)s)")
+    e.add_argument("--draft-model", metavar="PATH",
+                   help="with --speculative draft: the draft model's GGUF (the model's vocabulary)")
+    e.add_argument("--draft-cost", type=_number(float, allow_zero=True), metavar="X",
+                   help="with --speculative: a drafted token's cost as a share of a step, fixed (0: draft whenever "
+                        "a draft is found); default: measured")
     e.add_argument("--max-draft", type=_number(int), default=8, metavar="N",
                    help="with --speculative: most tokens drafted per sequence per step (default %(default)s)")
     e.add_argument("--repeat", type=_number(int), default=1, metavar="N",

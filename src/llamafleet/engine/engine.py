@@ -92,7 +92,11 @@ class Engine(TextSide):
         # entry (sequence, first row, first position, positions)
         self._rows: Rows | None = None  # where the in-flight pass's logits rows are, when it scores prompts
         self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
-        self.spec = Speculator.create(cfg, self.model.recurrent)
+        try:  # (a draft model is loaded here, and may be refused)
+            self.spec = Speculator.create(ctx_cfg, self.model)
+        except BaseException:
+            self.close()
+            raise
 
     # -- lifetime ---------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -106,6 +110,8 @@ class Engine(TextSide):
             self.embedder.close()
         if getattr(self, "ctx", None) is not None:
             self.ctx.close()
+        if (spec := getattr(self, "spec", None)) is not None:
+            spec.close()
         self.model.close()
 
     def __enter__(self) -> Self:

@@ -34,6 +34,24 @@ def init_backend(llama_log_level: str = "warning") -> None:
         _backend_ready = True
 
 
+QUANT_TYPES = {"q4_0": lc.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0}
+
+
+def quantize(src: str, dst: str, quant: str, threads: int = 0) -> None:
+    """Write ``src``'s model to ``dst`` with every tensor in ``quant`` (a key of :data:`QUANT_TYPES`: block size 32,
+    so any width a model has), by llama.cpp's own quantizer; an already quantized model is quantized again from its
+    dequantized weights: a smaller, cheaper copy of it, such as a draft model for speculative decoding.
+    ``RuntimeError`` if llama.cpp fails."""
+    init_backend()
+    p = lc.llama_model_quantize_default_params()
+    p.ftype = QUANT_TYPES[quant]
+    p.nthread = threads
+    p.allow_requantize = True
+    p.pure = True  # the token embedding and output head too (by default they keep a larger type)
+    if lc.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {src} to {quant} (see the llama_cpp log above)")
+
+
 def supports_gpu_offload() -> bool:
     """Whether the installed llama.cpp offloads to a GPU of this host. llama.cpp's own llama_supports_gpu_offload()
     also says yes for the RPC backend alone, which offloads to other hosts' devices: a CPU build with RPC (every

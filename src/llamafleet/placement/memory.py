@@ -18,7 +18,7 @@ logs when a context is created (``tests/integration/test_synth_load.py`` keeps t
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -176,3 +176,14 @@ def _tensor_share(model: ModelInfo, whole: DeviceNeed, share: float) -> DeviceNe
         kv=int(whole.kv * heads / model.n_head_kv),
         compute=whole.compute,
     )
+
+
+def with_draft(model: ModelInfo, draft: ModelInfo) -> ModelInfo:
+    """``model`` with a draft model folded in (speculative decoding: the draft runs beside it in each replica, on
+    the same devices, in a context of the same shape), so every estimate counts both: the draft's weights spread
+    evenly over the model's layers, its KV elements per token added to each layer's values (rounded up). Its
+    compute buffer, much smaller than its KV and weights for a draft worth running, is not counted."""
+    extra_kv = -(-draft.kv_elements_per_token // (model.n_layer * model.n_head_kv))
+    extra_w = -(-draft.weights_bytes // model.n_layer)
+    return replace(model, layer_bytes=tuple(b + extra_w for b in model.layer_bytes),
+                   head_dim_v=model.head_dim_v + extra_kv, weights_bytes=model.weights_bytes + draft.weights_bytes)

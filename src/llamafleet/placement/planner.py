@@ -31,13 +31,13 @@ from llamafleet.config import FleetConfig
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
-from llamafleet.model.header import ModelInfo
+from llamafleet.model.header import GgufError, ModelInfo, read_model_info
 from llamafleet.placement import rpc_plan
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
 from llamafleet.placement.autofit import fit_unset
 from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_plan
 from llamafleet.placement.gpus import Gpu, Inventory
-from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs
+from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs, with_draft
 from llamafleet.placement.plan import Budget, Plan, ReplicaPlan
 
 KV_TIER_MAX_MIB = 8192  # the RAM tier's default bound per replica (llama-server's --cache-ram default)
@@ -61,7 +61,7 @@ def context_shape(model: ModelInfo, cfg: FleetConfig) -> ContextShape:
 
 
 def make_plan(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> Plan:
-    """Plan ``model`` on ``inventory`` under ``cfg``. Pure: reads nothing, loads nothing.
+    """Plan ``model`` on ``inventory`` under ``cfg``. Pure: reads nothing (but a draft model's header), loads nothing.
 
     ``parallel`` and ``context_length`` that the configuration does not set are fitted
     (:func:`~llamafleet.placement.autofit.fit_unset`).
@@ -84,6 +84,15 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         f"{model.n_layer} layers); "
         f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
     )
+    if (path := cfg.speculative.draft_model) is not None and cfg.speculative.mode == "draft":
+        try:
+            draft = read_model_info(path)
+        except (GgufError, OSError) as e:
+            notes.refuse(f"speculative.draft_model {path}: {e}; name a GGUF model with the served model's vocabulary")
+            return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
+        notes.reasons.append(f"draft model {draft.name or path} ({mib(draft.weights_bytes)} MiB of weights, "
+                             f"{draft.n_layer} layers) beside it in each replica: its weights and KV are counted")
+        model = with_draft(model, draft)
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")

@@ -35,9 +35,12 @@ def test_lookup_index_grows_with_the_sequence_and_prefers_recent_matches() -> No
     assert idx.draft([*seq2, 3], 1) == []
 
 
-def test_lookup_draft_may_run_into_the_tail_itself_and_stops_at_its_end() -> None:
+def test_lookup_draft_that_runs_into_the_tail_drafts_the_loop_on() -> None:
     idx = NgramIndex(2, 2)
-    assert idx.draft([1, 2, 1, 2], 8) == [1, 2]  # (1, 2) at 0..1 is followed by 1 2, then the sequence ends
+    # (1, 2) at 0..1 is followed by 1 2, then the sequence ends: a loop of period 2, drafted on to the k asked
+    assert idx.draft([1, 2, 1, 2], 8) == [1, 2, 1, 2, 1, 2, 1, 2]
+    assert NgramIndex(2, 3).draft([5, 9, 9, 9], 4) == [9, 9, 9, 9]  # a token repeated: period 1
+    assert NgramIndex(2, 3).draft([4, 1, 2, 3, 1, 2, 3, 1], 5) == [2, 3, 1, 2, 3]  # (3, 1) recurs every 3
 
 
 def test_ngram_source_keeps_one_index_per_slot() -> None:
@@ -47,7 +50,7 @@ def test_ngram_source_keeps_one_index_per_slot() -> None:
     assert src.propose([Ask(0, [1, 2, 3, 1, 2], 1), Ask(1, [4, 5, 6, 4, 5], 2)]) == [[3], [6, 4]]
     src.stop(0)
     src.start(0, [7, 8, 7])
-    assert src.propose([Ask(0, [7, 8, 7, 8], 3)]) == [[7, 8]]
+    assert src.propose([Ask(0, [7, 8, 7, 8], 3)]) == [[7, 8, 7]]
 
 
 def test_policy_grows_on_full_acceptance_trims_on_rejection_and_pauses_after_misses() -> None:
@@ -94,6 +97,10 @@ def test_drafts_are_sized_by_what_they_are_expected_to_gain() -> None:
     picks = [unsure.worth(8, 0.3, 1) for _ in range(PROBE)]
     assert picks == [0] * (PROBE - 1) + [1]  # not worth it: none, but a probe now and then
     assert sure.worth(8, 0.3, 8) == 0  # in a step of 8 answers one answer's drafts slow seven others
+    # a token costing as much as the step's own share of one (a draft model nearly as slow as the model): even
+    # drafts that are always right lose, so not even a probe (which, with a draft model, prefills its prompt)
+    assert [sure.worth(8, 1.2, 1) for _ in range(2 * PROBE)] == [0] * (2 * PROBE)
+    assert [sure.worth(8, 0.3, 4) for _ in range(2 * PROBE)] == [0] * (2 * PROBE)
     unsure.draft = [5]
     unsure.settle(1)
     assert unsure.p > 0.2

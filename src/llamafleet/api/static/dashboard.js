@@ -50,6 +50,10 @@ function renderOverview(s) {
   document.getElementById("tokens-total").textContent =
     `${lf.num(t.prompt_tokens_cached, 0)} of ${lf.num(t.prompt_tokens, 0)} prompt tokens cached; ` +
     `${lf.num(t.generated_tokens, 0)} generated`;
+  document.getElementById("spec-acceptance").textContent = lf.pct(t.draft_acceptance);
+  document.getElementById("spec-tokens").textContent = t.draft_tokens
+    ? `speculative decoding: ${lf.num(t.draft_accepted_tokens, 0)} of ${lf.num(t.draft_tokens, 0)} drafted tokens kept`
+    : "no draft yet (speculative decoding off, or nothing drafted)";
   document.getElementById("http-requests").textContent = lf.num(t.http_requests, 0);
   document.getElementById("sequences").textContent =
     Object.entries(t.sequences).map(([k, v]) => `${k} ${lf.num(v, 0)}`).join(", ") || "no sequence yet";
@@ -132,6 +136,8 @@ function renderReplicas(s) {
     lf.el("td", {class: "restarts"}, r.restarts),
     lf.el("td", {class: "cache", title: tierTitle(r.kv_tiers)}, lf.pct(r.cache_hit_rate),
           r.kv_tiers ? ` · RAM ${r.kv_tiers.ram.hits} / disk ${r.kv_tiers.disk.hits} hits` : ""),
+    lf.el("td", {class: "drafts", title: `speculative decoding: ${r.draft_accepted_tokens} of ${r.draft_tokens} ` +
+                 "drafted tokens kept"}, r.draft_tokens ? lf.pct(r.draft_acceptance) : "–"),
     lf.el("td", {}, r.kv_tokens ? lf.pct(r.kv_tokens_used / r.kv_tokens) : "–"),
     lf.el("td", {class: "error"}, r.last_error || ""))));
 }

@@ -56,14 +56,15 @@ class Track:
 
     def worth(self, limit: int, r: float, base: int) -> int:
         """How many tokens to draft (at most ``limit``) in a step of ``base`` tokens where one more token costs ``r``
-        of the step: the most gainful number, 0 if none gains (then one, every :data:`PROBE` steps)."""
+        of the step: the most gainful number, 0 if none gains (then one, every :data:`PROBE` steps, unless
+        ``r * base >= 1``: there even drafts that are always right lose)."""
         best, gain, expected, term = 0, 1.0, float(base), 1.0
         for k in range(1, limit + 1):
             term *= self.p
             expected += term
             if (g := expected / (base * (1.0 + r * k))) > gain:
                 best, gain = k, g
-        if best or limit < 1:
+        if best or limit < 1 or r * base >= 1.0:  # (then even drafts always right would not pay: no probe)
             self.idle = 0
             return best
         self.idle += 1
@@ -101,13 +102,25 @@ class PassCost:
         x, y = float(tokens), seconds
         self._s = [KEEP * s + v for s, v in zip(self._s, (1.0, x, y, x * x, x * y), strict=True)]
 
-    def share(self, tokens: int) -> float:
-        """One more token's cost as a share of a pass of ``tokens`` (0 until passes of different sizes were seen)."""
+    def fit(self) -> tuple[float, float] | None:
+        """``(a, b)``, ``b`` 0 while passes of only one size were seen (then ``a`` is their mean time);
+        None before any pass."""
         n, sx, sy, sxx, sxy = self._s
+        if n <= 0:
+            return None
         var = n * sxx - sx * sx
         if n < 2 or var <= 1e-9 * n * n:
-            return 0.0
+            return sy / n, 0.0
         b = max(0.0, (n * sxy - sx * sy) / var)
-        a = (sy - b * sx) / n
-        whole = a + b * tokens
+        return (sy - b * sx) / n, b
+
+    def seconds(self, tokens: int) -> float:
+        """The expected time of a pass of ``tokens`` (0 before any pass)."""
+        a, b = self.fit() or (0.0, 0.0)
+        return a + b * tokens
+
+    def share(self, tokens: int) -> float:
+        """One more token's cost as a share of a pass of ``tokens`` (0 until passes of different sizes were seen)."""
+        _, b = self.fit() or (0.0, 0.0)
+        whole = self.seconds(tokens)
         return b / whole if whole > 0 else 0.0

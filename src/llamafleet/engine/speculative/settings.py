@@ -9,14 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-SpeculativeMode = Literal["off", "ngram"]
+SpeculativeMode = Literal["off", "ngram", "draft"]
 MAX_DRAFT_LIMIT = 64  # drafted tokens per sequence per step: past this a rejection wastes more than a step saves
 MAX_NGRAM = 16
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """``mode``: ``off``, or ``ngram`` (prompt lookup: drafts copied from the sequence's own prompt and answer).
+    """``mode``: ``off``, ``ngram`` (prompt lookup: drafts copied from the sequence's own prompt and answer) or
+    ``draft`` (a smaller model with the same vocabulary, the GGUF at ``draft_model``, drafts greedily:
+    :mod:`llamafleet.engine.speculative.draft_model`).
 
     ``max_draft`` caps the tokens drafted for one sequence in one step (the policy drafts fewer when its recent
     drafts were rejected); ``ngram_min``..``ngram_max`` are the lengths of the tail looked up, longest first;
@@ -31,10 +33,15 @@ class SpeculativeConfig:
     ngram_max: int = 4
     max_batch: int = 4
     draft_cost: float | None = None
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
-            (self.mode in ("off", "ngram"), f"speculative.mode must be 'off' or 'ngram', not {self.mode!r}"),
+            (self.mode in ("off", "ngram", "draft"),
+             f"speculative.mode must be 'off', 'ngram' or 'draft', not {self.mode!r}"),
+            ((self.mode == "draft") == bool(self.draft_model),
+             "speculative.draft_model names the draft model's GGUF file, with mode 'draft' and only then: "
+             f"mode {self.mode!r} with draft_model {self.draft_model!r}"),
             (1 <= self.max_draft <= MAX_DRAFT_LIMIT,
              f"speculative.max_draft must be between 1 and {MAX_DRAFT_LIMIT}, not {self.max_draft}"),
             (1 <= self.ngram_min <= self.ngram_max <= MAX_NGRAM,

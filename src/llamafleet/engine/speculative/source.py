@@ -27,8 +27,9 @@ class Ask:
 
 
 class DraftSource(Protocol):
-    """A draft source: prompt lookup here; a draft model, a draft head (EAGLE/MTP-style, fed the target's hidden
-    states) or llama.cpp's own speculative helpers fit the same three calls."""
+    """A draft source: prompt lookup here, a draft model (:mod:`llamafleet.engine.speculative.draft_model`); a draft
+    head (EAGLE/MTP-style, fed the target's hidden states) or llama.cpp's own speculative helpers fit the same
+    three calls."""
 
     def start(self, slot: int, tokens: Sequence[int]) -> None:
         """A sequence starts in ``slot`` with ``tokens`` (its prompt); whatever the slot held before is gone."""
@@ -58,12 +59,18 @@ class NgramIndex:
         self._next = max(self._next, len(tokens))
 
     def draft(self, tokens: Sequence[int], k: int) -> list[int]:
-        """The tokens that followed the latest earlier occurrence of ``tokens``' longest indexed tail, up to ``k``."""
+        """The tokens that followed the latest earlier occurrence of ``tokens``' longest indexed tail, up to ``k``.
+
+        Where they run into the end of ``tokens`` (the tail recurs every ``p`` tokens, ``p`` under ``k``: a loop
+        such as a repeated word or a row of dashes), the loop is drafted on: the last ``p`` tokens again and again."""
         self.update(tokens)
         for n in self.sizes:
             at = self._after[n].get(tuple(tokens[len(tokens) - n:])) if len(tokens) >= n else None
             if at is not None:
-                return list(tokens[at:at + k])
+                out = list(tokens[at:at + k])
+                period = len(tokens) - at
+                out += [out[i % period] for i in range(len(out), k)]
+                return out
         return []
 
 

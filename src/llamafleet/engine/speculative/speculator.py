@@ -15,8 +15,9 @@ import logging
 import numpy as np
 import numpy.typing as npt
 
-from llamafleet.engine.llama import Context
+from llamafleet.engine.llama import Context, Model
 from llamafleet.engine.sequence import Sequence
+from llamafleet.engine.speculative.draft_model import DraftModel
 from llamafleet.engine.speculative.policy import PassCost, Track
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.speculative.source import Ask, DraftSource, NgramSource
@@ -30,25 +31,33 @@ Entry = tuple[Sequence, int]  # (sequence, batch index or logits row)
 class Speculator:
     """Speculative decoding for one engine, with the draft source ``cfg.mode`` names."""
 
-    def __init__(self, cfg: SpeculativeConfig, n_ctx_per_seq: int) -> None:
+    def __init__(self, cfg: SpeculativeConfig, n_ctx_per_seq: int, source: DraftSource | None = None) -> None:
         self.cfg = cfg
         self.n_ctx_per_seq = n_ctx_per_seq
-        self.source: DraftSource = NgramSource(cfg.ngram_min, cfg.ngram_max)
+        self.source = source or NgramSource(cfg.ngram_min, cfg.ngram_max)
+        self.draft_model = source if isinstance(source, DraftModel) else None
         self.cost = PassCost()  # what decode passes cost, by their number of tokens
         self.drafted_total = 0
         self.accepted_total = 0
 
     @classmethod
-    def create(cls, cfg: EngineConfig, recurrent: bool) -> Speculator | None:
-        """The engine's speculator, or None: speculation off, or a model whose state cannot be cut back (recurrent
-        or hybrid: the KV of rejected drafts could not be given back)."""
+    def create(cls, cfg: EngineConfig, model: Model) -> Speculator | None:
+        """The engine's speculator for ``model``, or None: speculation off, or a model whose state cannot be cut
+        back (recurrent or hybrid: the KV of rejected drafts could not be given back). With a draft model, that
+        model is loaded (``ValueError`` if its vocabulary is not ``model``'s)."""
         if not cfg.speculative.on:
             return None
-        if recurrent:
+        if model.recurrent:
             log.warning("speculative decoding is off for %s: a recurrent model's state cannot be rolled back past "
                         "rejected drafts", cfg.model_path)
             return None
-        return cls(cfg.speculative, cfg.n_ctx_per_seq)
+        source = DraftModel(model, cfg) if cfg.speculative.mode == "draft" else None
+        return cls(cfg.speculative, cfg.n_ctx_per_seq, source)
+
+    def close(self) -> None:
+        """Free the draft model, if there is one."""
+        if self.draft_model is not None:
+            self.draft_model.close()
 
     def admit(self, s: Sequence) -> None:
         """``s`` has just taken its slot: it speculates from now on if its request allows it."""
@@ -70,8 +79,13 @@ class Speculator:
         budget -= len(decoding)
         if len(decoding) > self.cfg.max_batch or budget <= 0:
             return
-        c, n = self.cfg.draft_cost, len(decoding)
+        c, n, dm = self.cfg.draft_cost, len(decoding), self.draft_model
         r = self.cost.share(n) if c is None else c / (1.0 + c * n)  # one more token's share of this step
+        if c is None and dm is not None:  # each drafted token costs a pass of the draft model too; until the
+            # target's passes of several sizes were timed, its share of a token is taken to be the draft's
+            r = r or dm.cost.share(n)
+            step = self.cost.seconds(n)
+            r += dm.cost.seconds(n) / step if step > 0 else 1.0  # (no draft before a step of the target was timed)
         asks: list[tuple[Sequence, Track, Ask]] = []
         for s in decoding:
             t = s.spec
