@@ -30,6 +30,11 @@
 #                streams, edit / extract / random) and over HTTP (edit workload, SPEC_LEVELS, default 1,8,128),
 #                against llama-server's ngram-simple speculation with the same lookup and draft lengths;
 #                DRAFT_MODEL or DRAFT_QUANT (passed through) add a draft model's in-process phases
+#   torch        (not in the default list: it needs transformers, tokenizers and safetensors beside torch; run it
+#                after build) the torch engine on GPU 0: LLaMA-2 7B's shape as a checkpoint folder (random fp16
+#                safetensors, written here) against the GGUF engine on F16 and Q8_0 files of the same shape, each
+#                served alone (32 slots, ctx CTX), 1 and 32 streams over HTTP; /v1/status (planned vs measured
+#                memory) saved per model
 #   rerank       (not in the default list) /v1/rerank of 64 documents x 200 tokens on the host's CPU (GPUs hidden),
 #                llamafleet against the llama-server of the build phase (scripts/rerank-bench.sh), rounds interleaved
 #
@@ -256,6 +261,30 @@ YAML
   wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-fleet.log"; exit 1; }
   "$PY" "$repo/scripts/fleet_probe.py" "http://127.0.0.1:$PORT" m7 m13 m7q8 | tee "$REPORT/fleet.md"
   stop $pid
+fi
+
+# --- the torch engine against the GGUF engine, one GPU ---------------------------------------------------------------
+if has torch; then
+  vocab=$SRC/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf
+  HF7=$WORK/models/llama2-7b-hf
+  for q in f16 q8_0; do
+    g=$WORK/models/llama2-7b-$q.gguf
+    [ -f "$g" ] || { log "synth 7B $q"; "$PY" -m llamafleet.cli synth --shape llama2-7b --quant $q --vocab "$vocab" -q -o "$g"; }
+  done
+  [ -f "$HF7/config.json" ] || { log "synth 7B fp16 checkpoint folder"; "$PY" -m llamafleet.cli synth --shape llama2-7b \
+    --hf --quant f16 --vocab "$vocab" -o "$HF7" >>"$REPORT/run.log" 2>&1; }
+  for entry in "torch-f16:$HF7" "gguf-f16:$WORK/models/llama2-7b-f16.gguf" "gguf-q8_0:$WORK/models/llama2-7b-q8_0.gguf"; do
+    label=${entry%%:*}; path=${entry#*:}
+    log "llamafleet serve $label on GPU 0 (32 slots, ctx $CTX)"
+    CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli plan --model "$path" --parallel 32 --ctx $CTX \
+      >"$REPORT/plan-$label.txt" 2>&1 || true
+    CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$path" --port $PORT --replicas 1 --parallel 32 \
+      --ctx $CTX >"$REPORT/serve-$label.log" 2>&1 & pid=$!
+    wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-$label.log"; stop $pid; continue; }
+    d=$(dmon $label); bench_http "$label" "http://127.0.0.1:$PORT" 1,32; kill $d
+    curl -s "http://127.0.0.1:$PORT/v1/status" >"$REPORT/status-$label.json" || true
+    stop $pid
+  done
 fi
 
 if has multi; then

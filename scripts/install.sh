@@ -12,9 +12,11 @@
 #                        | cuda (GPU offload; CUDA_ARCHITECTURES picks the SM list, default "native")
 #   LLAMA_CPP_SOURCE     a llama-cpp-python source tree or sdist to build from (for machines without PyPI)
 #   LLAMAFLEET_EXTRAS    pip extras for llamafleet itself, comma-separated (default none: what serving needs;
-#                        "dev": the test and lint tools, "ray": replicas on a Ray cluster; scripts/test.sh asks
-#                        for both)
+#                        "dev": the test and lint tools, "ray": replicas on a Ray cluster, "torch": the torch
+#                        engine for checkpoint folders; scripts/test.sh asks for all three)
 #   PYTHON               the interpreter for the venv (>= 3.11; default python3)
+#   TORCH_INDEX          with the torch extra on a cpu/native backend: the index of the CPU build of PyTorch
+#                        (default https://download.pytorch.org/whl/cpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -79,6 +81,13 @@ else
 fi
 
 EXTRAS=${LLAMAFLEET_EXTRAS:-}
+# The torch extra: PyPI's default torch wheel carries CUDA's libraries (gigabytes). Off the cuda backend, take the CPU
+# build first from PyTorch's CPU index (pip's find-links, if configured, are searched too); the extra's torch
+# requirement is then met and pip leaves it alone. Once installed, nothing is downloaded again.
+if [[ ",$EXTRAS," == *",torch,"* && "$BACKEND" != cuda ]] && ! $VPY -c "import torch" 2>/dev/null; then
+  echo "==> installing the CPU build of PyTorch (about 200 MB) for the torch extra, from ${TORCH_INDEX:=https://download.pytorch.org/whl/cpu}"
+  $VPY -m pip install -q --retries 1 --index-url "$TORCH_INDEX" torch
+fi
 echo "==> installing llamafleet${EXTRAS:+ with the extras $EXTRAS} and its Python dependencies (FastAPI, numpy,"
 echo "    matplotlib, ...; pip runs quietly: a minute or two of downloads the first time, seconds once installed)"
 $VPY -m pip install -q -e ".${EXTRAS:+[$EXTRAS]}"

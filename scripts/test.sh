@@ -3,14 +3,15 @@
 # whole test suite. Extra arguments go to pytest (e.g. `scripts/test.sh -k engine`).
 #
 # Besides what serving needs (scripts/install.sh), it installs
-#   - the extras dev (pytest, mypy, ruff, the OpenAI and Anthropic SDKs, websockets) and ray (Ray, about 250 MB:
-#     the Ray tests start a local multi-node cluster);
+#   - the extras dev (pytest, mypy, ruff, the OpenAI and Anthropic SDKs, websockets), ray (Ray, about 250 MB:
+#     the Ray tests start a local multi-node cluster) and torch (PyTorch's CPU build and transformers: the torch
+#     engine's tests);
 #   - Debian's Chromium (about 100 MB), once, for the dashboard's browser test. This is the one step that needs
 #     root (apt-get); without root or apt it says so, and that test fails naming the fix
 #     (`sudo apt-get install chromium`, or LLAMAFLEET_CHROMIUM=/path/to/chromium).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-LLAMAFLEET_EXTRAS=${LLAMAFLEET_EXTRAS:-dev,ray} bash scripts/install.sh
+LLAMAFLEET_EXTRAS=${LLAMAFLEET_EXTRAS:-dev,ray,torch} bash scripts/install.sh
 
 CHROMIUM=${LLAMAFLEET_CHROMIUM:-/usr/bin/chromium}
 if [ ! -x "$CHROMIUM" ]; then

@@ -1,8 +1,10 @@
 """Shared fixtures: the real model, and real ``llamafleet serve`` processes driven over HTTP.
 
 ``fleet`` is one server for the whole session (the demo model, 2 replicas x 4 slots, 512 tokens of context, one
-thread each: small enough for a 2-core CI machine). ``launch_fleet`` starts further servers with any flags; every
-server runs in its own session (process group) and the whole group is killed at teardown, workers included.
+thread each: small enough for a 2-core CI machine). ``launch_fleet`` starts further servers with any flags: each is
+stopped at the end of the test module that started it (idle servers left running would take a share of the cores
+from every later test); every server runs in its own session (process group) and the whole group is killed at
+teardown, workers included.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class FleetServer:
     proc: subprocess.Popen[bytes]
     url: str
     log_path: Path
+    shared: bool = False  # the session's `fleet`: kept past the end of the module that started it
+    stopped: bool = False  # by stop(): its process group is gone (its pid may be another's by now)
     _client: OpenAI | None = None
 
     def log(self) -> str:
@@ -97,6 +101,7 @@ class FleetServer:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        self.stopped = True
         return rc
 
 
@@ -117,19 +122,33 @@ def model_path() -> Path:
     return default_model_path(progress=False)
 
 
+_started: list[FleetServer] = []  # by launch_fleet, in order
+
+
 @pytest.fixture(scope="session")
 def launch_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[list[str]], FleetServer]]:
-    """Start servers with ``launch_fleet(args)`` (not waited for); all are stopped at the end of the session."""
-    started: list[FleetServer] = []
+    """Start servers with ``launch_fleet(args)`` (not waited for); each is stopped at the end of the test module that
+    started it (the shared ``fleet`` at the end of the session)."""
 
     def launch(args: list[str]) -> FleetServer:
         server = run_serve(args, tmp_path_factory.mktemp("serve") / "server.log")
-        started.append(server)
+        _started.append(server)
         return server
 
     yield launch
-    for server in started:
-        server.stop()
+    for server in _started:
+        if not server.stopped:
+            server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_modules_servers() -> Iterator[None]:
+    """Stop the servers the module started (after its own fixtures' teardown), except the shared ``fleet``."""
+    first = len(_started)
+    yield
+    for server in _started[first:]:
+        if not server.shared and not server.stopped:
+            server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +156,7 @@ def fleet(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) ->
     """The shared server: the demo model, 2 replicas x 4 slots, 512 tokens each, one thread per replica."""
     server = launch_fleet(["--model", str(model_path), "--replicas", "2", "--parallel", "4", "--ctx", "512",
                            "--threads", "1"])
+    server.shared = True
     server.wait_ready()
     return server
 

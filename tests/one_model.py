@@ -6,8 +6,8 @@ from __future__ import annotations
 from llamafleet.api.service import Service
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig
+from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.fleet.models import ModelManager, placed_model
-from llamafleet.fleet.replicas import ReplicaSpec
 from llamafleet.fleet.telemetry import FleetMetrics
 from llamafleet.placement.plan import Plan
 

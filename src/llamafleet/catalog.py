@@ -90,7 +90,7 @@ def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel
 
 def demands(served: list[ServedModel]) -> list[Demand]:
     """What the packer needs of each model with a file: its header read from it (raises ``GgufError``)."""
-    from llamafleet.model.header import read_model_info
+    from llamafleet.model.checkpoint import describe
     from llamafleet.placement.packing import Demand
 
-    return [Demand(m.name, read_model_info(m.path), m.cfg, m.pinned) for m in served if m.path is not None]
+    return [Demand(m.name, describe(m.path), m.cfg, m.pinned) for m in served if m.path is not None]

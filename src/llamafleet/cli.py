@@ -11,7 +11,10 @@ import argparse
 import difflib
 import importlib
 import logging
+import os
+import select
 import sys
+from typing import TextIO
 
 from llamafleet import __version__
 from llamafleet.exits import Exit
@@ -37,9 +40,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        rc = _main(argv)
+        sys.stdout.flush()  # here, not at the interpreter's exit, so that a reader gone by now is handled below
+        return rc
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
+    except BrokenPipeError:
+        if not any(_reader_gone(s) for s in (sys.stdout, sys.stderr)):
+            raise  # another pipe (a bug's, not the user's `| head`): its traceback is wanted
+        for stream in (sys.stdout, sys.stderr):  # what is still buffered for it can go nowhere: drop it quietly
+            if _reader_gone(stream):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        return Exit.PIPE
+
+
+def _reader_gone(stream: TextIO) -> bool:
+    """Whether ``stream`` is a pipe whose reader has closed it (``llamafleet plan | head``, after ``head`` exits)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # replaced by something that is no file (pytest's capture)
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 def _main(argv: list[str] | None) -> int:

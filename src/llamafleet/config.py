@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 # The keys a `models:` entry may set for its model alone; the others are the fleet's (one server, one port, ...).
 PER_MODEL_KEYS = ("context_length", "parallel", "batch_size", "ubatch_size", "kv_cache_type", "flash_attn",
-                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer", "speculative")
+                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer", "speculative", "engine")
 
 
 class ModelEntry(BaseModel):
@@ -92,6 +92,9 @@ class FleetConfig(BaseModel):
     # What to serve.
     model_path: str | None = Field(None, description="GGUF file to serve; unset = the built-in demo model")
     model_name: str | None = Field(None, description="name clients use in 'model'; default: the file's stem")
+    engine: Literal["auto", "llama.cpp", "torch"] = Field(
+        "auto", description="what serves the model: llama.cpp (a GGUF file) or torch (a Hugging Face checkpoint "
+        "folder, the torch extra); auto = torch for a folder, llama.cpp for a file")
 
     models: list[ModelEntry] | None = Field(
         None, description="several models, loaded on demand and placed together (see docs/OPERATIONS.md, "

@@ -15,3 +15,4 @@ class Exit(IntEnum):
     MACHINE = 4  # this machine cannot do it: the port is taken or not this host's, a Python package is missing
     LOAD = 5  # the server started, but a model it had to load at start failed to load (the log says why)
     INTERRUPTED = 130  # Ctrl-C before the command was done (128 + SIGINT, as shells report it)
+    PIPE = 141  # the reader of its output went away (`plan | head`): 128 + SIGPIPE, as shells report a C program's

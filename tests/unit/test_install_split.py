@@ -58,11 +58,13 @@ def test_install_installs_no_extra_and_runs_no_apt() -> None:
     assert "apt-get" not in code and "sudo" not in code and "id -u" not in code
     assert 'EXTRAS=${LLAMAFLEET_EXTRAS:-}' in code  # none unless asked for
     assert '-e ".${EXTRAS:+[$EXTRAS]}"' in code
+    # the torch extra off CUDA: PyTorch's CPU build first, never PyPI's default wheel with CUDA's gigabytes
+    assert code.index('--index-url "$TORCH_INDEX" torch') < code.index('-e ".${EXTRAS:+[$EXTRAS]}"')
 
 
 def test_the_test_command_adds_the_extras_and_says_what_needs_root() -> None:
     text = _bash("test.sh")
-    assert "LLAMAFLEET_EXTRAS=${LLAMAFLEET_EXTRAS:-dev,ray} bash scripts/install.sh" in text
+    assert "LLAMAFLEET_EXTRAS=${LLAMAFLEET_EXTRAS:-dev,ray,torch} bash scripts/install.sh" in text
     assert "apt-get install" in text and "needs root" in text
     assert "--durations=15" in text
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace("exec ", "")

@@ -54,8 +54,8 @@ from llamafleet.api.http_limits import GuardedHttp, HttpLimits, guarded_http
 from llamafleet.api.middleware import Gate, HeadAsGet, HttpMetrics, InternalErrors, authenticated
 from llamafleet.api.params import nearest_param
 from llamafleet.api.service import Service, ServiceDep
+from llamafleet.fleet.launch import LoadError
 from llamafleet.fleet.metrics import CONTENT_TYPE
-from llamafleet.fleet.replicas import LoadError
 from llamafleet.fleet.snapshot import FleetSnapshot, publish
 
 log = logging.getLogger(__name__)

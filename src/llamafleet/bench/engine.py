@@ -18,10 +18,14 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from llamafleet.bench.workloads import Workload, workload_prompts
 from llamafleet.engine.engine import Engine
 from llamafleet.engine.types import EngineConfig, Request, SamplingParams
+
+if TYPE_CHECKING:
+    from llamafleet.engine.pytorch.engine import TorchEngine
 
 # The sequential phase measures a per-request rate, which does not depend on how many requests run: it stops here.
 SEQUENTIAL_MAX = 8
@@ -77,7 +81,7 @@ class Phase:
         return 1000.0 * self.sample_seconds / self.steps if self.steps else 0.0
 
 
-def _phase(eng: Engine, name: str, batches: list[list[Request]]) -> Phase:
+def _phase(eng: Engine | TorchEngine, name: str, batches: list[list[Request]]) -> Phase:
     """Run each group of requests together to its end, one group after another."""
     before = eng.stats()
     t0 = time.perf_counter()
@@ -112,6 +116,15 @@ def prompt_texts(workload: Workload | None, n: int) -> list[str]:
     return [prompts.get(i).text for i in range(n)]
 
 
+def _engine(cfg: EngineConfig) -> Engine | TorchEngine:
+    """The engine ``cfg`` names: llama.cpp's, or the torch engine for a checkpoint folder (the torch extra)."""
+    if cfg.engine == "torch":
+        from llamafleet.engine.pytorch.engine import TorchEngine
+
+        return TorchEngine(cfg)
+    return Engine(cfg)
+
+
 def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
         workload: Workload | None = None, repeat: int = 1) -> dict[str, object]:
     """Measure sequential vs concurrent generation of ``n_requests`` greedy answers of ``max_tokens`` tokens (and,
@@ -119,7 +132,7 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
     the pairs', so a shared machine's swings hit both sides of each pair alike)."""
     texts = prompt_texts(workload, n_requests)
     modes = (False, True) if cfg.speculative.on else (False,)
-    with Engine(cfg) as eng:
+    with _engine(cfg) as eng:
         def reqs(tag: str, spec: bool = False) -> list[Request]:
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=spec)
             return [Request(f"{tag}{i}", tuple(eng.tokenize(t)), params) for i, t in enumerate(texts)]

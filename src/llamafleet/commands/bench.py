@@ -236,8 +236,8 @@ def run_engine(args: argparse.Namespace) -> int:
         model = Path(cfg.model_path) if cfg.model_path else default_model_path(progress=True)
     except (ConfigError, ModelFetchError) as e:
         return _fail(str(e))
-    if not model.is_file():
-        return _fail(f"--model: no GGUF file at {model}")
+    if not model.exists():
+        return _fail(f"--model: no GGUF file or checkpoint folder at {model}")
     try:
         spec = SpeculativeConfig(mode=args.spec_mode, max_draft=args.max_draft, max_batch=args.spec_max_batch,
                                  draft_model=args.draft_model, draft_cost=args.draft_cost)

@@ -9,14 +9,20 @@ skipped), 1 one failed or could not run, 2 the command itself was given somethin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llamafleet.config import ConfigError, load_config
 from llamafleet.consistency.compare import CPU_THRESHOLDS, GPU_THRESHOLDS, Thresholds
 from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
+
+if TYPE_CHECKING:
+    from llamafleet.consistency.run import CheckOptions
 
 # What runs without --configs: consistency.run.DEFAULT_CONFIGS, written out because importing that module loads the
 # fleet and the planner, which building the parser must not (a unit test keeps the two equal).
@@ -31,12 +37,19 @@ def _gpu_build() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="llamafleet-convert-") as tmp:  # gguf's converted file, if any
+        return _run(args, Path(tmp))
+
+
+def _run(args: argparse.Namespace, tmp: Path) -> int:
     # the fleet, the planner and the prompt loader load here, not when the parser is built for another command
     from llamafleet.consistency.prompts import builtin_prompts, load_prompts
     from llamafleet.consistency.report import to_json, to_markdown
     from llamafleet.consistency.run import CheckOptions, ConfigNameError, parse_configs, run_check, usable_inventory
+    from llamafleet.model.checkpoint import describe, is_checkpoint
     from llamafleet.model.demo import ModelFetchError, default_model_path
-    from llamafleet.model.header import GgufError, read_model_info
+    from llamafleet.model.header import GgufError
+    from llamafleet.model.synth import SynthError
     from llamafleet.placement.gpus import detect_inventory
 
     try:
@@ -44,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
         configs = parse_configs(args.configs)
         prompts = load_prompts(args.prompts) if args.prompts else builtin_prompts()
         model_path = Path(fleet.model_path) if fleet.model_path else default_model_path()
-        model = read_model_info(model_path)
+        model = describe(model_path)
         opts = CheckOptions(fleet, str(model_path), configs, args.max_tokens, args.concurrency)
-    except (GgufError, ModelFetchError) as e:
+        if "gguf" in configs and is_checkpoint(model_path):
+            opts = _converted(model_path, tmp, args.vocab, opts)
+    except (GgufError, ModelFetchError, SynthError) as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.MODEL
     except (ConfigError, ConfigNameError, ValueError) as e:  # PromptFileError is a ValueError
@@ -76,6 +91,17 @@ def run(args: argparse.Namespace) -> int:
     return Exit.OK if report.passed else Exit.NO
 
 
+def _converted(folder: Path, tmp: Path, vocab: str | None, opts: CheckOptions) -> CheckOptions:
+    """``opts`` with ``gguf``: the checkpoint ``folder`` converted to an F16 GGUF in ``tmp`` (its tokenizer from the
+    vocab GGUF ``vocab``, LLaMA-2's by default)."""
+    from llamafleet.model.convert_hf import checkpoint_to_gguf
+    from llamafleet.model.synth import find_vocab
+
+    print(f"converting {folder} to an F16 GGUF for the gguf configuration", file=sys.stderr)
+    return dataclasses.replace(opts, gguf=str(checkpoint_to_gguf(folder, tmp / f"{folder.name}.f16.gguf",
+                                                                 find_vocab(vocab))))
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "consistency",
@@ -91,8 +117,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prompts", metavar="FILE", help="one prompt per line, or a .jsonl file (default: 20 built-in "
                    "business questions, half English, half Chinese)")
     p.add_argument("--configs", default=DEFAULT_CONFIGS, metavar="LIST",
-                   help="comma-separated: reference, batched, nbatch-<k>, replica-<i>, layer, tensor; the reference "
-                   "always runs; GPU splits are skipped without 2+ GPUs (default: %(default)s)")
+                   help="comma-separated: reference, batched, nbatch-<k>, replica-<i>, layer, tensor, gguf (a "
+                   "checkpoint folder's weights as an F16 GGUF on llama.cpp, against the torch engine); the "
+                   "reference always runs; GPU splits are skipped without 2+ GPUs (default: %(default)s)")
+    p.add_argument("--vocab", metavar="PATH|NAME", help="with gguf: the vocab GGUF of the checkpoint's tokenizer "
+                   "(as for synth; default LLaMA-2's)")
     p.add_argument("--max-tokens", type=int, default=64, metavar="N", help="tokens per answer (default %(default)s)")
     p.add_argument("--concurrency", type=int, default=8, metavar="N",
                    help="sequences decoding together in 'batched' (default %(default)s)")

@@ -164,8 +164,9 @@ def _run_fleet(args: argparse.Namespace, cfg: FleetConfig, inventory: Inventory)
 
 def run(args: argparse.Namespace) -> int:
     # the GGUF reader and the planner (numpy) load here, not when the parser is built for another command
+    from llamafleet.model.checkpoint import describe
     from llamafleet.model.demo import ModelFetchError, default_model_path
-    from llamafleet.model.header import GgufError, read_model_info
+    from llamafleet.model.header import GgufError
     from llamafleet.placement.advice import inapplicable
     from llamafleet.placement.gpus import InventoryError, detect_inventory, load_inventory
     from llamafleet.placement.planner import make_plan
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                   if args.json else "nothing to place here: the model is served by remote members only: "
                   f"{', '.join(remote)}; each places it on its own machine")
             return Exit.OK
-        model = read_model_info(Path(cfg.model_path) if cfg.model_path else default_model_path())
+        model = describe(Path(cfg.model_path) if cfg.model_path else default_model_path())
     except (ConfigError, InventoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.USAGE

@@ -22,9 +22,9 @@ from llamafleet.exits import Exit
 from llamafleet.flags import add_config_flag, add_flags, overrides
 
 if TYPE_CHECKING:
+    from llamafleet.fleet.launch import ReplicaSpec
     from llamafleet.fleet.models import ManagedModel
     from llamafleet.fleet.ray_cluster import RayFleet
-    from llamafleet.fleet.replicas import ReplicaSpec
     from llamafleet.fleet.telemetry import FleetMetrics
     from llamafleet.placement.gpus import Inventory
     from llamafleet.placement.plan import Plan
@@ -96,10 +96,10 @@ def _banner(cfg: FleetConfig, model_name: str, what: str) -> str:
 def _replica_specs(cfg: FleetConfig, model_path: Path, inventory: Inventory) -> tuple[Plan, list[ReplicaSpec]] | None:
     """Plan the model onto this machine: the plan and its replicas; None (after printing why) if it cannot fit."""
     from llamafleet.fleet.specs import plan_specs
-    from llamafleet.model.header import read_model_info
+    from llamafleet.model.checkpoint import describe
     from llamafleet.placement.planner import make_plan
 
-    plan = make_plan(read_model_info(model_path), inventory, cfg)
+    plan = make_plan(describe(model_path), inventory, cfg)
     out = sys.stdout if plan.fits else sys.stderr
     for reason in plan.reasons:
         print(f"  plan: {reason}", file=out)
@@ -120,11 +120,11 @@ def _ray_fleet(cfg: FleetConfig, model_path: Path) -> RayFleet | None:
     except ImportError as e:
         raise ConfigError(f"ray: Ray is not installed ({e}); install it with `pip install llamafleet[ray]`, or leave "
                           "--ray / ray unset") from None
-    from llamafleet.model.header import read_model_info
+    from llamafleet.model.checkpoint import describe
 
     assert cfg.ray is not None
     connect(cfg.ray, cfg.log_level)
-    fleet = ray_fleet(read_model_info(model_path), cfg, str(model_path))
+    fleet = ray_fleet(describe(model_path), cfg, str(model_path))
     out = sys.stdout if fleet.plan.fits else sys.stderr
     for node in fleet.plan.nodes:
         print(f"  plan: node {node.node.address}: {len(node.plan.replicas)} replica(s) on "
@@ -150,7 +150,7 @@ def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics)
 
     served = served_models(cfg, default_model_path)
     for m in served:
-        if m.path is not None and not m.path.is_file():
+        if m.path is not None and not m.path.exists():
             raise GgufError(f"model file not found: {m.path} (check the path of model '{m.name}')")
     packing, fixed = pack(demands(served), inventory)
     report = format_fleet(fleet_json(packing, fixed, served, inventory, cfg.vram_margin_mib), inventory)
@@ -188,7 +188,7 @@ def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) ->
         n_ctx, specs, plan = remote_context(cfg), [], None
     else:
         model_path = Path(cfg.model_path) if cfg.model_path else default_model_path()
-        if not model_path.is_file():
+        if not model_path.exists():
             raise GgufError(f"model file not found: {model_path} (check model_path / --model)")
         if cfg.ray is not None:  # planned per node: the dashboard shows what each node measures, not one plan
             ray_fleet = _ray_fleet(cfg, model_path)

@@ -17,11 +17,12 @@ from collections.abc import Iterator
 class _Names:
     """argparse ``choices`` taken from a mapping in :mod:`llamafleet.model.synth` on first use."""
 
-    def __init__(self, attr: str) -> None:
+    def __init__(self, attr: str, extra: tuple[str, ...] = ()) -> None:
         self.attr = attr
+        self.extra = extra
 
     def _names(self) -> list[str]:
-        return sorted(getattr(importlib.import_module("llamafleet.model.synth"), self.attr))
+        return sorted(getattr(importlib.import_module("llamafleet.model.synth"), self.attr)) + list(self.extra)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names()
@@ -31,10 +32,11 @@ class _Names:
 
 
 BERT_POOLING = ("mean", "cls", "rank")  # --bert: an embedding model's pooling, or a reranker's
+HF_DTYPES = ("f32", "f16", "bf16")
 
 
 def run(args: argparse.Namespace) -> int:
-    from llamafleet.model.synth import CHAT_TEMPLATE, SHAPES, SynthError, find_template, find_vocab, write_model
+    from llamafleet.model.synth import CHAT_TEMPLATE, QUANTS, SHAPES, SynthError, find_template, find_vocab, write_model
 
     if args.bert is not None:
         return _bert(args)
@@ -44,9 +46,23 @@ def run(args: argparse.Namespace) -> int:
         print("error: give --shape (a LLaMA-2-shaped model), --bert (a tiny encoder) or --lora-for (an adapter)",
               file=sys.stderr)
         return 2
+    if args.hf and (args.quant not in HF_DTYPES or args.sparse):
+        print(f"error: --hf writes {'/'.join(HF_DTYPES)} weights (--quant), never sparse", file=sys.stderr)
+        return 1
+    if not args.hf and args.quant not in QUANTS:
+        print(f"error: --quant {args.quant} is for --hf checkpoints; a GGUF takes {', '.join(QUANTS)}",
+              file=sys.stderr)
+        return 1
     try:
         vocab = find_vocab(args.vocab)
         template = CHAT_TEMPLATE if args.chat_template is None else find_template(args.chat_template)
+        if args.hf:
+            from llamafleet.model.synth_hf import write_checkpoint
+
+            folder = write_checkpoint(args.output, SHAPES[args.shape], args.quant, vocab, template, seed=args.seed)
+            size = sum(f.stat().st_size for f in folder.iterdir()) / 2**30
+            print(f"{folder} ({size:.2f} GiB, a checkpoint folder for the torch engine)")
+            return 0
         path = write_model(args.output, SHAPES[args.shape], args.quant, vocab, sparse=args.sparse, seed=args.seed,
                            progress=not args.quiet, chat_template=template)
     except SynthError as e:
@@ -96,12 +112,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     # a metavar keeps argparse from listing the choices (and importing the writer) while the parser is built
     p.add_argument("--shape", choices=_Names("SHAPES"), metavar="SHAPE",
-                   help="model shape: %(choices)s (or --bert)")
+                   help="model shape: %(choices)s (or --bert, or --lora-for)")
     p.add_argument("--bert", choices=BERT_POOLING, help="write a tiny BERT encoder with random weights instead: an "
                    "embedding model pooled by mean or cls, or a reranker (rank: a classifier head, for /v1/rerank)")
-    p.add_argument("--quant", choices=_Names("QUANTS"), default="q4_0", metavar="TYPE",
-                   help="weight type: %(choices)s (default %(default)s)")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the .gguf")
+    p.add_argument("--quant", choices=_Names("QUANTS", ("f32", "bf16")), default="q4_0", metavar="TYPE",
+                   help="weight type: %(choices)s (default %(default)s; f32 and bf16 with --hf only)")
+    p.add_argument("--hf", action="store_true", help="write a Hugging Face checkpoint folder (config.json, "
+                   "safetensors in f32/f16/bf16, tokenizer.json) for the torch engine instead of a GGUF; needs the "
+                   "torch extra's transformers for the tokenizer")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the .gguf (the folder, "
+                   "with --hf)")
     p.add_argument("--sparse", action="store_true",
                    help="write only the header and leave the weights as a file hole (instant; for planning only)")
     p.add_argument("--vocab", metavar="PATH|NAME", help="the tokenizer: a vocab GGUF, or the name of one in "

@@ -15,6 +15,8 @@ Configurations (``--configs``):
 * ``replica-<i>``: replica i of a set of ``max(i) + 1`` replicas loaded together, as a fleet would be; each
   replica answers the prompts one at a time, one replica after another (so CPU replicas never compete for cores).
 * ``layer`` / ``tensor``: one replica whose weights are split over every GPU by layer or by tensor. GPU only.
+* ``gguf``: for a checkpoint folder (the torch engine), the same weights converted to an F16 GGUF
+  (:mod:`llamafleet.model.convert_hf`) on the llama.cpp engine, one sequence at a time: the two engines compared.
 
 Placement comes from the planner (:func:`~llamafleet.placement.planner.make_plan` and
 :func:`~llamafleet.fleet.specs.plan_specs`), as for ``serve``: on GPUs the reference and its single-replica
@@ -39,9 +41,11 @@ from llamafleet.consistency.prompts import Prompt
 from llamafleet.consistency.report import ConfigResult, Report
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.types import EngineConfig, Generation, SamplingParams
+from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.fleet.messages import Ready, StepOutputs, Submit
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.fleet.replicas import ReplicaSet
 from llamafleet.fleet.specs import plan_specs
+from llamafleet.model.checkpoint import describe
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import Inventory, empty_inventory
 from llamafleet.placement.planner import make_plan
@@ -50,7 +54,7 @@ log = logging.getLogger(__name__)
 
 GPU_ONLY = ("layer", "tensor")
 DEFAULT_CONFIGS = ("reference", "batched", "nbatch-16", "replica-0", "replica-1", "layer", "tensor")
-_NAME = re.compile(r"^(reference|batched|layer|tensor|nbatch-[1-9][0-9]*|replica-[0-9]+)$")
+_NAME = re.compile(r"^(reference|batched|layer|tensor|gguf|nbatch-[1-9][0-9]*|replica-[0-9]+)$")
 STOP_TIMEOUT_S = 30.0
 
 
@@ -65,7 +69,7 @@ def parse_configs(text: str) -> tuple[str, ...]:
         if not _NAME.match(n):
             raise ConfigNameError(
                 f"--configs: unknown configuration {n!r}; use reference, batched, nbatch-<k> (k >= 1), "
-                "replica-<i> (i >= 0), layer or tensor"
+                "replica-<i> (i >= 0), layer, tensor or gguf"
             )
     return tuple(dict.fromkeys(["reference", *names]))
 
@@ -84,6 +88,7 @@ class CheckOptions:
     configs: tuple[str, ...] = DEFAULT_CONFIGS
     max_tokens: int = 64
     concurrency: int = 8
+    gguf: str | None = None  # ``gguf``'s file: the checkpoint folder's weights as an F16 GGUF
 
     def __post_init__(self) -> None:
         if self.configs[:1] != ("reference",) or not all(_NAME.match(n) for n in self.configs):
@@ -124,7 +129,7 @@ def describe_device(inventory: Inventory) -> str:
 
 
 def place(opts: CheckOptions, model: ModelInfo, inventory: Inventory, kind: str, n: int, n_seq: int,
-          n_batch: int) -> list[ReplicaSpec] | str:
+          n_batch: int, path: str | None = None) -> list[ReplicaSpec] | str:
     """The planner's placement of ``n`` replicas of ``kind`` ("single", "replicas", "layer", "tensor"), or why not."""
     selected = [g for g in inventory.gpus if opts.fleet.gpus is None or g.index in opts.fleet.gpus]
     if kind in GPU_ONLY and len(selected) < 2:
@@ -140,7 +145,7 @@ def place(opts: CheckOptions, model: ModelInfo, inventory: Inventory, kind: str,
     plan = make_plan(model, inventory, cfg)
     if not plan.fits:
         return "the planner cannot place it here: " + "; ".join(plan.reasons)
-    return plan_specs(plan, cfg, opts.model_path)
+    return plan_specs(plan, cfg, path or opts.model_path)
 
 
 def setups(opts: CheckOptions, model: ModelInfo, inventory: Inventory) -> tuple[list[Setup], list[ConfigResult]]:
@@ -149,8 +154,9 @@ def setups(opts: CheckOptions, model: ModelInfo, inventory: Inventory) -> tuple[
     skipped: list[ConfigResult] = []
     batch = opts.fleet.batch_size
 
-    def add(names: tuple[str, ...], kind: str, n: int, concurrency: int, n_seq: int = 1, n_batch: int = batch) -> None:
-        specs = place(opts, model, inventory, kind, n, n_seq, n_batch)
+    def add(names: tuple[str, ...], kind: str, n: int, concurrency: int, n_seq: int = 1, n_batch: int = batch,
+            other: ModelInfo | None = None) -> None:
+        specs = place(opts, other or model, inventory, kind, n, n_seq, n_batch, None if other is None else other.path)
         if isinstance(specs, str):
             skipped.extend(ConfigResult(name, "skipped", note=specs) for name in names)
         else:
@@ -166,6 +172,12 @@ def setups(opts: CheckOptions, model: ModelInfo, inventory: Inventory) -> tuple[
             add((name,), "single", 1, 1, n_batch=int(name.split("-")[1]))
         elif name in GPU_ONLY:
             add((name,), name, 1, 1)
+        elif name == "gguf":
+            if opts.gguf is None:
+                skipped.append(ConfigResult(name, "skipped", note="gguf compares a checkpoint folder on the torch "
+                                            "engine with its weights on llama.cpp; this model is a GGUF file"))
+            else:
+                add((name,), "single", 1, 1, other=describe(opts.gguf))
         elif name == replicas[0]:  # every replica in one set, loaded together as a fleet would be
             count = 1 + max(int(n.split("-")[1]) for n in replicas)
             add(tuple(f"replica-{i}" for i in range(count)), "replicas", count, 1)

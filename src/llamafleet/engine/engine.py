@@ -22,9 +22,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from types import TracebackType
-from typing import Self
+from collections.abc import Callable
 
 import numpy as np
 
@@ -34,6 +32,7 @@ from llamafleet.engine.embedding import Embedder
 from llamafleet.engine.kv_tiers import KvTiers, first_origin
 from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
 from llamafleet.engine.llama_sampler import SamplerChain
+from llamafleet.engine.loop import EngineLoop
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts, scoring_rows
 from llamafleet.engine.scheduler import schedule
@@ -45,7 +44,6 @@ from llamafleet.engine.types import (
     EngineConfig,
     EngineStats,
     FinishReason,
-    Generation,
     Request,
     RequestOutput,
     TopLogprobs,
@@ -57,7 +55,7 @@ Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReas
 log = logging.getLogger(__name__)
 
 
-class Engine(TextSide):
+class Engine(EngineLoop, TextSide[Model]):
     """Loads a model and a context for ``cfg.n_seq`` parallel sequences; ``close()`` (or ``with``) frees both."""
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
@@ -114,12 +112,6 @@ class Engine(TextSide):
             spec.close()
         self.model.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
     def add_request(self, req: Request) -> None:
         self.check_request(req)
         self._incoming.append(req)
@@ -127,6 +119,10 @@ class Engine(TextSide):
     def add_embedding(self, req: EmbeddingRequest) -> None:
         """Queue an embedding request (checked now: ``ValueError``); see :mod:`llamafleet.engine.embedding`."""
         self.embedder.add(req)
+
+    def add_rerank(self, request_id: str, query: str, documents: tuple[str, ...]) -> None:
+        """Queue a reranker's scoring of ``query`` against each of ``documents`` (checked now: ``ValueError``)."""
+        self.embedder.add(EmbeddingRequest(request_id, self.embedder.pairs(query, documents), rank=True))
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; the next ``step()`` reports it finished with ``finish_reason="cancelled"``."""
@@ -193,16 +189,7 @@ class Engine(TextSide):
         while self._aborts:
             rid = self._aborts.popleft()
             outs += self.embedder.abort(rid)
-            for req in self._waiting:
-                if req.request_id == rid:
-                    self._waiting.remove(req)
-                    outs.append(RequestOutput(rid, finished=True, finish_reason="cancelled",
-                                              prompt_tokens=len(req.prompt_tokens)))
-                    break
-            for s in self._running:
-                if s.request_id == rid:
-                    outs.append(self._finish(s, "cancelled"))
-                    break
+            self._cancel(rid, outs)
 
     def _admit(self) -> None:
         self._end_waits()
@@ -432,15 +419,3 @@ class Engine(TextSide):
         if s.chain is not None:
             s.chain.close()
             s.chain = None
-
-    # -- convenience for in-process use -----------------------------------------------------------------------
-    def generate(self, requests: Iterable[Request]) -> dict[str, Generation]:
-        """Run ``requests`` together (continuous batching) to completion; results keyed by request id."""
-        results: dict[str, Generation] = {}
-        for r in requests:
-            self.add_request(r)
-            results[r.request_id] = Generation(r.request_id)
-        while self.has_work():
-            for out in self.step():
-                results[out.request_id].add(out)
-        return results

@@ -12,19 +12,43 @@ from __future__ import annotations
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from functools import cached_property, partial
+from typing import Generic, Protocol, TypeVar
 
 from llamafleet.engine.chat import chat_tokens, tool_chat_tokens
 from llamafleet.engine.families import Family, markers
 from llamafleet.engine.infill import FimTokens, Infill, infill_tokens
-from llamafleet.engine.llama import Model
 from llamafleet.engine.template import ChatTemplate, ToolChat, tool_template
 from llamafleet.engine.types import ContextOverflow, EngineConfig, Request, RequestOutput, check_token_ids
 
 
-class TextSide:
+class Vocab(Protocol):
+    """What the text side reads of a model: llama.cpp's :class:`~llamafleet.engine.llama.Model`, or a checkpoint's
+    tokenizer (:class:`~llamafleet.engine.pytorch.vocab.HfVocab`)."""
+
+    pieces: list[bytes]  # each token's bytes (control tokens: none)
+    n_vocab: int
+    add_bos: bool
+    causal: bool
+    reranks: bool  # its pooling type is rank: it scores query-document pairs and generates nothing
+
+    @property
+    def bos(self) -> int: ...
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+    def special_piece(self, token: int) -> bytes: ...
+    def special_texts(self) -> tuple[str, str]: ...
+    def chat_template(self, name: str | None = None) -> str | None: ...
+    def apply_chat_template(self, messages: Seq[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+    def fim_tokens(self) -> tuple[int, int, int, int, int]: ...
+    def check_grammar(self, grammar: str) -> None: ...
+
+
+V = TypeVar("V", bound=Vocab)
+
+
+class TextSide(Generic[V]):
     """Tokens, text and request checks for one loaded model (``model``, ``cfg``: set by the engine)."""
 
-    model: Model
+    model: V
     cfg: EngineConfig
 
     @property

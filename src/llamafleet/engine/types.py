@@ -13,6 +13,7 @@ from llamafleet.engine.speculative.settings import SpeculativeConfig
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 SplitModeName = Literal["none", "layer", "tensor"]
+EngineKind = Literal["llama.cpp", "torch"]  # what loads the model: a GGUF file, or a checkpoint folder
 KvType = Literal["f16", "q8_0", "q4_0"]
 TopLogprobs = list[tuple[int, float]]  # (token id, logprob) of the most likely tokens at one position, best first
 MAX_TOP_LOGPROBS = 20
@@ -228,6 +229,7 @@ class EngineConfig:
     """How to load the model and size the context. ``n_ctx_per_seq * n_seq`` is the context's total size."""
 
     model_path: str
+    engine: EngineKind = "llama.cpp"  # "torch": a Hugging Face checkpoint folder (engine/pytorch/)
     n_seq: int = 8
     n_ctx_per_seq: int = 4096
     n_batch: int = 2048  # most tokens per step: the running answers' tokens, then prompt chunks

@@ -33,9 +33,10 @@ from dataclasses import KW_ONLY, dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.fleet.dispatch import Dispatcher
+from llamafleet.fleet.launch import Launcher, LoadError, ReplicaSpec
 from llamafleet.fleet.relay import RemoteMember
 from llamafleet.fleet.remote import member_specs, remote_context
-from llamafleet.fleet.replicas import Launcher, LoadError, ReplicaSet, ReplicaSpec
+from llamafleet.fleet.replicas import ReplicaSet
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.specs import plan_specs
 from llamafleet.fleet.telemetry import FleetMetrics, ModelState

@@ -18,8 +18,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from llamafleet.config import ConfigError, FleetConfig
+from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.fleet.ray_workers import Placement, RayLauncher, WorkerListener
-from llamafleet.fleet.replicas import ReplicaSpec
 from llamafleet.fleet.specs import plan_specs
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import Inventory, detect_inventory

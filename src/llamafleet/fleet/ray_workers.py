@@ -38,7 +38,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from llamafleet.engine.types import EngineConfig
-from llamafleet.fleet.replicas import Launched, LoadError, ReplicaSpec
+from llamafleet.fleet.launch import Launched, LoadError, ReplicaSpec
 from llamafleet.fleet.worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class ReplicaActor:
 
 
 class RayWorker:
-    """A replica's actor, handled like a process (see :class:`~llamafleet.fleet.replicas.WorkerHandle`)."""
+    """A replica's actor, handled like a process (see :class:`~llamafleet.fleet.launch.WorkerHandle`)."""
 
     def __init__(self, actor: Any, run: Any, pid: int) -> None:
         self._actor, self._run, self._pid = actor, run, pid

@@ -28,10 +28,10 @@ from pathlib import Path
 from llamafleet.config import ConfigError, FleetConfig
 from llamafleet.config_sections import RemoteEntry
 from llamafleet.engine.types import LLAMA_CPP_KNOBS
+from llamafleet.fleet.launch import Launched, ReplicaSpec, spawn
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.relay import RemoteMember
 from llamafleet.fleet.remote_worker import remote_main
-from llamafleet.fleet.replicas import Launched, ReplicaSpec, spawn
 from llamafleet.openai_wire import root_url
 
 NO_CONTEXT_LIMIT = 2**31 - 1  # a member's context is the upstream's business; it refuses what does not fit (400)

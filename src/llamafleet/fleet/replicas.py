@@ -1,8 +1,8 @@
 """Starting and supervising the worker processes, one per replica, from the API process's event loop.
 
-* Workers are started by a :class:`Launcher`: by default :class:`ProcessLauncher`, multiprocessing's ``spawn`` (a
-  fresh interpreter: the replica's environment is applied before llama.cpp is imported, see
-  :mod:`llamafleet.fleet.worker`) on this machine; with ``--ray``, Ray actors on other hosts
+* Workers are started by a :class:`~llamafleet.fleet.launch.Launcher` (:mod:`llamafleet.fleet.launch`): by default
+  multiprocessing's ``spawn`` (a fresh interpreter: the replica's environment is applied before llama.cpp is
+  imported, see :mod:`llamafleet.fleet.worker`) on this machine; with ``--ray``, Ray actors on other hosts
   (:mod:`llamafleet.fleet.ray_workers`). Either way a worker talks over one duplex stream socket
   (:mod:`llamafleet.fleet.pipe`: messages of any size, sends that never block the event loop), and everything below
   (readiness, heartbeats, deaths, restarts) is the same.
@@ -29,15 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing as mp
-import signal
-import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from llamafleet.engine.types import EngineConfig, EngineStats
+from llamafleet.engine.types import EngineStats
+from llamafleet.fleet.launch import Launcher, LoadError, ProcessLauncher, ReplicaSpec, WorkerHandle, describe_exit
 from llamafleet.fleet.messages import (
     Heartbeat,
     LoadFailed,
@@ -46,12 +43,10 @@ from llamafleet.fleet.messages import (
     Ready,
     Shutdown,
     StepOutputs,
-    Submit,
     ToWorker,
 )
 from llamafleet.fleet.pipe import AsyncPipe
 from llamafleet.fleet.suspicion import SUSPECT_AFTER_S, Silence
-from llamafleet.fleet.worker import worker_main
 
 log = logging.getLogger(__name__)
 
@@ -66,34 +61,6 @@ BEAT_MAX_S = 1.0  # a worker beats (and the API process checks) at least this of
 SUSPECT_CHECK_S = 0.25  # how often silences are checked against their bounds
 
 
-class LoadError(RuntimeError):
-    """A replica's worker failed to load its model."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplicaSpec:
-    """How to start one replica: the environment its process needs and its engine's configuration; a replica that
-    loads no model (``engine`` None, a remote member's relay) has a ``launcher`` of its own."""
-
-    env: dict[str, str]
-    engine: EngineConfig | None
-    label: str  # where it runs, for people: "CPU", "GPU 0", "GPUs 0,1"
-    gpus: tuple[int, ...] = ()  # the GPUs (NVML indices) it runs on; none on the CPU
-    launcher: Launcher | None = None  # how it starts when not as the replica set's others do
-    refuses: Callable[[Submit], str | None] | None = None  # why it cannot serve a request (for the client), or None
-
-    @property
-    def loads_model(self) -> bool:
-        """Whether its worker loads a model: then it takes the load lock, and the server waits for it at start."""
-        return self.engine is not None
-
-    @property
-    def model_engine(self) -> EngineConfig:
-        """``engine``, of a replica that loads a model (asking it of one that loads none is a bug)."""
-        assert self.engine is not None, f"replica {self.label} loads no model"
-        return self.engine
-
-
 class ReplicaListener(Protocol):
     """What the replica set reports to (the dispatcher)."""
 
@@ -104,55 +71,6 @@ class ReplicaListener(Protocol):
     def replica_output(self, replica: int, msg: StepOutputs) -> None: ...
 
     def replica_suspect(self, replica: int, suspect: bool) -> None: ...
-
-
-class WorkerHandle(Protocol):
-    """A started worker, as supervision sees it: a ``multiprocessing`` process, or anything that acts like one."""
-
-    @property
-    def pid(self) -> int | None: ...
-
-    @property
-    def exitcode(self) -> int | None: ...
-
-    def kill(self) -> None: ...
-
-    def join(self, timeout: float | None = None) -> None: ...
-
-    def is_alive(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class Launched:
-    """A worker just started: its handle, the API process's end of its connected socket, and where it runs."""
-
-    handle: WorkerHandle
-    sock: socket.socket
-    label: str
-
-
-class Launcher(Protocol):
-    """Starts the worker of one replica (raises :class:`LoadError` if it cannot)."""
-
-    async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched: ...
-
-
-def spawn(target: Callable[..., None], replica: int, label: str, *args: object) -> Launched:
-    """Start ``target(sock, replica, *args)`` as a child process of this one (multiprocessing ``spawn``: a fresh
-    interpreter), ``sock`` being its end of a socketpair."""
-    parent, child = socket.socketpair()
-    process = mp.get_context("spawn").Process(target=target, args=(child, replica, *args),
-                                              name=f"llamafleet-replica-{replica}", daemon=True)
-    process.start()
-    child.close()
-    return Launched(process, parent, label)
-
-
-class ProcessLauncher:
-    """llama.cpp workers (:func:`~llamafleet.fleet.worker.worker_main`) as child processes of this one."""
-
-    async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched:
-        return spawn(worker_main, replica, spec.label, spec.env, spec.model_engine, log_level, beat_s)
 
 
 @dataclass
@@ -187,17 +105,6 @@ class _Worker:
     def up(self) -> bool:
         """It said Ready. A load that failed (``LoadFailed``, then the process exits) is done but was never up."""
         return self.loaded.done() and not self.loaded.cancelled() and self.loaded.exception() is None
-
-
-def describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 class ReplicaSet:

@@ -81,10 +81,6 @@ class Router:
     def n_replicas(self) -> int:
         return len(self._slots)
 
-    def up(self) -> list[int]:
-        """The replicas that can take work now."""
-        return [r for r, slots in enumerate(self._slots) if slots is not None]
-
     def outstanding(self, replica: int) -> int:
         """Sequences assigned to ``replica`` that have not finished."""
         return self._load[replica]

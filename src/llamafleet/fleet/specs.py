@@ -1,10 +1,10 @@
-"""A plan's replicas as the replica set starts them: one :class:`~llamafleet.fleet.replicas.ReplicaSpec` each, for
+"""A plan's replicas as the replica set starts them: one :class:`~llamafleet.fleet.launch.ReplicaSpec` each, for
 ``serve``, the model manager, a Ray cluster's nodes and ``consistency`` alike."""
 
 from __future__ import annotations
 
 from llamafleet.config import FleetConfig
-from llamafleet.fleet.replicas import ReplicaSpec
+from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.placement.plan import Plan
 from llamafleet.placement.planner import launch_spec
 

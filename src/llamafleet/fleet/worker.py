@@ -61,6 +61,7 @@ from llamafleet.rpc import check_reachable
 
 if TYPE_CHECKING:
     from llamafleet.engine.engine import Engine
+    from llamafleet.engine.pytorch.engine import TorchEngine
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class _Outbox:
                 self._sent_at = time.monotonic()
 
 
-def _admit(engine: Engine, msg: Submit, opened: dict[str, str]) -> Rejected | RequestOutput | None:
+def _admit(engine: Engine | TorchEngine, msg: Submit, opened: dict[str, str]) -> Rejected | RequestOutput | None:
     """Tokenize ``msg`` and hand it to the engine; a request that cannot run comes back as :class:`Rejected`, one that
     is only tokenized as its one (finished) output. A chat whose prompt opened the model's think block gets that
     marker in ``opened``: its answer's text starts with it, so the API reads the answer as it was written."""
@@ -140,8 +141,7 @@ def _admit(engine: Engine, msg: Submit, opened: dict[str, str]) -> Rejected | Re
             engine.add_embedding(EmbeddingRequest(msg.request_id, inputs))
             return None
         if msg.rerank is not None:
-            query, documents = msg.rerank
-            engine.add_embedding(EmbeddingRequest(msg.request_id, engine.embedder.pairs(query, documents), rank=True))
+            engine.add_rerank(msg.request_id, *msg.rerank)
             return None
         marker = ""
         if msg.prompt_ids is not None:
@@ -182,7 +182,7 @@ def _named_ids(out: RequestOutput) -> set[int]:
     return ids
 
 
-def _serve(engine: Engine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> None:
+def _serve(engine: Engine | TorchEngine, pipe: WorkerPipe, inbox: _Inbox, beat_s: float) -> None:
     """The worker's loop: commands in, one engine step, one message out per step that produced anything, and a
     heartbeat after ``beat_s`` without one (pulses beside it, see :class:`_Outbox`)."""
     out = _Outbox(pipe, beat_s)
@@ -247,6 +247,19 @@ class _Progress:
                 self._pipe.send(LoadProgress(fraction))
 
 
+def _load(cfg: EngineConfig, pipe: WorkerPipe) -> Engine | TorchEngine:
+    """The engine ``cfg`` names, imported only now: after the environment is set (CUDA reads it once)."""
+    if cfg.engine == "torch":
+        from llamafleet.engine.pytorch.engine import TorchEngine
+
+        return TorchEngine(cfg, progress=_Progress(pipe))
+    # llama.cpp before anything imports numpy (see engine/llama.py's docstring)
+    import llamafleet.engine.llama  # noqa: F401
+    from llamafleet.engine.engine import Engine
+
+    return Engine(cfg, progress=_Progress(pipe))
+
+
 def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: EngineConfig, log_level: str,
                 beat_s: float) -> None:
     """Entry point of a replica's process (the target of ``multiprocessing`` spawn); ``sock`` is its end of the pipe."""
@@ -258,10 +271,6 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
         format=f"%(asctime)s %(levelname)s replica {replica} of {Path(cfg.model_path).stem} %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    # llama.cpp after the env is set, and before anything imports numpy (see engine/llama.py's docstring)
-    import llamafleet.engine.llama  # noqa: F401
-    from llamafleet.engine.engine import Engine
-
     pipe = WorkerPipe(sock)
     inbox = _Inbox(pipe)
     t0 = time.monotonic()
@@ -269,7 +278,7 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
         try:
             for endpoint in cfg.rpc_servers:  # llama.cpp would abort the process on one that does not answer
                 check_reachable(endpoint)
-            engine = Engine(cfg, progress=_Progress(pipe))
+            engine = _load(cfg, pipe)
         except Exception as e:
             log.exception("loading %s failed", cfg.model_path)
             _send(pipe, LoadFailed(f"{type(e).__name__}: {e}"))
@@ -278,7 +287,7 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
             family = engine.family
             _send(pipe, Ready(pid=os.getpid(), n_seq=cfg.n_seq, n_ctx_per_seq=engine.n_ctx_per_seq,
                               load_seconds=time.monotonic() - t0, family=None if family is None else family.name,
-                              reranker=engine.embedder.reranks))
+                              reranker=engine.model.reranks))
             _serve(engine, pipe, inbox, beat_s)
         log.info("context and model freed; exiting")  # the server's shutdown waits for this exit
     except _ParentGone:

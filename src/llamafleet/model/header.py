@@ -89,6 +89,7 @@ class ModelInfo:
     n_tensors: int
     n_params: int
     tensor_types: tuple[tuple[str, int], ...]  # (ggml type, bytes) largest first
+    engine: str = "llama.cpp"  # what serves it: "llama.cpp" (a GGUF file) or "torch" (a checkpoint folder)
     reranker: bool = False  # its pooling type is "rank": it scores query-document pairs (/v1/rerank)
 
     @property

@@ -230,7 +230,7 @@ def _copy_tokenizer(writer: GGUFWriter, fields: dict[str, MetaField]) -> None:
             writer.add_key_value(key, field.value, field.vtype, sub_type=field.sub_type)
 
 
-def _tokenizer(vocab: Path) -> dict[str, MetaField]:
+def vocab_fields(vocab: Path) -> dict[str, MetaField]:
     fields = read_fields(vocab, "tokenizer.")
     if "tokenizer.ggml.tokens" not in fields:
         raise SynthError(f"{vocab} has no tokenizer.ggml.tokens; give a tokenizer GGUF such as {VOCAB_NAME}")
@@ -259,7 +259,7 @@ def write_model(
     if quant not in QUANTS:
         raise SynthError(f"unknown quant {quant!r}; use one of {', '.join(QUANTS)}")
     qtype, ftype = QUANTS[quant]
-    tokenizer = _tokenizer(vocab)
+    tokenizer = vocab_fields(vocab)
     tokens = tokenizer["tokenizer.ggml.tokens"].value
     shape = dataclasses.replace(shape, n_vocab=len(tokens) if isinstance(tokens, list) else shape.n_vocab)
     out = Path(out)
@@ -275,18 +275,7 @@ def write_model(
     writer.add_file_type(int(ftype))
     if qtype != GGMLQuantizationType.F16:
         writer.add_quantization_version(2)
-    writer.add_context_length(shape.n_ctx)
-    writer.add_embedding_length(shape.n_embd)
-    writer.add_block_count(shape.n_layer)
-    writer.add_feed_forward_length(shape.n_ff)
-    writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_head_count(shape.n_head)
-    writer.add_head_count_kv(shape.n_head_kv)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(shape.n_vocab)
-    _copy_tokenizer(writer, tokenizer)
-    writer.add_chat_template(chat_template)
+    write_shape(writer, shape, tokenizer, chat_template)
     for part, token in zip(("pre", "suf", "mid"), fim or (), strict=False):
         writer.add_uint32(f"tokenizer.ggml.fim_{part}_token_id", token)
     for s in specs:
@@ -309,6 +298,23 @@ def write_model(
         tmp.unlink(missing_ok=True)
         raise
     return out
+
+
+def write_shape(writer: GGUFWriter, shape: Shape, tokenizer: dict[str, MetaField], chat_template: str,
+                rope_base: float = 10000.0, rms_eps: float = 1e-5) -> None:
+    """A LLaMA model's hyper-parameters, its tokenizer (the fields of a vocab GGUF) and chat template."""
+    writer.add_context_length(shape.n_ctx)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_block_count(shape.n_layer)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_layer_norm_rms_eps(rms_eps)
+    writer.add_vocab_size(shape.n_vocab)
+    _copy_tokenizer(writer, tokenizer)
+    writer.add_chat_template(chat_template)
 
 
 def _write_data(f: BinaryIO, writer: GGUFWriter, specs: list[TensorSpec], seed: int, progress: bool) -> None:

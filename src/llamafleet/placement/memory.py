@@ -17,17 +17,16 @@ logs when a context is created (``tests/integration/test_synth_load.py`` keeps t
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from llamafleet.engine.devices import HOST, layer_devices
 from llamafleet.model.header import ModelInfo
 
 MIB = 1 << 20
 CTX_PAD = 256
 KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-HOST = -1  # device index for "stays in host memory"
 
 
 def pad_ctx(n_ctx: int) -> int:
@@ -101,37 +100,17 @@ def output_buffer_bytes(model: ModelInfo, ctx: ContextShape) -> int:
     return 4 * model.n_vocab * ctx.n_seq
 
 
-def layer_devices(n_layer: int, ratios: tuple[float, ...], n_gpu_layers: int = -1) -> tuple[int, ...]:
-    """The device of each layer and, last, of the output head (``HOST`` where not offloaded), as llama.cpp assigns.
-
-    ``n_gpu_layers`` -1 offloads everything (llama.cpp counts the output head as layer ``n_layer``).
-    """
-    n_dev = len(ratios)
-    if n_dev == 0:
-        return (HOST,) * (n_layer + 1)
-    offloaded = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
-    first = max(n_layer + 1 - offloaded, 0)
-    # llama.cpp works in float32; doing the same keeps boundary layers on the same side.
-    splits = np.cumsum(np.asarray(ratios, dtype=np.float32), dtype=np.float32)
-    splits = (splits / splits[-1]).astype(np.float32).tolist()
-    out = []
-    for il in range(n_layer + 1):
-        if il < first:
-            out.append(HOST)
-            continue
-        x = float(np.float32(il - first) / np.float32(offloaded))
-        out.append(min(bisect.bisect_right(splits, x), n_dev - 1))
-    return tuple(out)
-
-
 def replica_needs(
     model: ModelInfo, ctx: ContextShape, mode: str, ratios: tuple[float, ...], n_gpu_layers: int = -1
 ) -> tuple[tuple[DeviceNeed, ...], DeviceNeed]:
     """What each GPU of a replica needs, and what stays in host memory.
 
     ``mode`` is ``none`` (one GPU), ``layer`` or ``tensor``; ``ratios`` has one entry per GPU. With no GPU
-    (``ratios == ()``) everything is host memory.
+    (``ratios == ()``) everything is host memory. A checkpoint folder's replica is the torch engine's
+    (:func:`torch_needs`).
     """
+    if model.engine == "torch":
+        return torch_needs(model, ctx, ratios)
     kv_layer = kv_bytes_per_layer(model, ctx)
     spread = (1.0,) if mode == "tensor" else ratios  # tensor split: one device to llama.cpp, cut inside each matrix
     where = layer_devices(model.n_layer, spread, n_gpu_layers if ratios else 0)
@@ -176,6 +155,38 @@ def _tensor_share(model: ModelInfo, whole: DeviceNeed, share: float) -> DeviceNe
         kv=int(whole.kv * heads / model.n_head_kv),
         compute=whole.compute,
     )
+
+
+def torch_element_bytes(model: ModelInfo, gpu: bool) -> int:
+    """Bytes per weight and KV element in the torch engine: fp16/bf16 on a GPU; on the CPU fp32 for an fp32
+    checkpoint, else bf16 (``engine/pytorch/forward.py``'s ``pick_dtype``)."""
+    return 4 if not gpu and model.file_type == "F32" else 2
+
+
+def torch_needs(model: ModelInfo, ctx: ContextShape, ratios: tuple[float, ...]
+                ) -> tuple[tuple[DeviceNeed, ...], DeviceNeed]:
+    """The torch engine's replica: every layer on the device :func:`layer_devices` gives it (all on one GPU, or the
+    CPU with ``ratios == ()``), the embedding with the first layer, the norm and head with the last (a tied head is
+    the embedding itself); weights in the engine's dtype; a KV buffer of the whole context per layer in that dtype;
+    activations as llama.cpp's compute buffer without flash attention (the attention scores of a prompt chunk), plus
+    float32 logits of every slot. Host memory holds the weights only while they load."""
+    gpu = bool(ratios)
+    size = torch_element_bytes(model, gpu)
+    scale = size / (4 if model.file_type == "F32" else 2)
+    kv_layer = ctx.n_ctx * model.n_head_kv * (model.head_dim + model.head_dim_v) * size
+    where = layer_devices(model.n_layer, ratios) if gpu else (0,) * (model.n_layer + 1)
+    n_dev = max(1, len(ratios))
+    weights, kv = [0.0] * n_dev, [0] * n_dev
+    weights[where[0]] += model.input_bytes * scale
+    head = model.output_bytes - (model.input_bytes if model.tied_embeddings else 0)
+    weights[where[-1]] += head * scale
+    for il in range(model.n_layer):
+        weights[where[il]] += model.layer_bytes[il] * scale
+        kv[where[il]] += kv_layer
+    eager = ContextShape(ctx.n_ctx_per_seq, ctx.n_seq, ctx.n_batch, ctx.n_ubatch, ctx.kv_type, flash_attn=False)
+    needs = tuple(DeviceNeed(int(weights[d]), kv[d], compute_bytes(model, eager, layers=True, output=d == where[-1])
+                             + (output_buffer_bytes(model, ctx) if d == where[-1] else 0)) for d in range(n_dev))
+    return (needs, DeviceNeed(0, 0, 0)) if gpu else ((), needs[0])
 
 
 def with_draft(model: ModelInfo, draft: ModelInfo) -> ModelInfo:

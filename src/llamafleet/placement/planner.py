@@ -31,6 +31,7 @@ from llamafleet.config import FleetConfig
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.speculative.settings import SpeculativeConfig
 from llamafleet.engine.types import EngineConfig, SplitModeName
+from llamafleet.model.checkpoint import is_checkpoint
 from llamafleet.model.header import GgufError, ModelInfo, read_model_info
 from llamafleet.placement import rpc_plan
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
@@ -39,6 +40,7 @@ from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs, with_draft
 from llamafleet.placement.plan import Budget, Plan, ReplicaPlan
+from llamafleet.placement.torch_plan import engine_refusal, torch_engine_note
 
 KV_TIER_MAX_MIB = 8192  # the RAM tier's default bound per replica (llama-server's --cache-ram default)
 KV_TIER_UNKNOWN_MIB = 1024  # ... when the host's memory is unknown
@@ -82,8 +84,13 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     notes.reasons.append(
         f"{cfg.served_name(model.path)} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, "
         f"{model.n_layer} layers); "
-        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache {ctx.kv_type}"
+        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache "
+        + (ctx.kv_type if model.engine != "torch" else torch_engine_note(model, bool(inventory.gpus)
+                                                                          and cfg.n_gpu_layers != 0))
     )
+    if why := engine_refusal(model, cfg):
+        notes.refuse(why)
+        return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if (path := cfg.speculative.draft_model) is not None and cfg.speculative.mode == "draft":
         try:
             draft = read_model_info(path)
@@ -125,12 +132,16 @@ def _cpu_plan(model: ModelInfo, inv: Inventory, cfg: FleetConfig, ctx: ContextSh
               why: str) -> Plan:
     n = cfg.replicas or 1
     _, host = replica_needs(model, ctx, "none", ())
-    budget = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(host.weights),
+    copies = n if model.engine == "torch" else 1  # llama.cpp's replicas share one mapping; torch's each load theirs
+    budget = Budget(device="CPU", name="host memory", replica=0, weights_mib=mib(host.weights * copies),
                     kv_mib=mib(host.kv * n), compute_mib=mib(host.compute * n), margin_mib=cfg.vram_margin_mib,
                     capacity_mib=inv.host_mem_mib)
-    tier = kv_tier_mib(cfg, None if inv.host_mem_mib is None else inv.host_mem_mib - budget.used_mib, n, notes)
+    tier = 0 if model.engine == "torch" else kv_tier_mib(
+        cfg, None if inv.host_mem_mib is None else inv.host_mem_mib - budget.used_mib, n, notes)
     budget = replace(budget, kv_tier_mib=tier * n)
-    notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU sharing one mapping of the weights")
+    notes.reasons.append(f"CPU plan ({why}): {n} replica(s) on the CPU "
+                         + ("each with its own copy of the weights (torch engine)" if model.engine == "torch"
+                            else "sharing one mapping of the weights"))
     if budget.capacity_mib is None:
         notes.warnings.append("available RAM is unknown; memory was not checked")
     fits = budget.overflow_mib == 0
@@ -172,7 +183,8 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
     holders = [g for g in gpus if one.total + margin <= g.free_mib * MIB]
     linked = len(gpus) > 1 and inv.all_linked(tuple(g.index for g in gpus), "nvlink")
     explicit = cfg.split_mode in ("layer", "tensor") or cfg.split_ratio is not None
-    latency = cfg.prefer == "latency" and linked and cfg.replicas is None and cfg.flash_attn is not False
+    latency = (cfg.prefer == "latency" and linked and cfg.replicas is None and cfg.flash_attn is not False
+               and model.engine != "torch")
     if cfg.split_mode == "none" or (not explicit and holders and not latency):
         if cfg.split_ratio is not None:
             notes.warnings.append("split_ratio is ignored: split_mode none keeps each replica on one GPU")
@@ -192,7 +204,7 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
     replicas, budgets = _layout(groups, gpus, cfg)
     n = max(1, len(groups))
     free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
-    tier = kv_tier_mib(cfg, free, n, notes, gpu=True)
+    tier = 0 if model.engine == "torch" else kv_tier_mib(cfg, free, n, notes, gpu=True)
     return replace(to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu", fits=fits, replicas=replicas,
                          budgets=budgets, host=host.total), kv_tier_mib=tier)
 
@@ -290,7 +302,9 @@ def _fit_group(model: ModelInfo, inv: Inventory, members: tuple[Gpu, ...], cfg: 
         (need,), _ = replica_needs(model, ctx, "none", (1.0,), cfg.n_gpu_layers)
         return Candidate(members, "none", (), (need,))
     mode: SplitModeName
-    if cfg.split_mode in ("layer", "tensor"):
+    if model.engine == "torch":
+        mode = "layer"  # the torch engine's device map places whole layers
+    elif cfg.split_mode in ("layer", "tensor"):
         mode = "tensor" if cfg.split_mode == "tensor" else "layer"
     else:
         nvlink = inv.all_linked(tuple(g.index for g in members), "nvlink")
@@ -352,6 +366,7 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
     ``decided`` holds what a plan (or the caller) decides instead of the keys: slots, context, batch, devices."""
     return replace(EngineConfig(
         model_path=model_path,
+        engine="torch" if is_checkpoint(model_path) else "llama.cpp",
         n_seq=cfg.parallel,
         n_ctx_per_seq=cfg.context_length,
         n_batch=cfg.batch_size,

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from llamafleet.config import FleetConfig
+from llamafleet.engine.devices import HOST, layer_devices
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.advice import mib
 from llamafleet.placement.draft import Notes, balance, to_plan
 from llamafleet.placement.gpus import Gpu, Inventory
-from llamafleet.placement.memory import HOST, ContextShape, DeviceNeed, layer_devices, replica_needs
+from llamafleet.placement.memory import ContextShape, DeviceNeed, replica_needs
 from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
 
 REMOTE_INDEX = 1_000_000  # pseudo GPU indices of remote devices inside this module (never shown)

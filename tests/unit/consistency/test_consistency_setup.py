@@ -131,3 +131,15 @@ def test_selected_gpus_limit_the_splits(model: ModelInfo) -> None:
     planned, skipped = setups(opts(("reference", "layer"), gpus=[1]), model, inv)
     assert by_name(planned)["reference"][0].specs[0].env["CUDA_VISIBLE_DEVICES"] == "1"
     assert [(r.name, "only 1 GPU selected" in r.note) for r in skipped] == [("layer", True)]
+
+
+def test_gguf_runs_the_converted_file_on_llama_cpp_and_is_skipped_for_a_gguf_model(model: ModelInfo) -> None:
+    """``gguf`` (a checkpoint folder's weights as an F16 GGUF) is placed as the reference, from its own file; for a
+    model that is already a GGUF file it is skipped with the reason."""
+    demo = str(default_model_path(progress=False))
+    planned, skipped = setups(opts(("reference", "gguf")), model, empty_inventory("no GPU found"))
+    assert [r.name for r in skipped] == ["gguf"] and "this model is a GGUF file" in (skipped[0].note or "")
+    with_file = CheckOptions(opts().fleet, "ckpt-folder", ("reference", "gguf"), max_tokens=16, gguf=demo)
+    planned, skipped = setups(with_file, model, empty_inventory("no GPU found"))
+    (setup, _) = by_name(planned)["gguf"]
+    assert not skipped and setup.specs[0].engine.model_path == demo and setup.specs[0].engine.engine == "llama.cpp"

@@ -20,9 +20,10 @@ from llamafleet.api.aggregate import respond
 from llamafleet.api.openai import ChatRenderer, TextRenderer
 from llamafleet.engine.types import EngineConfig, EngineStats, RequestOutput, SamplingParams
 from llamafleet.fleet.dispatch import Delta, Dispatcher, Failure, Group
+from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.fleet.messages import Abort, Ready, Rejected, StepOutputs, Submit, ToWorker
-from llamafleet.fleet.replicas import ReplicaListener, ReplicaSpec
-from llamafleet.fleet.router import QueueFullError, Router
+from llamafleet.fleet.replicas import ReplicaListener
+from llamafleet.fleet.router import NoReplicaError, QueueFullError, Router
 
 STATS = EngineStats(slots_total=4, slots_busy=0, waiting=0, kv_tokens_used=0, kv_tokens_total=0, steps=0,
                     prompt_tokens_total=0, generated_tokens_total=0, decode_seconds_total=0.0, step_seconds_total=0.0,
@@ -129,7 +130,8 @@ def test_a_replica_that_breaks_in_the_middle_of_a_submit_fails_only_its_own_sequ
         assert "retry" in failures[1].message
         assert len(events) == 4  # one final event per sequence, none twice
         assert [d.router.outstanding(r) for r in (0, 1)] == [0, 0]
-        assert d.router.up() == [0]
+        with pytest.raises(NoReplicaError):  # replica 1 is down, not merely full
+            d.router.assign("only-1", able=[1])
         later = d.submit(submits("n", 2))  # new work goes to the replica that is still up
         assert later.replicas == [0, 0]
 

@@ -27,10 +27,10 @@ from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineStats, RequestOutput, SamplingParams
 from llamafleet.fleet import models as models_module
 from llamafleet.fleet.dispatch import Delta, Failure
+from llamafleet.fleet.launch import Launched, ReplicaSpec
 from llamafleet.fleet.messages import LoadFailed, Ready, Shutdown, StepOutputs, Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable, NotUnloadable
 from llamafleet.fleet.pipe import WorkerPipe
-from llamafleet.fleet.replicas import Launched, ReplicaSpec
 from llamafleet.fleet.telemetry import FleetMetrics
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.gpus import load_inventory

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import pytest
 
@@ -67,7 +67,8 @@ def test_down_replica_returns_its_requests_and_gets_no_more() -> None:
     assert all(r.replica_of(rid) is None for rid in lost)
     assert r.outstanding(1) == 0
     assert {r.assign(f"n{i}") for i in range(3)} == {0}
-    assert r.up() == [0]
+    with pytest.raises(NoReplicaError, match="no replica that can serve"):  # down, not merely full
+        r.assign("only-1", able=[1])
     r.set_up(1, 2)
     assert r.assign("back") == 1  # the emptiest again
 
@@ -117,8 +118,8 @@ def test_prefix_routing_without_a_shared_prefix_is_least_outstanding_exactly(
     routers: list[Router] = []
 
     class WithPrompts(Router):
-        def assign(self, request_id: str, prompt: Prompt = "") -> int:
-            return super().assign(request_id, prompt_of(request_id))
+        def assign(self, request_id: str, prompt: Prompt = "", able: Collection[int] | None = None) -> int:
+            return super().assign(request_id, prompt_of(request_id), able)
 
     def prefix_router(slots: list[int], policy: str = "least_outstanding") -> Router:
         assert policy == "least_outstanding"

@@ -7,8 +7,9 @@ import asyncio
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import EngineConfig, EngineStats
 from llamafleet.fleet.dispatch import Dispatcher
+from llamafleet.fleet.launch import ReplicaSpec
 from llamafleet.fleet.models import ManagedModel, ModelManager
-from llamafleet.fleet.replicas import ReplicaSet, ReplicaSpec
+from llamafleet.fleet.replicas import ReplicaSet
 from llamafleet.fleet.router import Router
 from llamafleet.fleet.snapshot import take
 from llamafleet.fleet.telemetry import FleetMetrics, GpuSample

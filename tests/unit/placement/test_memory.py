@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from llamafleet.engine.devices import HOST, layer_devices
 from llamafleet.model.header import ModelInfo, read_model_info
 from llamafleet.placement.memory import (
-    HOST,
     ContextShape,
     compute_bytes,
     kv_bytes_per_layer,
-    layer_devices,
     pad_ctx,
     replica_needs,
 )

@@ -1,0 +1,159 @@
+"""A LLaMA checkpoint's forward pass over slot-indexed KV buffers: continuous batching's memory.
+
+``transformers`` loads the checkpoint (``LlamaForCausalLM``: its modules, weights, rotary embedding); the pass
+through its layers is driven here so that each running sequence keeps its own place in one preallocated KV buffer per
+layer (``[slots, kv_heads, n_ctx_per_seq, head_dim]``), sequences join and leave between steps, and one step decodes
+every running answer in one batched pass whatever their lengths: each row writes its new key and value at its own
+position and attends to its own slot's first positions only (a mask per row). A prompt is prefilled in chunks, one
+pass per chunk. Nothing is padded or copied when a sequence joins or leaves; a finished slot is simply overwritten.
+
+Devices: the whole model on one device (the CPU, or GPU 0 of those the worker sees), or, for a layer split, each
+layer on the GPU :func:`~llamafleet.engine.devices.layer_devices` gives it (the planner's rule for GGUF replicas),
+the embedding with the first layer and the norm and head with the last; the hidden state moves between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from llamafleet.engine.devices import layer_devices
+from llamafleet.engine.types import EngineConfig
+
+GPU_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_dtype(stored: str | None, gpu: bool) -> torch.dtype:
+    """The dtype the weights (and the KV cache) are held in: on a GPU fp16/bf16 as stored (fp32 -> bf16), on the
+    CPU fp32 and bf16 as stored (fp16, slow on CPUs, -> bf16)."""
+    if gpu:
+        return GPU_DTYPES.get(stored or "", torch.bfloat16)
+    return torch.float32 if stored in (None, "float32") else torch.bfloat16
+
+
+@dataclass
+class Group:
+    """One pass: ``tokens`` ``[B, T]`` of the sequences in ``slots`` at positions ``start[b]`` on (the same numbers
+    as tensors on the model's first device, and as lists: reading them back from a GPU would wait for it)."""
+
+    tokens: torch.Tensor
+    slots: torch.Tensor
+    start: torch.Tensor
+    slot_list: list[int]
+    start_list: list[int]
+
+    @classmethod
+    def of(cls, tokens: list[list[int]], slots: list[int], start: list[int], device: torch.device) -> Group:
+        return cls(torch.tensor(tokens, device=device), torch.tensor(slots, device=device),
+                   torch.tensor(start, device=device), slots, start)
+
+
+class SlotModel:
+    """The checkpoint in ``cfg.model_path`` loaded for ``cfg.n_seq`` slots of ``cfg.n_ctx_per_seq`` tokens."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        from transformers import AutoConfig, LlamaForCausalLM
+
+        conf = AutoConfig.from_pretrained(cfg.model_path, trust_remote_code=False)
+        if conf.model_type != "llama":
+            raise ValueError(f"{cfg.model_path}: model_type {conf.model_type!r}; the torch engine runs LLaMA only")
+        gpus = torch.cuda.device_count() if cfg.n_gpu_layers != 0 else 0
+        stored = getattr(conf, "dtype", None) or getattr(conf, "torch_dtype", None)
+        self.dtype = pick_dtype(str(stored).removeprefix("torch.") if stored is not None else None, gpus > 0)
+        net = LlamaForCausalLM.from_pretrained(cfg.model_path, dtype=self.dtype, trust_remote_code=False)
+        net.train(False)
+        self.config = conf
+        n_layer = conf.num_hidden_layers
+        ratios = cfg.tensor_split if cfg.split_mode == "layer" and len(cfg.tensor_split) > 1 else (1.0,)
+        where = layer_devices(n_layer, ratios[:gpus] if gpus else ())
+        self.devices = [torch.device(f"cuda:{d}") if gpus else torch.device("cpu") for d in where]
+        self.inner = net.model
+        self.layers = list(net.model.layers)
+        for layer, dev in zip(self.layers, self.devices, strict=False):
+            layer.to(dev)
+        first, last = self.devices[0], self.devices[-1]
+        self.inner.embed_tokens.to(first)
+        self.inner.rotary_emb.to(first)
+        self.inner.norm.to(last)
+        # a tied head is the embedding itself: it stays with the embedding (the hidden state comes to it)
+        self.head = net.lm_head if conf.tie_word_embeddings else net.lm_head.to(last)
+        self.n_slots, self.n_ctx = cfg.n_seq, cfg.n_ctx_per_seq
+        self.head_dim = int(getattr(conf, "head_dim", None) or conf.hidden_size // conf.num_attention_heads)
+        n_kv = conf.num_key_value_heads or conf.num_attention_heads
+        shape = (cfg.n_seq, n_kv, cfg.n_ctx_per_seq, self.head_dim)
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=dev) for dev in self.devices[:n_layer]]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=dev) for dev in self.devices[:n_layer]]
+        self.device = first
+
+    def allocated_bytes(self) -> tuple[int, int]:
+        """Bytes of the weights and of the KV buffers, as allocated."""
+        mods = [*self.layers, self.inner.embed_tokens, self.inner.norm, self.head]
+        seen: set[int] = set()
+        weights = 0
+        for m in mods:
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    weights += p.numel() * p.element_size()
+        return weights, sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def close(self) -> None:
+        self.k.clear()
+        self.v.clear()
+        self.layers.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    @torch.inference_mode()
+    def forward(self, g: Group, last: list[int] | None = None) -> torch.Tensor:
+        """Run the pass ``g`` (its keys and values written into its slots); float32 logits ``[B, vocab]`` of each
+        row's token ``last[b]`` (default: its last; rows padded at the end name their last real token: what the
+        padding writes into the slot lies past it, masked, and is overwritten by the slot's next token)."""
+        b, t = g.tokens.shape
+        pos = g.start[:, None] + torch.arange(t, device=g.start.device)[None, :]  # [B, T]
+        n_keys = max(g.start_list) + t
+        keys = torch.arange(n_keys, device=pos.device)
+        mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, L]: each row sees its own past
+        h = self.inner.embed_tokens(g.tokens.to(self.device))
+        cos, sin = self.inner.rotary_emb(h, pos.to(self.device))
+        here = self.device
+        for i, layer in enumerate(self.layers):
+            dev = self.devices[i]
+            if dev != here:
+                h, cos, sin, here = h.to(dev), cos.to(dev), sin.to(dev), dev
+            h = h + self._attention(i, layer, layer.input_layernorm(h), cos, sin, g, pos.to(dev), mask.to(dev),
+                                    n_keys)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h[:, -1] if last is None else h[torch.arange(b, device=h.device), torch.tensor(last, device=h.device)]
+        h = self.inner.norm(h.to(self.devices[-1]))
+        out: torch.Tensor = self.head(h.to(self.head.weight.device)).float()
+        return out
+
+    def _attention(self, i: int, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, g: Group,
+                   pos: torch.Tensor, mask: torch.Tensor, n_keys: int) -> torch.Tensor:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        attn = layer.self_attn
+        b, t, _ = x.shape
+        q = attn.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        slots = g.slots.to(x.device)
+        kc, vc = self.k[i], self.v[i]
+        if t == 1:  # one token per row, each at its own position
+            p = pos[:, 0]
+            kc[slots, :, p] = k[:, :, 0]
+            vc[slots, :, p] = v[:, :, 0]
+        else:
+            for r, (slot, s0) in enumerate(zip(g.slot_list, g.start_list, strict=True)):
+                kc[slot, :, s0:s0 + t] = k[r]
+                vc[slot, :, s0:s0 + t] = v[r]
+        ks, vs = kc[slots, :, :n_keys], vc[slots, :, :n_keys]
+        gqa = {"enable_gqa": True} if ks.shape[1] != q.shape[1] else {}  # (torch >= 2.5; asked only when needed)
+        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=attn.scaling, **gqa)
+        out: torch.Tensor = attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        return out
