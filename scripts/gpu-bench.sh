@@ -35,6 +35,8 @@
 #                safetensors, written here) against the GGUF engine on F16 and Q8_0 files of the same shape, each
 #                served alone (32 slots, ctx CTX), 1 and 32 streams over HTTP; /v1/status (planned vs measured
 #                memory) saved per model
+#   rerank       (not in the default list) /v1/rerank of 64 documents x 200 tokens on the host's CPU (GPUs hidden),
+#                llamafleet against the llama-server of the build phase (scripts/rerank-bench.sh), rounds interleaved
 #
 # Environment:
 #   SRC                 llama-cpp-python source tree or sdist (default: the one scripts/install.sh cached)
@@ -215,6 +217,13 @@ if has spec; then
   CUDA_VISIBLE_DEVICES=0 MODEL=${SPEC_MODEL:-} LLAMA_SERVER=$BIN/llama-server REPORT=$REPORT/spec NGL=99 SLOTS=128 \
     CTX=2048 LEVELS=${SPEC_LEVELS:-1,8,128} ENGINE_STREAMS=128 MAX_TOKENS=256 PYTHON=$PY PORT=$PORT \
     bash "$repo/scripts/spec-bench.sh" || log "spec phase failed (see $REPORT/spec/run.log)"
+fi
+
+# --- reranking on the CPU -------------------------------------------------------------------------------------------
+if has rerank; then
+  log "rerank (scripts/rerank-bench.sh): 64 documents x 200 tokens on the CPU, llamafleet vs llama-server"
+  CUDA_VISIBLE_DEVICES= LLAMA_SERVER=$BIN/llama-server PYTHON=$PY PORT=$PORT \
+    bash "$repo/scripts/rerank-bench.sh" "$REPORT/rerank" || log "rerank phase failed (see $REPORT/rerank/run.log)"
 fi
 
 # --- sessions that outnumber the slots, one GPU ---------------------------------------------------------------------

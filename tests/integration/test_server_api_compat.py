@@ -56,6 +56,23 @@ def test_explicit_nulls_are_served(fleet: FleetServer, served: tuple[OpenAI, str
     assert text.status_code == 200 and text.json()["usage"]["completion_tokens"] == 16  # null: the default 16
 
 
+def test_llama_server_fields_on_the_openai_routes(served: tuple[OpenAI, str]) -> None:
+    """What a client written for llama-server sends beside OpenAI's fields (docs/API.md, llama-server's fields)."""
+    client, model = served
+    extra = {"cache_prompt": True, "id_slot": -1, "samplers": ["top_k", "top_p", "temperature"], "n_predict": 5,
+             "n_probs": 2, "repeat_last_n": 32, "t_max_predict_ms": 1000, "mirostat": 0, "lora": []}
+    chat = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, extra_body=extra)
+    assert chat.usage is not None and chat.usage.completion_tokens == 5  # n_predict cut the answer
+    assert chat.choices[0].logprobs is not None
+    assert all(len(t.top_logprobs) == 2 for t in chat.choices[0].logprobs.content or [])
+    text = client.completions.create(model=model, prompt="1, 2, 3,", temperature=0,
+                                     extra_body={"n_predict": 20, "cache_prompt": False, "ignore_eos": True})
+    assert text.usage is not None and text.usage.completion_tokens == 20  # not completions' default of 16
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model, messages=QUESTION, extra_body={"mirostat": 2})
+    assert caught.value.param == "mirostat"
+
+
 def test_context_overflow_in_openai_words(served: tuple[OpenAI, str]) -> None:
     client, model = served
     with pytest.raises(openai.BadRequestError) as caught:

@@ -31,7 +31,6 @@ NON_DEFAULT: dict[str, Any] = {
 }
 NEEDS: dict[str, dict[str, Any]] = {"top_logprobs": {"logprobs": True}}  # what a value needs beside it
 WIRE: dict[str, Any] = {"stop": ["x"], "logit_bias": {"5": 2.0}}  # the JSON of a value, where it differs
-ENGINE_ONLY = {"penalty_last_n"}  # no route sets it: the engine's window of the repeat penalties
 NOT_RELAYED = {"speculative"}  # how an answer is computed, not what: a remote member speculates as it is set up to
 LLAMA = RemoteMember(url="http://llama", model=None)
 PROVIDER = RemoteMember(url="https://provider", model="m", llama_cpp=False)
@@ -83,9 +82,10 @@ OWN_DEFAULTS = {("infill", "temperature"), ("infill", "top_p")}  # llama-server'
 # OpenAI's bodies for the fields whose parameter is shaped differently, per route (None: the route cannot set it)
 OPENAI_SHAPES: dict[str, dict[str, dict[str, Any] | None]] = {
     "chat": {"logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 2},
-             "prompt_logprobs": None, "think_budget": {"reasoning_budget": 3}},
+             "prompt_logprobs": None, "think_budget": {"reasoning_budget": 3}, "penalty_last_n": {"repeat_last_n": 16}},
     "completions": {"logprobs": {"logprobs": 0}, "top_logprobs": {"logprobs": 2},
-                    "prompt_logprobs": {"echo": True, "logprobs": 0}, "think_budget": None},
+                    "prompt_logprobs": {"echo": True, "logprobs": 0}, "think_budget": None,
+                    "penalty_last_n": {"repeat_last_n": 16}},
 }
 
 
@@ -94,7 +94,7 @@ def body_of(name: str) -> dict[str, Any]:
 
 
 def test_the_openai_routes_set_every_field() -> None:
-    for name in set(NAMES) - ENGINE_ONLY:
+    for name in NAMES:
         routes = [r for r in OPENAI_SHAPES if OPENAI_SHAPES[r].get(name, {}) is not None]
         assert routes, f"no OpenAI route sets {name}"
         for route in routes:
@@ -142,7 +142,7 @@ def upstream_params(p: SamplingParams, member: RemoteMember, chat_form: bool) ->
 @pytest.mark.parametrize("chat_form", [True, False])
 def test_a_relayed_field_samples_the_same_upstream_or_is_refused(chat_form: bool) -> None:
     for name in NAMES:
-        if name in ENGINE_ONLY | NOT_RELAYED:
+        if name in NOT_RELAYED:
             continue
         p = params_with(name)
         for member in (LLAMA, PROVIDER):
@@ -151,5 +151,5 @@ def test_a_relayed_field_samples_the_same_upstream_or_is_refused(chat_form: bool
                 continue
             got = got if p.max_tokens is not None else replace(got, max_tokens=None)  # completions' default: 16
             assert got == p, f"{name} does not cross to {member.url}"
-        if name in LLAMA_CPP_KNOBS:
+        if name in (*LLAMA_CPP_KNOBS, "penalty_last_n"):
             assert name in (unrelayable(Submit("r", p, prompt="hi"), PROVIDER) or ""), name

@@ -43,6 +43,7 @@ from llamafleet.api import (
     infill,
     openai,
     props,
+    rerank,
     responses,
     status,
     tokens,
@@ -154,6 +155,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(tokens.routes)
     app.include_router(props.routes)
     app.include_router(infill.routes)
+    app.include_router(rerank.routes)
     app.include_router(status.routes)
     app.include_router(usage.routes)
     app.include_router(ui.routes)

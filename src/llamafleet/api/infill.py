@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llamafleet.api.aggregate import Choice, plain_overflow, respond
 from llamafleet.api.errors import ApiError
+from llamafleet.api.llama_fields import LlamaServerNoOps, checked_n_predict
 from llamafleet.api.protocol import DEFAULTS, SEED_LIMIT, Usage, check_stops, check_unicode, sse
 from llamafleet.api.protocol import Request as Body
 from llamafleet.api.service import ServiceDep
@@ -49,7 +50,7 @@ class ExtraFile(Body):
         return v
 
 
-class InfillRequest(Body):
+class InfillRequest(LlamaServerNoOps):
     model: str | None = None
     input_prefix: str
     input_suffix: str
@@ -69,15 +70,6 @@ class InfillRequest(Body):
     stream: bool = False
     response_fields: list[str] = []
     n_probs: int = Field(0, le=0, description="token probabilities are not served here")
-    # accepted, ignored: the prefix cache is always on, the sampler order is the engine's, and no time limit applies
-    cache_prompt: bool | None = None
-    samplers: list[str] | None = None
-    n_indent: int | None = None
-    t_max_prompt_ms: int | None = None
-    t_max_predict_ms: int | None = None
-    id_slot: int | None = None
-    timings_per_token: bool | None = None
-    return_tokens: bool | None = None
 
     @field_validator("input_prefix", "input_suffix", "prompt")
     @classmethod
@@ -94,8 +86,7 @@ class InfillRequest(Body):
     @field_validator("n_predict")
     @classmethod
     def _predict(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("n_predict must be -1 (until the context ends) or at least 1")
+        checked_n_predict(v)
         return v
 
     def infill(self) -> Infill:

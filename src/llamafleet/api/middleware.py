@@ -55,13 +55,17 @@ def presented_key(scope: Scope) -> bytes:
     return token.strip()
 
 
+# The encoder's routes: embeddings and rerank (a reranker's score is an embedding pass with a classifier head).
+ENCODER_PATHS = frozenset({"/v1/embeddings", "/v1/rerank", "/rerank", "/v1/reranking", "/reranking"})
+
+
 def scope_of(path: str) -> KeyScope:
     """The scope a key needs for ``path``."""
     if path.startswith(ADMIN_PREFIX) or path in ADMIN_PATHS:
         return "admin"
     if path == "/metrics":
         return "metrics"
-    return "embeddings" if path == "/v1/embeddings" else "inference"
+    return "embeddings" if path in ENCODER_PATHS else "inference"
 
 
 class Gate:

@@ -11,6 +11,7 @@ The kinds of parameters, as docs/API.md lists them:
   become one grammar the engine samples under (:func:`format_grammar`);
 * tools: ``tools``, ``tool_choice`` and tool messages, shown to the model and forced by :mod:`~llamafleet.api.tools`
   (:meth:`ChatCompletionRequest.turns`, :attr:`ChatCompletionRequest.constraint`);
+* llama-server's own fields (``n_predict``, ``n_probs``, ``cache_prompt``, ...): :mod:`~llamafleet.api.llama_fields`;
 * not built yet: each request type lists them in ``not_yet()`` (``modalities`` beyond text, ...),
   and the route refuses the first one used with a 400 naming the parameter
   (:func:`~llamafleet.api.errors.refuse_unbuilt`). A feature that lands removes its line there and adds its field
@@ -25,6 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
+from llamafleet.api.llama_fields import LlamaServerFields
 from llamafleet.api.protocol import (
     DEFAULTS,
     SEED_LIMIT,
@@ -180,7 +182,7 @@ class StreamOptions(Request):
     include_obfuscation: bool = False  # ignored: nothing here pads stream chunks
 
 
-class SamplingRequest(Request):
+class SamplingRequest(LlamaServerFields):
     """What chat and text completions share."""
 
     model: str
@@ -250,7 +252,7 @@ class SamplingRequest(Request):
 
     def not_yet(self) -> NotYet:
         """The parameters that need features not built yet (see :func:`~llamafleet.api.errors.refuse_unbuilt`)."""
-        return []
+        return self.samplers_off()
 
     def top_n(self) -> int:
         """How many top alternatives each token's logprobs come with."""
@@ -274,6 +276,7 @@ class SamplingRequest(Request):
             repeat_penalty=self.repeat_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
+            penalty_last_n=self.repeat_last_n,
             seed=None if self.seed is None else (self.seed + choice) % SEED_LIMIT,
             stop=self.stop_strings(),
             logprobs=logprobs,
@@ -324,6 +327,12 @@ class ChatCompletionRequest(SamplingRequest, ToolRequest):
         if v and not info.data.get("logprobs"):
             raise ValueError("it needs 'logprobs': true (the alternatives come with the chosen tokens' logprobs)")
         return v
+
+    @model_validator(mode="after")
+    def _n_probs(self) -> ChatCompletionRequest:
+        if self.n_probs and not self.logprobs:  # llama-server's name for them; OpenAI's fields win when sent
+            self.logprobs, self.top_logprobs = True, self.n_probs
+        return self
 
     @cached_property
     def constraint(self) -> str | None:
@@ -397,6 +406,12 @@ class CompletionRequest(SamplingRequest):
             raise ValueError(f"a list of prompts needs 1 to {MAX_PROMPTS} entries, got {len(v)}")
         check_unicode([p for p in ([v] if isinstance(v, str) else v) if isinstance(p, str)])
         return v
+
+    @model_validator(mode="after")
+    def _n_probs(self) -> CompletionRequest:
+        if self.n_probs and self.logprobs is None:  # llama-server's name for it; OpenAI's field wins when sent
+            self.logprobs = self.n_probs
+        return self
 
     def not_yet(self) -> NotYet:
         return [

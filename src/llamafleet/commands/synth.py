@@ -31,12 +31,21 @@ class _Names:
         return iter(self._names())
 
 
+BERT_POOLING = ("mean", "cls", "rank")  # --bert: an embedding model's pooling, or a reranker's
 HF_DTYPES = ("f32", "f16", "bf16")
 
 
 def run(args: argparse.Namespace) -> int:
     from llamafleet.model.synth import CHAT_TEMPLATE, QUANTS, SHAPES, SynthError, find_template, find_vocab, write_model
 
+    if args.bert is not None:
+        return _bert(args)
+    if args.lora_for is not None:
+        return _lora(args)
+    if args.shape is None:
+        print("error: give --shape (a LLaMA-2-shaped model), --bert (a tiny encoder) or --lora-for (an adapter)",
+              file=sys.stderr)
+        return 2
     if args.hf and (args.quant not in HF_DTYPES or args.sparse):
         print(f"error: --hf writes {'/'.join(HF_DTYPES)} weights (--quant), never sparse", file=sys.stderr)
         return 1
@@ -67,6 +76,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bert(args: argparse.Namespace) -> int:
+    from gguf import PoolingType
+
+    from llamafleet.model.synth_bert import write_bert
+
+    try:
+        path = write_bert(args.output, pooling=PoolingType[args.bert.upper()], seed=args.seed)
+    except OSError as e:
+        print(f"error: cannot write {args.output}: {e}", file=sys.stderr)
+        return 1
+    print(f"{path} (a tiny BERT {'reranker' if args.bert == 'rank' else 'embedding model'})")
+    return 0
+
+
+def _lora(args: argparse.Namespace) -> int:
+    from llamafleet.model.header import GgufError
+    from llamafleet.model.synth_lora import write_lora
+
+    try:
+        path = write_lora(args.lora_for, args.output, rank=args.rank, seed=args.seed)
+    except (GgufError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{path} (a LoRA adapter of rank {args.rank} for {args.lora_for})")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "synth",
@@ -75,8 +111,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "LLaMA-2 tokenizer. Its answers are noise; its speed and memory are those of the real model.",
     )
     # a metavar keeps argparse from listing the choices (and importing the writer) while the parser is built
-    p.add_argument("--shape", choices=_Names("SHAPES"), required=True, metavar="SHAPE",
-                   help="model shape: %(choices)s")
+    p.add_argument("--shape", choices=_Names("SHAPES"), metavar="SHAPE",
+                   help="model shape: %(choices)s (or --bert, or --lora-for)")
+    p.add_argument("--bert", choices=BERT_POOLING, help="write a tiny BERT encoder with random weights instead: an "
+                   "embedding model pooled by mean or cls, or a reranker (rank: a classifier head, for /v1/rerank)")
     p.add_argument("--quant", choices=_Names("QUANTS", ("f32", "bf16")), default="q4_0", metavar="TYPE",
                    help="weight type: %(choices)s (default %(default)s; f32 and bf16 with --hf only)")
     p.add_argument("--hf", action="store_true", help="write a Hugging Face checkpoint folder (config.json, "
@@ -91,6 +129,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "sdist, fetched if absent); default: LLaMA-2's (llama-spm)")
     p.add_argument("--chat-template", metavar="FILE|NAME", help="the chat template: a Jinja file, or the name of one "
                    "of llama.cpp's (Qwen-Qwen3-0.6B, meta-llama-Llama-3.1-8B-Instruct, ...); default: LLaMA-2's")
+    p.add_argument("--lora-for", metavar="BASE.gguf", help="write a LoRA adapter with random weights for the model "
+                   "file BASE instead (its attention query and value projections)")
+    p.add_argument("--rank", type=int, default=8, help="the adapter's rank, with --lora-for (default 8)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -120,6 +120,10 @@ class Engine(EngineLoop, TextSide[Model]):
         """Queue an embedding request (checked now: ``ValueError``); see :mod:`llamafleet.engine.embedding`."""
         self.embedder.add(req)
 
+    def add_rerank(self, request_id: str, query: str, documents: tuple[str, ...]) -> None:
+        """Queue a reranker's scoring of ``query`` against each of ``documents`` (checked now: ``ValueError``)."""
+        self.embedder.add(EmbeddingRequest(request_id, self.embedder.pairs(query, documents), rank=True))
+
     def abort(self, request_id: str) -> None:
         """Cancel a request; the next ``step()`` reports it finished with ``finish_reason="cancelled"``."""
         self._aborts.append(request_id)

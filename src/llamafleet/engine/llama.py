@@ -1,8 +1,9 @@
 """llama.cpp's models, contexts and batches: the ctypes calls that load weights, run passes and edit the KV cache.
 
-The bindings are three modules, the only ones that call into llama.cpp (binding names drift between versions: one
-place to fix): this one; :mod:`llamafleet.engine.llama_backend` (backend setup, llama.cpp's logs, devices, RPC)
-and :mod:`llamafleet.engine.llama_sampler` (sampler chains, grammars, candidate buffers).
+The bindings are four modules, the only ones that call into llama.cpp (binding names drift between versions: one
+place to fix): this one; :mod:`llamafleet.engine.llama_backend` (backend setup, llama.cpp's logs, devices, RPC),
+:mod:`llamafleet.engine.llama_sampler` (sampler chains, grammars, candidate buffers) and
+:mod:`llamafleet.engine.llama_lora` (LoRA adapters).
 
 Import order matters on CUDA builds: if numpy (whose wheels bundle OpenBLAS and libgfortran) is loaded before
 libggml-cuda, loading a model can crash inside llama.cpp's own log formatting (``llama_model::print_info``; seen on
@@ -91,6 +92,8 @@ class Model(Native):
         # a recurrent state cannot be cut back part-way (no prefix reuse, no rejected drafts given back)
         self.recurrent = bool(lc.llama_model_is_recurrent(ptr) or lc.llama_model_is_hybrid(ptr))
         self.pooling = int(self.meta(f"{arch}.pooling_type") or lc.LLAMA_POOLING_TYPE_UNSPECIFIED)  # its own, if any
+        self.reranks = self.pooling == lc.LLAMA_POOLING_TYPE_RANK  # it scores query-document pairs, nothing else
+        self.n_cls_out = int(lc.llama_model_n_cls_out(ptr))  # a reranker's scores per input (its classifier's)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -143,6 +146,15 @@ class Model(Native):
     def bos(self) -> int:
         """The BOS token's id (-1 when the model has none)."""
         return int(lc.llama_vocab_bos(self.vocab))
+
+    def pair_markers(self) -> tuple[int, int, int]:
+        """What a reranker puts around a query-document pair when its vocabulary asks for them: the BOS, EOS (the
+        separator if it has no EOS) and separator token ids, each -1 when not asked for (llama.cpp's add flags)."""
+        v = self.vocab
+        eos = int(lc.llama_vocab_eos(v))
+        eos = eos if eos >= 0 else int(lc.llama_vocab_sep(v))
+        return (self.bos if self.add_bos else -1, eos if lc.llama_vocab_get_add_eos(v) else -1,
+                int(lc.llama_vocab_sep(v)) if lc.llama_vocab_get_add_sep(v) else -1)
 
     def fim_tokens(self) -> tuple[int, int, int, int, int]:
         """The fill-in-the-middle token ids (prefix, suffix, middle, repository, file separator); -1 for none."""
@@ -234,7 +246,7 @@ class Context(Native):
 
     With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``embeddings=True`` makes a
     context whose passes output every token's final hidden state (:meth:`embeddings`), unpooled, for
-    :mod:`llamafleet.engine.embedding`.
+    :mod:`llamafleet.engine.embedding`; a reranker's output each sequence's scores instead (:meth:`sequence_scores`).
     """
 
     def __init__(self, model: Model, cfg: EngineConfig, n_ctx: int | None = None, embeddings: bool = False) -> None:
@@ -245,6 +257,8 @@ class Context(Native):
         if embeddings:  # every token's hidden state comes out, unpooled: the engine pools them itself (llama.cpp
             p.embeddings = True  # warns if the model names a pooling; unspecified is none, without the warning)
             p.pooling_type = lc.LLAMA_POOLING_TYPE_NONE if model.pooling > 0 else lc.LLAMA_POOLING_TYPE_UNSPECIFIED
+            if model.pooling == lc.LLAMA_POOLING_TYPE_RANK:  # except a reranker's: its classifier runs in the graph
+                p.pooling_type = lc.LLAMA_POOLING_TYPE_RANK  # on the pooled state (sequence_scores)
         p.n_batch = cfg.n_batch
         p.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
         p.n_seq_max = cfg.n_seq
@@ -336,6 +350,14 @@ class Context(Native):
     def embeddings(self, n_outputs: int) -> npt.NDArray[np.float32]:
         """The hidden states of the last decode's outputs, in batch order: a zero-copy ``(n_outputs, n_embd)`` view."""
         return np.ctypeslib.as_array(lc.llama_get_embeddings(self.ptr), shape=(n_outputs, self.n_embd))
+
+    def sequence_scores(self, seq: int, n: int) -> npt.NDArray[np.float32]:
+        """A reranker's ``n`` scores of sequence ``seq`` in the last decode (its pooled state through the classifier
+        head), copied."""
+        ptr = lc.llama_get_embeddings_seq(self.ptr, seq)
+        if not ptr:
+            raise RuntimeError(f"llama.cpp gave no scores for sequence {seq}")
+        return np.ctypeslib.as_array(ptr, shape=(n,)).copy()
 
     def keep_prefix(self, seq: int, n: int) -> bool:
         """Drop sequence ``seq``'s cached tokens from position ``n`` on, keeping ``[0, n)``; False if this memory

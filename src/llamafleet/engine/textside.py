@@ -29,6 +29,7 @@ class Vocab(Protocol):
     n_vocab: int
     add_bos: bool
     causal: bool
+    reranks: bool  # its pooling type is rank: it scores query-document pairs and generates nothing
 
     @property
     def bos(self) -> int: ...
@@ -150,6 +151,9 @@ class TextSide(Generic[V]):
         run in this engine."""
         n = len(req.prompt_tokens)
         limit = self.cfg.n_ctx_per_seq
+        if self.model.reranks:  # encoders and decoders alike (Qwen3-Reranker is a decoder with a classifier head)
+            raise ValueError("this model is a reranker (its pooling type is 'rank') and cannot generate text; use "
+                             "POST /v1/rerank, or serve a generative model")
         if not self.model.causal:
             raise ValueError("this model is an embedding model (an encoder: it attends both ways) and cannot "
                              "generate text; use POST /v1/embeddings, or serve a generative model")

@@ -222,6 +222,7 @@ class EmbeddingRequest:
 
     request_id: str
     inputs: tuple[tuple[int, ...], ...]
+    rank: bool = False  # a reranker's request: each input is a query-document pair, its "vector" its raw scores
 
 
 class EmbeddingUnavailable(RuntimeError):

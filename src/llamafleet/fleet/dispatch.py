@@ -144,6 +144,7 @@ class Dispatcher:
         self._routes: dict[str, _Route] = {}
         self._timed_out: set[str] = set()  # aborted for the request's timeout: counted as "timeout", not "cancelled"
         self.family: str | None = None  # the model's family, as its replicas recognised it (see Ready)
+        self.reranker = False  # its replicas said it is a reranker (see Ready)
 
     async def start(self) -> None:
         """Load the replicas (serially); see :meth:`ReplicaSet.start`."""
@@ -210,7 +211,7 @@ class Dispatcher:
     # -- ReplicaListener ----------------------------------------------------------------------------------------
     def replica_up(self, replica: int, ready: Ready) -> None:
         self.router.set_up(replica, ready.n_seq)
-        self.family = ready.family
+        self.family, self.reranker = ready.family, ready.reranker
 
     def replica_suspect(self, replica: int, suspect: bool) -> None:
         """``replica`` fell silent past its bound (or spoke again): route around it, and move what has not started."""

@@ -42,7 +42,8 @@ class Submit:
 
     With ``embed`` nothing is generated either: each input (a text, tokenized with the model's special tokens, or
     token ids taken as they are) is embedded, and the one finished output carries the vectors in order
-    (``RequestOutput.embeddings``); ``params`` is not used.
+    (``RequestOutput.embeddings``); ``params`` is not used. With ``rerank`` (a query and its documents), a reranker
+    scores each query-document pair the same way: each "vector" is the pair's raw scores, the first its relevance.
     """
 
     request_id: str
@@ -58,6 +59,7 @@ class Submit:
     embed: tuple[str | tuple[int, ...], ...] | None = None
     priority: int = DEFAULT_PRIORITY  # the engine admits lower first (see engine/scheduler.py)
     tenant: str = ""  # the key's name, for fair shares between keys of one priority
+    rerank: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def routing_prompt(self) -> str | tuple[ChatTurn, ...]:
@@ -99,13 +101,15 @@ class LoadProgress:
 class Ready:
     """The engine is loaded and accepting work (the end of the readiness handshake). ``family``: the model family its
     chat template was recognised as (:mod:`llamafleet.engine.families`; None: the generic path), which tells the API
-    how the model writes its reasoning and tool calls."""
+    how the model writes its reasoning and tool calls. ``reranker``: the model scores query-document pairs (its
+    pooling type is ``rank``) and does nothing else."""
 
     pid: int
     n_seq: int
     n_ctx_per_seq: int
     load_seconds: float
     family: str | None = None
+    reranker: bool = False
 
 
 @dataclass(frozen=True)

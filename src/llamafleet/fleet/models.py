@@ -82,6 +82,13 @@ class ManagedModel:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
+    def reranker(self) -> bool:
+        """Whether it scores query-document pairs: its header says so (known before it loads), or its replicas did."""
+        if self.demand is not None:
+            return self.demand.model.reranker
+        return self.dispatcher is not None and self.dispatcher.reranker
+
+    @property
     def where(self) -> list[str]:
         """Where its replicas run ("GPU 0", "GPUs 0,1", "CPU", "remote URL"); empty while it holds no memory."""
         if self.placed is not None:

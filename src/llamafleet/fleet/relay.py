@@ -62,6 +62,8 @@ def upstream_request(msg: Submit, member: RemoteMember, model: str) -> tuple[str
         body["stop"] = list(p.stop)
     if p.logit_bias:
         body["logit_bias"] = {str(t): b for t, b in p.logit_bias}
+    if member.llama_cpp and p.changed(("penalty_last_n",)):
+        body["repeat_last_n"] = p.penalty_last_n  # llama.cpp servers' name for it
     if p.logprobs and msg.chat is not None:
         body |= {"logprobs": True, "top_logprobs": p.top_logprobs}
     elif p.logprobs:

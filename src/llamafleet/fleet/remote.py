@@ -90,14 +90,16 @@ def member_specs(remote: list[RemoteMember], n_ctx_per_seq: int, prefix: str = "
 def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
     """Why ``member`` cannot serve ``msg`` as asked, worded for the client; None if it can.
 
-    What this relay does not carry: embeddings (they go to local replicas). What an OpenAI-compatible upstream cannot
-    express: tokenizing and fill-in-the-middle (they need the model's tokenizer), scoring the
-    prompt (echo with logprobs) and, for an upstream that is not a llama.cpp server, a grammar, ``ignore_eos`` and
-    llama.cpp's sampling fields set to other than their defaults (at their defaults they are left out: the
-    upstream's own sampler applies)."""
+    What this relay does not carry: embeddings and reranking (they go to local replicas). What an OpenAI-compatible
+    upstream cannot express: tokenizing and fill-in-the-middle (they need the model's tokenizer), scoring the prompt
+    (echo with logprobs) and, for an upstream that is not a llama.cpp server, a grammar, ``ignore_eos`` and llama.cpp's
+    sampling fields set to other than their defaults (at their defaults they are left out: the upstream's own sampler
+    applies)."""
     p = msg.params
     if msg.embed is not None:
         return "embeddings are not relayed to remote members"
+    if msg.rerank is not None:
+        return "reranking is not relayed to remote members"
     if msg.infill is not None:
         return "fill-in-the-middle needs the model's own FIM tokens, which a remote member does not expose"
     if msg.tokenize_only:
@@ -113,6 +115,6 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
                 "llama.cpp upstream (set llama_cpp: true only for llamafleet or llama-server members)")
     if p.ignore_eos:
         return "ignore_eos needs a llama.cpp upstream"
-    if changed := p.changed(LLAMA_CPP_KNOBS):
+    if changed := p.changed((*LLAMA_CPP_KNOBS, "penalty_last_n")):
         return f"{', '.join(changed)} need a llama.cpp upstream; leave them at their defaults"
     return None

@@ -140,6 +140,9 @@ def _admit(engine: Engine | TorchEngine, msg: Submit, opened: dict[str, str]) ->
             inputs = tuple(i if isinstance(i, tuple) else tuple(engine.tokenize(i)) for i in msg.embed)
             engine.add_embedding(EmbeddingRequest(msg.request_id, inputs))
             return None
+        if msg.rerank is not None:
+            engine.add_rerank(msg.request_id, *msg.rerank)
+            return None
         marker = ""
         if msg.prompt_ids is not None:
             ids = list(msg.prompt_ids)
@@ -301,7 +304,8 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
         with engine:
             family = engine.family
             _send(pipe, Ready(pid=os.getpid(), n_seq=cfg.n_seq, n_ctx_per_seq=engine.n_ctx_per_seq,
-                              load_seconds=time.monotonic() - t0, family=None if family is None else family.name))
+                              load_seconds=time.monotonic() - t0, family=None if family is None else family.name,
+                              reranker=engine.model.reranks))
             _serve(engine, pipe, inbox, beat_s)
         log.info("context and model freed; exiting")  # the server's shutdown waits for this exit
     except _ParentGone:

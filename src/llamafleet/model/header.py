@@ -39,6 +39,7 @@ _SCALAR = {
 }
 _SMALL_ARRAY = 4096  # numeric arrays up to this length are kept (per-layer head counts); longer ones are skipped
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
+RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK, as {arch}.pooling_type stores it
 
 Value = int | float | bool | str | tuple[int | float | bool, ...] | None
 
@@ -92,6 +93,7 @@ class ModelInfo:
     n_params: int
     tensor_types: tuple[tuple[str, int], ...]  # (ggml type, bytes) largest first
     engine: str = "llama.cpp"  # what serves it: "llama.cpp" (a GGUF file) or "torch" (a checkpoint folder)
+    reranker: bool = False  # its pooling type is "rank": it scores query-document pairs (/v1/rerank)
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -383,4 +385,5 @@ def read_model_info(path: str | Path, opener: Opener = open_local) -> ModelInfo:
         n_tensors=len(tensors),
         n_params=sum(math.prod(t.shape) for t in tensors),
         tensor_types=tuple(sorted(types.items(), key=lambda kv: -kv[1])),
+        reranker=meta.get(f"{arch}.pooling_type") == RANK_POOLING,
     )

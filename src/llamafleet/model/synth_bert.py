@@ -1,10 +1,16 @@
-"""Write a tiny BERT-architecture embedding model (random weights, a small WordPiece vocabulary) that llama.cpp loads.
+"""Write a tiny BERT-architecture embedding model or reranker (random weights, a small WordPiece vocabulary) that
+llama.cpp loads.
 
 Embedding models are encoders: attention both ways, a learned position table, their own pooling named in the file
 (``bert.pooling_type``), a WordPiece ("bert") tokenizer with ``[CLS] ... [SEP]`` around every input. This writes one
 small enough for tests (a few hundred kB) with exactly the tensors and keys llama.cpp's BERT loader reads, so the
 embedding path is tested on the real loader and graph without downloading a model. Its vectors mean nothing beyond
 being a fixed function of the text: equal texts give equal vectors, different texts different ones.
+
+A reranker (``pooling=RANK``) is the same encoder with a classification head on its ``[CLS]`` state, as llama.cpp
+reads a cross-encoder's: ``cls`` (a dense layer, tanh) then ``cls.output`` (one score); its pooling type is ``rank``.
+With ``rerank_template`` it carries a ``rerank`` template too (``{query}`` and ``{document}`` in it), which llama.cpp's
+rerankers use instead of the plain ``[CLS] query [SEP] document`` layout.
 
 The vocabulary: the five special tokens, every lowercase letter and digit both as a word start (WordPiece's "▁"
 prefix, as llama.cpp's converter writes it) and as a continuation, and a few whole words.
@@ -29,7 +35,8 @@ def vocabulary() -> list[str]:
 
 
 def write_bert(out: str | Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_ff: int = 128,
-               n_ctx: int = 128, pooling: PoolingType = PoolingType.MEAN, seed: int = 0) -> Path:
+               n_ctx: int = 128, pooling: PoolingType = PoolingType.MEAN, seed: int = 0,
+               rerank_template: str | None = None) -> Path:
     """Write the model to ``out`` (F32, random weights of std ``0.5 / sqrt(n_in)``, norms of one); returns the path."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -56,6 +63,9 @@ def write_bert(out: str | Path, *, n_layer: int = 2, n_embd: int = 64, n_head: i
         tensors |= norm(b + "attn_output_norm") | norm(b + "layer_output_norm")
         tensors |= {b + "ffn_up.weight": matrix(n_ff, n_embd), b + "ffn_up.bias": np.zeros(n_ff, np.float32),
                     b + "ffn_down.weight": matrix(n_embd, n_ff), b + "ffn_down.bias": np.zeros(n_embd, np.float32)}
+    if pooling == PoolingType.RANK:  # the classifier head: dense + tanh, then one score (random biases: nonzero)
+        tensors |= {"cls.weight": matrix(n_embd, n_embd), "cls.bias": matrix(1, n_embd)[0],
+                    "cls.output.weight": matrix(1, n_embd), "cls.output.bias": np.ones(1, np.float32) * 0.1}
 
     w = GGUFWriter(out, "bert")
     w.add_name("llamafleet synthetic bert")
@@ -67,6 +77,8 @@ def write_bert(out: str | Path, *, n_layer: int = 2, n_embd: int = 64, n_head: i
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
     w.add_pooling_type(pooling)
+    if rerank_template is not None:
+        w.add_string("tokenizer.chat_template.rerank", rerank_template)
     w.add_tokenizer_model("bert")
     w.add_token_list(vocab)
     w.add_token_types([TokenType.CONTROL if t in SPECIAL else TokenType.NORMAL for t in vocab])

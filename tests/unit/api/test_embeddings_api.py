@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from llamafleet.api.embeddings import MAX_INPUTS, EmbeddingRequest, encode
+from llamafleet.api.middleware import scope_of
 from llamafleet.api.openai import context_error
 from llamafleet.api.openai_requests import split_prompts
 from llamafleet.engine.types import ContextOverflow
@@ -58,3 +59,9 @@ def test_an_input_too_long_is_worded_as_openai_words_it() -> None:
     assert err.message == ("This model's maximum context length is 512 tokens, however you requested 700 tokens "
                            "(700 in your prompt; 0 for the completion). Please reduce your prompt; or completion "
                            "length.")
+
+
+def test_rerank_routes_need_the_embeddings_scope_as_embeddings_do() -> None:
+    assert {scope_of(p) for p in ("/v1/embeddings", "/v1/rerank", "/rerank", "/v1/reranking", "/reranking")} == {
+        "embeddings"}
+    assert scope_of("/v1/chat/completions") == "inference" and scope_of("/metrics") == "metrics"

@@ -127,3 +127,15 @@ def test_cli_writes_a_sparse_model(tmp_path: Path, capsys: pytest.CaptureFixture
     assert str(out) in capsys.readouterr().out
     info = read_model_info(out)
     assert (info.n_layer, info.file_type, info.n_params) == (40, "Q8_0", LLAMA2_PARAMS["llama2-13b"])
+
+
+def test_cli_writes_bert_encoders_and_a_reranker_the_header_knows(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    for pooling in ("mean", "rank"):
+        out = tmp_path / f"{pooling}.gguf"
+        assert main(["synth", "--bert", pooling, "-o", str(out)]) == 0
+        info = read_model_info(out)
+        assert info.architecture == "bert" and info.reranker == (pooling == "rank")
+        assert ("cls.output.weight" in {t.name for t in read_header(out)[1]}) == (pooling == "rank")
+    assert "reranker" in capsys.readouterr().out
+    assert main(["synth", "-o", str(tmp_path / "none.gguf")]) == 2  # neither --shape nor --bert

@@ -93,6 +93,10 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
         raise GrammarUnsupported(f"the torch engine serves text generation only, not embeddings{ELSEWHERE} (an "
                                  "embedding model)")
 
+    def add_rerank(self, request_id: str, query: str, documents: tuple[str, ...]) -> None:
+        raise GrammarUnsupported(f"the torch engine serves text generation only, not reranking{ELSEWHERE} (a "
+                                 "reranker)")
+
     def tokenize_infill(self, req: Infill, max_tokens: int | None) -> list[int]:
         raise GrammarUnsupported(f"fill-in-the-middle (/infill) is not implemented by the torch engine{ELSEWHERE} "
                                  "(a code model with FIM tokens)")

@@ -51,6 +51,7 @@ class HfVocab:
     """The tokenizer of the checkpoint folder ``folder``."""
 
     causal = True
+    reranks = False
 
     def __init__(self, folder: str | Path) -> None:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
