@@ -55,4 +55,6 @@ def test_a_lone_request_gets_the_next_slot_ahead_of_a_tenant_with_many_queued(en
     engine.add_request(_req(engine, "lone", 1, "one"))
     first = _starts(engine)
     turnover = min(first[f"a{i}"] for i in range(2, 8))  # the first slot that freed went to a waiting request
-    assert first["lone"] == turnover, first  # the lone request took one of them
+    # the lone request took one of the slots that freed: it starts no later than the many's next (two prompts admitted
+    # together may be prefilled one after the other, engine/scheduler.py, so it can start a step before it)
+    assert first["lone"] <= turnover, first
