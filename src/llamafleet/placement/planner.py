@@ -380,6 +380,7 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
         cache_ram_bytes=(cfg.cache_ram_mib or 0) * MIB,
         cache_dir=cfg.cache_dir,
         cache_disk_bytes=cfg.cache_disk_mib * MIB,
+        cuda_graphs=cfg.cuda_graphs == "auto",
         llama_log_level=cfg.llama_log_level,
     ), **decided)
 

@@ -26,6 +26,7 @@ import torch
 
 from llamafleet.engine.infill import Infill
 from llamafleet.engine.loop import EngineLoop
+from llamafleet.engine.pytorch import graphs
 from llamafleet.engine.pytorch.forward import Group, SlotModel
 from llamafleet.engine.pytorch.sampling import Draw, sample
 from llamafleet.engine.pytorch.vocab import GrammarUnsupported, HfVocab
@@ -61,6 +62,7 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             torch.set_num_threads(cfg.n_threads)
         self.model = HfVocab(cfg.model_path)
         self.net = SlotModel(cfg)
+        self.graphs = graphs.for_model(self.net, cfg.cuda_graphs)
         if progress is not None:
             progress(1.0)
         self.eog = self.model.end_ids(self.net.config.eos_token_id)
@@ -76,6 +78,8 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
     # -- lifetime and the worker's calls ------------------------------------------------------------------------
     def close(self) -> None:
         self._running.clear()
+        if (captured := getattr(self, "graphs", None)) is not None:
+            captured.close()
         if getattr(self, "net", None) is not None:
             self.net.close()
 
@@ -115,7 +119,7 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             kv_tokens_total=self.cfg.n_seq * self.cfg.n_ctx_per_seq, steps=self._steps,
             prompt_tokens_total=self._prompt_total, generated_tokens_total=self._gen_total,
             decode_seconds_total=self._decode_s, step_seconds_total=self._step_s,
-            sample_seconds_total=self._sample_s,
+            sample_seconds_total=self._sample_s, graph_steps_total=self.graphs.replays if self.graphs else 0,
         )
 
     def allocated_bytes(self) -> tuple[int, int]:
@@ -166,9 +170,9 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
         decoding = [s for s, k in plan if s.n_cached + k == len(s.tokens) and k == 1 and s.n_cached >= s.n_prompt]
         rows: list[tuple[Sequence, torch.Tensor]] = []
         if decoding:
-            g = Group.of([[s.tokens[s.n_cached]] for s in decoding], [s.slot for s in decoding],
-                         [s.n_cached for s in decoding], dev)
-            logits = self.net.forward(g)
+            step = self.graphs or self.net.decode_eager
+            logits = step([s.tokens[s.n_cached] for s in decoding], [s.slot for s in decoding],
+                          [s.n_cached for s in decoding])
             rows += [(s, logits[i]) for i, s in enumerate(decoding)]
             for s in decoding:
                 s.n_cached += 1

@@ -6,6 +6,8 @@ layer (``[slots, kv_heads, n_ctx_per_seq, head_dim]``), sequences join and leave
 every running answer in one batched pass whatever their lengths: each row writes its new key and value at its own
 position and attends to its own slot's first positions only (a mask per row). A prompt is prefilled in chunks, one
 pass per chunk. Nothing is padded or copied when a sequence joins or leaves; a finished slot is simply overwritten.
+Each slot has one position more than its context, never attended to: where the padding rows of a decode step in
+fixed shapes write (:mod:`.graphs`).
 
 Devices: the whole model on one device (the CPU, or GPU 0 of those the worker sees), or, for a layer split, each
 layer on the GPU :func:`~llamafleet.engine.devices.layer_devices` gives it (the planner's rule for GGUF replicas),
@@ -83,7 +85,7 @@ class SlotModel:
         self.n_slots, self.n_ctx = cfg.n_seq, cfg.n_ctx_per_seq
         self.head_dim = int(getattr(conf, "head_dim", None) or conf.hidden_size // conf.num_attention_heads)
         n_kv = conf.num_key_value_heads or conf.num_attention_heads
-        shape = (cfg.n_seq, n_kv, cfg.n_ctx_per_seq, self.head_dim)
+        shape = (cfg.n_seq, n_kv, cfg.n_ctx_per_seq + 1, self.head_dim)  # + the spare position
         self.k = [torch.zeros(shape, dtype=self.dtype, device=dev) for dev in self.devices[:n_layer]]
         self.v = [torch.zeros(shape, dtype=self.dtype, device=dev) for dev in self.devices[:n_layer]]
         self.device = first
@@ -114,26 +116,51 @@ class SlotModel:
         padding writes into the slot lies past it, masked, and is overwritten by the slot's next token)."""
         b, t = g.tokens.shape
         pos = g.start[:, None] + torch.arange(t, device=g.start.device)[None, :]  # [B, T]
-        n_keys = max(g.start_list) + t
-        keys = torch.arange(n_keys, device=pos.device)
-        mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, L]: each row sees its own past
-        h = self.inner.embed_tokens(g.tokens.to(self.device))
-        cos, sin = self.inner.rotary_emb(h, pos.to(self.device))
-        here = self.device
-        for i, layer in enumerate(self.layers):
-            dev = self.devices[i]
-            if dev != here:
-                h, cos, sin, here = h.to(dev), cos.to(dev), sin.to(dev), dev
-            h = h + self._attention(i, layer, layer.input_layernorm(h), cos, sin, g, pos.to(dev), mask.to(dev),
-                                    n_keys)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self._layers(g.tokens, g.slots, pos, max(g.start_list) + t, g if t > 1 else None, False)
         h = h[:, -1] if last is None else h[torch.arange(b, device=h.device), torch.tensor(last, device=h.device)]
+        return self._logits(h)
+
+    def decode_eager(self, tokens: list[int], slots: list[int], pos: list[int]) -> torch.Tensor:
+        """One token per row, in the pass's own shapes: logits ``[B, vocab]``."""
+        return self.forward(Group.of([[t] for t in tokens], slots, pos, self.device))
+
+    def decode(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, n_keys: int,
+               every_slot: bool) -> torch.Tensor:
+        """One token per row (``tokens``, ``slots``, ``pos``: ``[B]``), attending to the first ``n_keys`` positions
+        of its slot: logits ``[B, vocab]``. Only tensor operations of shapes fixed by ``B`` and ``n_keys`` (what a
+        CUDA graph can capture). ``every_slot``: row ``i`` is slot ``i`` (``B`` is the slot count), and attention
+        reads the KV buffers in place instead of gathering the rows' slots."""
+        h = self._layers(tokens[:, None], slots, pos[:, None], n_keys, None, every_slot)
+        return self._logits(h[:, -1])
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = self.inner.norm(h.to(self.devices[-1]))
         out: torch.Tensor = self.head(h.to(self.head.weight.device)).float()
         return out
 
-    def _attention(self, i: int, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, g: Group,
-                   pos: torch.Tensor, mask: torch.Tensor, n_keys: int) -> torch.Tensor:
+    def _layers(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, n_keys: int,
+                chunks: Group | None, every_slot: bool) -> torch.Tensor:
+        """The hidden states ``[B, T, hidden]`` after the last layer; ``chunks``: the pass's rows as lists, for
+        writing prompt chunks (``T > 1``) into their slots."""
+        keys = torch.arange(n_keys, device=pos.device)
+        mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, L]: each row sees its own past
+        h = self.inner.embed_tokens(tokens.to(self.device))
+        cos, sin = self.inner.rotary_emb(h, pos.to(self.device))
+        slots, pos, mask = slots.to(self.device), pos.to(self.device), mask.to(self.device)
+        here = self.device
+        for i, layer in enumerate(self.layers):
+            if (dev := self.devices[i]) != here:  # a layer split: the hidden state and the pass's indices move on
+                h, cos, sin, slots, pos, mask = (y.to(dev) for y in (h, cos, sin, slots, pos, mask))
+                here = dev
+            x = layer.input_layernorm(h)
+            h = h + self._attention(i, layer, x, cos, sin, slots, pos, mask, n_keys, chunks, every_slot)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        out: torch.Tensor = h
+        return out
+
+    def _attention(self, i: int, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   slots: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, n_keys: int, chunks: Group | None,
+                   every_slot: bool) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         attn = layer.self_attn
@@ -142,17 +169,17 @@ class SlotModel:
         k = attn.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        slots = g.slots.to(x.device)
         kc, vc = self.k[i], self.v[i]
-        if t == 1:  # one token per row, each at its own position
+        if chunks is None:  # one token per row, each at its own position
             p = pos[:, 0]
             kc[slots, :, p] = k[:, :, 0]
             vc[slots, :, p] = v[:, :, 0]
         else:
-            for r, (slot, s0) in enumerate(zip(g.slot_list, g.start_list, strict=True)):
+            for r, (slot, s0) in enumerate(zip(chunks.slot_list, chunks.start_list, strict=True)):
                 kc[slot, :, s0:s0 + t] = k[r]
                 vc[slot, :, s0:s0 + t] = v[r]
-        ks, vs = kc[slots, :, :n_keys], vc[slots, :, :n_keys]
+        ks, vs = (kc[:, :, :n_keys], vc[:, :, :n_keys]) if every_slot else (kc[slots, :, :n_keys],
+                                                                              vc[slots, :, :n_keys])
         gqa = {"enable_gqa": True} if ks.shape[1] != q.shape[1] else {}  # (torch >= 2.5; asked only when needed)
         o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=attn.scaling, **gqa)
         out: torch.Tensor = attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
