@@ -168,12 +168,13 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
         dev = self.net.device
         t0 = time.perf_counter()
         decoding = [s for s, k in plan if s.n_cached + k == len(s.tokens) and k == 1 and s.n_cached >= s.n_prompt]
-        rows: list[tuple[Sequence, torch.Tensor]] = []
+        ready: list[Sequence] = []  # those whose next token is sampled now, in the order of their logits' rows
+        blocks: list[torch.Tensor] = []
         if decoding:
             step = self.graphs or self.net.decode_eager
-            logits = step([s.tokens[s.n_cached] for s in decoding], [s.slot for s in decoding],
-                          [s.n_cached for s in decoding])
-            rows += [(s, logits[i]) for i, s in enumerate(decoding)]
+            blocks.append(step([s.tokens[s.n_cached] for s in decoding], [s.slot for s in decoding],
+                               [s.n_cached for s in decoding]))
+            ready += decoding
             for s in decoding:
                 s.n_cached += 1
         chunks = [(s, k) for s, k in plan if s not in decoding]
@@ -184,19 +185,23 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             g = Group.of([s.tokens[s.n_cached:s.n_cached + k] + [0] * (width - k) for s, k in part],
                          [s.slot for s, _ in part], [s.n_cached for s, _ in part], dev)
             logits = self.net.forward(g, last=[k - 1 for _, k in part])
+            ended = []
             for i, (s, k) in enumerate(part):
                 self._prompt_total += min(k, max(0, s.n_prompt - s.n_cached))
                 s.n_cached += k
                 if s.n_cached == len(s.tokens):
-                    rows.append((s, logits[i]))
+                    ended.append(i)
+                    ready.append(s)
+            if ended:
+                blocks.append(logits if len(ended) == len(part) else logits[ended])
         t1 = time.perf_counter()
         self._decode_s += t1 - t0
-        if not rows:
+        if not ready:
             return []
-        draws = [self._draws[s.request_id] for s, _ in rows]
-        want = [s.req.params.top_logprobs if s.req.params.logprobs else -1 for s, _ in rows]
-        tokens, lps, tops = sample(torch.stack([r for _, r in rows]), draws, want)
-        outs = [self._emit(s, tok, lp, top) for (s, _), tok, lp, top in zip(rows, tokens, lps, tops, strict=True)]
+        draws = [self._draws[s.request_id] for s in ready]
+        want = [s.req.params.top_logprobs if s.req.params.logprobs else -1 for s in ready]
+        tokens, lps, tops = sample(blocks[0] if len(blocks) == 1 else torch.cat(blocks), draws, want)
+        outs = [self._emit(s, tok, lp, top) for s, tok, lp, top in zip(ready, tokens, lps, tops, strict=True)]
         self._sample_s += time.perf_counter() - t1
         return outs
 

@@ -53,6 +53,27 @@ class Group:
                    torch.tensor(start, device=device), slots, start)
 
 
+@dataclass(frozen=True)
+class Parts:
+    """A decoder layer's modules, looked up once: ``nn.Module``'s attribute lookup costs microseconds each, some
+    ten per layer in every pass."""
+
+    norm1: Any
+    q: Any
+    k: Any
+    v: Any
+    o: Any
+    scaling: float
+    norm2: Any
+    mlp: Any
+
+    @classmethod
+    def of(cls, layer: Any) -> Parts:
+        a = layer.self_attn
+        return cls(layer.input_layernorm, a.q_proj, a.k_proj, a.v_proj, a.o_proj, a.scaling,
+                   layer.post_attention_layernorm, layer.mlp)
+
+
 class SlotModel:
     """The checkpoint in ``cfg.model_path`` loaded for ``cfg.n_seq`` slots of ``cfg.n_ctx_per_seq`` tokens."""
 
@@ -76,6 +97,7 @@ class SlotModel:
         self.layers = list(net.model.layers)
         for layer, dev in zip(self.layers, self.devices, strict=False):
             layer.to(dev)
+        self.parts = [Parts.of(layer) for layer in self.layers]
         first, last = self.devices[0], self.devices[-1]
         self.inner.embed_tokens.to(first)
         self.inner.rotary_emb.to(first)
@@ -106,6 +128,7 @@ class SlotModel:
         self.k.clear()
         self.v.clear()
         self.layers.clear()
+        self.parts.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -148,26 +171,25 @@ class SlotModel:
         cos, sin = self.inner.rotary_emb(h, pos.to(self.device))
         slots, pos, mask = slots.to(self.device), pos.to(self.device), mask.to(self.device)
         here = self.device
-        for i, layer in enumerate(self.layers):
-            if (dev := self.devices[i]) != here:  # a layer split: the hidden state and the pass's indices move on
+        for i, (layer, dev) in enumerate(zip(self.parts, self.devices, strict=False)):
+            if dev != here:  # a layer split: the hidden state and the pass's indices move on
                 h, cos, sin, slots, pos, mask = (y.to(dev) for y in (h, cos, sin, slots, pos, mask))
                 here = dev
-            x = layer.input_layernorm(h)
+            x = layer.norm1(h)
             h = h + self._attention(i, layer, x, cos, sin, slots, pos, mask, n_keys, chunks, every_slot)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + layer.mlp(layer.norm2(h))
         out: torch.Tensor = h
         return out
 
-    def _attention(self, i: int, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def _attention(self, i: int, layer: Parts, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    slots: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, n_keys: int, chunks: Group | None,
                    every_slot: bool) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        attn = layer.self_attn
         b, t, _ = x.shape
-        q = attn.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q = layer.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = layer.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = layer.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         kc, vc = self.k[i], self.v[i]
         if chunks is None:  # one token per row, each at its own position
@@ -181,6 +203,6 @@ class SlotModel:
         ks, vs = (kc[:, :, :n_keys], vc[:, :, :n_keys]) if every_slot else (kc[slots, :, :n_keys],
                                                                               vc[slots, :, :n_keys])
         gqa = {"enable_gqa": True} if ks.shape[1] != q.shape[1] else {}  # (torch >= 2.5; asked only when needed)
-        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=attn.scaling, **gqa)
-        out: torch.Tensor = attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=layer.scaling, **gqa)
+        out: torch.Tensor = layer.o(o.transpose(1, 2).reshape(b, t, -1))
         return out
