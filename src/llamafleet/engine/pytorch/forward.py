@@ -38,19 +38,19 @@ def pick_dtype(stored: str | None, gpu: bool) -> torch.dtype:
 
 @dataclass
 class Group:
-    """One pass: ``tokens`` ``[B, T]`` of the sequences in ``slots`` at positions ``start[b]`` on (the same numbers
-    as tensors on the model's first device, and as lists: reading them back from a GPU would wait for it)."""
+    """One pass: ``tokens`` ``[B, T]`` of the sequences in ``slots`` at positions ``start[b]`` on, on the model's
+    first device; ``n_keys``: the positions the pass attends to (its last row's end at most), known without reading
+    anything back from the device."""
 
     tokens: torch.Tensor
     slots: torch.Tensor
     start: torch.Tensor
-    slot_list: list[int]
-    start_list: list[int]
+    n_keys: int
 
     @classmethod
     def of(cls, tokens: list[list[int]], slots: list[int], start: list[int], device: torch.device) -> Group:
-        return cls(torch.tensor(tokens, device=device), torch.tensor(slots, device=device),
-                   torch.tensor(start, device=device), slots, start)
+        packed = torch.tensor([[s, p, *t] for t, s, p in zip(tokens, slots, start, strict=True)], device=device)
+        return cls(packed[:, 2:], packed[:, 0], packed[:, 1], max(start) + len(tokens[0]))  # one copy to the device
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class SlotModel:
         padding writes into the slot lies past it, masked, and is overwritten by the slot's next token)."""
         b, t = g.tokens.shape
         pos = g.start[:, None] + torch.arange(t, device=g.start.device)[None, :]  # [B, T]
-        h = self._layers(g.tokens, g.slots, pos, max(g.start_list) + t, g if t > 1 else None, False)
+        h = self._layers(g.tokens, g.slots, pos, g.n_keys, False)
         h = h[:, -1] if last is None else h[torch.arange(b, device=h.device), torch.tensor(last, device=h.device)]
         return self._logits(h)
 
@@ -153,7 +153,7 @@ class SlotModel:
         of its slot: logits ``[B, vocab]``. Only tensor operations of shapes fixed by ``B`` and ``n_keys`` (what a
         CUDA graph can capture). ``every_slot``: row ``i`` is slot ``i`` (``B`` is the slot count), and attention
         reads the KV buffers in place instead of gathering the rows' slots."""
-        h = self._layers(tokens[:, None], slots, pos[:, None], n_keys, None, every_slot)
+        h = self._layers(tokens[:, None], slots, pos[:, None], n_keys, every_slot)
         return self._logits(h[:, -1])
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -162,9 +162,8 @@ class SlotModel:
         return out
 
     def _layers(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, n_keys: int,
-                chunks: Group | None, every_slot: bool) -> torch.Tensor:
-        """The hidden states ``[B, T, hidden]`` after the last layer; ``chunks``: the pass's rows as lists, for
-        writing prompt chunks (``T > 1``) into their slots."""
+                every_slot: bool) -> torch.Tensor:
+        """The hidden states ``[B, T, hidden]`` after the last layer."""
         keys = torch.arange(n_keys, device=pos.device)
         mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, L]: each row sees its own past
         h = self.inner.embed_tokens(tokens.to(self.device))
@@ -176,13 +175,13 @@ class SlotModel:
                 h, cos, sin, slots, pos, mask = (y.to(dev) for y in (h, cos, sin, slots, pos, mask))
                 here = dev
             x = layer.norm1(h)
-            h = h + self._attention(i, layer, x, cos, sin, slots, pos, mask, n_keys, chunks, every_slot)
+            h = h + self._attention(i, layer, x, cos, sin, slots, pos, mask, n_keys, every_slot)
             h = h + layer.mlp(layer.norm2(h))
         out: torch.Tensor = h
         return out
 
     def _attention(self, i: int, layer: Parts, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   slots: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, n_keys: int, chunks: Group | None,
+                   slots: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, n_keys: int,
                    every_slot: bool) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -192,14 +191,8 @@ class SlotModel:
         v = layer.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         kc, vc = self.k[i], self.v[i]
-        if chunks is None:  # one token per row, each at its own position
-            p = pos[:, 0]
-            kc[slots, :, p] = k[:, :, 0]
-            vc[slots, :, p] = v[:, :, 0]
-        else:
-            for r, (slot, s0) in enumerate(zip(chunks.slot_list, chunks.start_list, strict=True)):
-                kc[slot, :, s0:s0 + t] = k[r]
-                vc[slot, :, s0:s0 + t] = v[r]
+        kc[slots[:, None], :, pos] = k.transpose(1, 2)  # row b's T keys at its positions pos[b] in its slot
+        vc[slots[:, None], :, pos] = v.transpose(1, 2)
         ks, vs = (kc[:, :, :n_keys], vc[:, :, :n_keys]) if every_slot else (kc[slots, :, :n_keys],
                                                                               vc[slots, :, :n_keys])
         gqa = {"enable_gqa": True} if ks.shape[1] != q.shape[1] else {}  # (torch >= 2.5; asked only when needed)
