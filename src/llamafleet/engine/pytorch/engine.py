@@ -194,6 +194,8 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
                     ready.append(s)
             if ended:
                 blocks.append(logits if len(ended) == len(part) else logits[ended])
+        if dev.type == "cuda":  # wait here: the passes' GPU time is decoding's, not the sampler's wait
+            torch.cuda.synchronize(self.net.devices[-1])
         t1 = time.perf_counter()
         self._decode_s += t1 - t0
         if not ready:
