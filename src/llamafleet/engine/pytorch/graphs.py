@@ -67,7 +67,7 @@ class StaticDecode:
         self._pool: Any = None
         self._stream: Any = None
         self.replays = 0  # decode steps replayed from a graph
-        self.broken: str | None = None  # why capturing failed (then every step is eager)
+        self.broken: str | None = None  # why capturing or replaying failed (then every step is eager)
 
     def close(self) -> None:
         self._shapes.clear()
@@ -94,9 +94,13 @@ class StaticDecode:
             shape = self._shapes[(b, n_keys)] = _Shape(torch.empty((3, b), dtype=torch.long, device=self.net.device))
         shape.ids.copy_(torch.tensor(data), non_blocking=True)
         if self.capture and shape.graph is None and not self._capture(shape, n_keys, every):
-            return self(tokens, slots, pos)  # the capture failed: eager from now on
+            return self.net.decode_eager(tokens, slots, pos)  # the capture failed: eager from now on
         if shape.graph is not None and shape.out is not None:
-            shape.graph.replay()
+            try:
+                shape.graph.replay()
+            except RuntimeError as e:
+                self._give_up("replaying", e)
+                return self.net.decode_eager(tokens, slots, pos)
             self.replays += 1
             out = shape.out
         else:
@@ -126,14 +130,18 @@ class StaticDecode:
             with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
                 out = run()
         except Exception as e:  # an operation that cannot be captured, memory, a build without CUDA graphs ...
-            self.broken = f"{type(e).__name__}: {e}"
-            self._shapes.clear()
-            log.warning("capturing the decode step as a CUDA graph failed (%s); decode steps run eagerly", self.broken)
+            self._give_up("capturing", e)
             return False
         shape.graph, shape.out = graph, out
         shape.ids.copy_(real)
         log.info("decode step of %d rows x %d keys captured as a CUDA graph", b, n_keys)
         return True
+
+    def _give_up(self, doing: str, e: Exception) -> None:
+        """Graphs off for good, said once: every later step runs eagerly."""
+        self.broken = f"{type(e).__name__}: {e}"
+        self._shapes.clear()
+        log.warning("%s the decode step as a CUDA graph failed (%s); decode steps run eagerly", doing, self.broken)
 
 
 def for_model(net: SlotModel, wanted: bool) -> StaticDecode | None:
