@@ -1,7 +1,8 @@
 """Decode steps in fixed shapes, replayed as CUDA graphs: what a step of the torch engine costs the host.
 
-Eager PyTorch launches each layer's kernels one by one from Python: a 7B model's decode step is some 1,300
-launches, about 20 ms of host time whatever the batch, which the GPU waits on (docs/BENCHMARKS.md, run 14). Here a
+Eager PyTorch launches each layer's kernels one by one from Python: a 7B model's decode step is of the order of a
+thousand launches, about 20 ms of host time whatever the batch, which the GPU waits on (docs/BENCHMARKS.md, run
+14). Here a
 decode step's shapes are fixed: its rows are padded to a batch bucket (1, 2, 4, ... and the slot count) and the keys
 each row attends to are cut at a key bucket (256, 512, ... and the context), the positions and tokens are an input
 tensor and the mask is computed from them. On a CUDA device each (batch, keys) shape is captured as a CUDA graph on
@@ -13,8 +14,8 @@ Padding rows write their key and value at a slot's spare position (one past its 
 ``i`` and attention reads the KV buffers in place, without gathering the rows' slots.
 
 Off a CUDA device the same shapes run eagerly (``capture=False``: how the tests hold them to the eager pass's
-tokens). A capture that fails turns the graphs off for the engine's life with one warning; its decode steps then
-run eagerly, as :meth:`SlotModel.forward` does them without this module.
+tokens). A capture or a replay that fails turns the graphs off for the engine's life with one warning; its decode
+steps then run eagerly (:meth:`SlotModel.decode_eager`), as without this module.
 """
 
 from __future__ import annotations
