@@ -66,6 +66,9 @@ def test_fixed_shapes_give_the_eager_tokens(engine: TorchEngine) -> None:
         engine.graphs = None
     same(static, eager)
     assert engine.stats().graph_steps_total == 0
+    warmed = StaticDecode(engine.net, capture=False)
+    warmed.warm()  # what a GPU replica captures at load: every batch bucket at the key buckets up to 1024
+    assert set(warmed._shapes) == {(b, k) for b in (1, 2, 4, 6) for k in (256, 512)}
 
 
 def test_a_capture_that_fails_falls_back_to_eager_steps_with_one_warning(
@@ -74,6 +77,7 @@ def test_a_capture_that_fails_falls_back_to_eager_steps_with_one_warning(
     engine.graphs = StaticDecode(engine.net, capture=True)  # on the CPU: torch.cuda.Stream() raises
     try:
         with caplog.at_level(logging.WARNING, logger="llamafleet.engine.pytorch.graphs"):
+            engine.graphs.warm()  # as at load: the first capture fails
             fallen = answers(engine, [[0, 1], [2]], 8)
         assert engine.graphs.broken is not None and engine.graphs.replays == 0
     finally:

@@ -5,9 +5,10 @@ thousand launches, about 20 ms of host time whatever the batch, which the GPU wa
 14). Here a
 decode step's shapes are fixed: its rows are padded to a batch bucket (1, 2, 4, ... and the slot count) and the keys
 each row attends to are cut at a key bucket (256, 512, ... and the context), the positions and tokens are an input
-tensor and the mask is computed from them. On a CUDA device each (batch, keys) shape is captured as a CUDA graph on
-its first use, and a step copies its tokens, slots and positions into that graph's input and replays it: one copy
-and one launch instead of a launch per kernel.
+tensor and the mask is computed from them. On a CUDA device each (batch, keys) shape is captured as a CUDA graph
+(at load every batch bucket at the key buckets up to :data:`WARM_KEYS`, a longer one on its first use), and a step
+copies its tokens, slots and positions into that graph's input and replays it: one copy and one launch instead of a
+launch per kernel.
 
 Padding rows write their key and value at a slot's spare position (one past its context, never attended to:
 :mod:`.forward`) and their logits are dropped. With every slot in the batch (the last bucket), row ``i`` is slot
@@ -21,6 +22,7 @@ steps then run eagerly (:meth:`SlotModel.decode_eager`), as without this module.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,7 @@ from llamafleet.engine.pytorch.forward import SlotModel
 
 log = logging.getLogger(__name__)
 MIN_KEYS = 256  # the smallest key bucket (the planner sizes contexts in steps of 256)
+WARM_KEYS = 1024  # key buckets captured at load, for every batch bucket (longer ones on first use)
 
 
 def buckets(top: int, first: int) -> list[int]:
@@ -74,12 +77,25 @@ class StaticDecode:
         self._shapes.clear()
 
     @torch.inference_mode()
+    def warm(self, most_keys: int = WARM_KEYS) -> None:
+        """Capture every batch bucket at the key buckets up to ``most_keys`` now (at load: the first requests should
+        not wait for captures); longer ones are captured on first use."""
+        t0 = time.perf_counter()
+        for n_keys in [k for k in self.keys if k <= max(most_keys, self.keys[0])]:
+            for b in self.batches:
+                if self._shape(b, n_keys) is None:
+                    return
+        log.info("%d decode shapes %s in %.2f s", len(self._shapes),
+                 "captured as CUDA graphs" if self.capture else "made", time.perf_counter() - t0)
+
+    @torch.inference_mode()
     def __call__(self, tokens: list[int], slots: list[int], pos: list[int]) -> torch.Tensor:
         """The logits ``[n, vocab]`` of the ``n`` rows, in their order."""
-        if self.broken is not None:
-            return self.net.decode_eager(tokens, slots, pos)
         n, spare = len(tokens), self.net.n_ctx
         b, n_keys = bucket_of(n, self.batches), bucket_of(max(pos) + 1, self.keys)
+        shape = None if self.broken is not None else self._shape(b, n_keys)
+        if shape is None:  # capturing failed: eager from now on
+            return self.net.decode_eager(tokens, slots, pos)
         every = b == self.net.n_slots
         if every:  # row i is slot i; idle slots write at their own spare position
             tok, at = [0] * b, [spare] * b
@@ -90,12 +106,7 @@ class StaticDecode:
         else:
             pad = b - n
             data = [tokens + [0] * pad, slots + [0] * pad, pos + [spare] * pad]
-        shape = self._shapes.get((b, n_keys))
-        if shape is None:
-            shape = self._shapes[(b, n_keys)] = _Shape(torch.empty((3, b), dtype=torch.long, device=self.net.device))
         shape.ids.copy_(torch.tensor(data), non_blocking=True)
-        if self.capture and shape.graph is None and not self._capture(shape, n_keys, every):
-            return self.net.decode_eager(tokens, slots, pos)  # the capture failed: eager from now on
         if shape.graph is not None and shape.out is not None:
             try:
                 shape.graph.replay()
@@ -108,10 +119,19 @@ class StaticDecode:
             out = self.net.decode(shape.ids[0], shape.ids[1], shape.ids[2], n_keys, every)
         return out[rows] if every else out[:n]
 
+    def _shape(self, b: int, n_keys: int) -> _Shape | None:
+        """The shape of ``b`` rows and ``n_keys`` keys, captured the first time if ``capture`` (None: that failed)."""
+        if (shape := self._shapes.get((b, n_keys))) is not None:
+            return shape
+        shape = _Shape(torch.empty((3, b), dtype=torch.long, device=self.net.device))
+        if self.capture and not self._capture(shape, n_keys, b == self.net.n_slots):
+            return None
+        self._shapes[(b, n_keys)] = shape
+        return shape
+
     def _capture(self, shape: _Shape, n_keys: int, every: bool) -> bool:
-        """Capture ``shape``'s pass as a graph (after one eager run on the capture stream, which only the padding
-        rows' spare positions see: the input holds padding while this runs); False, with one warning, if it fails."""
-        real = shape.ids.clone()
+        """Capture ``shape``'s pass as a graph, after one eager run on the capture stream; its input holds padding
+        meanwhile, so both write only at spare positions. False, with one warning, if it fails."""
         b = shape.ids.shape[1]
         slots = torch.arange(b) if every else torch.zeros(b, dtype=torch.long)
         shape.ids.copy_(torch.stack([torch.zeros(b, dtype=torch.long), slots,
@@ -134,8 +154,7 @@ class StaticDecode:
             self._give_up("capturing", e)
             return False
         shape.graph, shape.out = graph, out
-        shape.ids.copy_(real)
-        log.info("decode step of %d rows x %d keys captured as a CUDA graph", b, n_keys)
+        log.debug("decode step of %d rows x %d keys captured as a CUDA graph", b, n_keys)
         return True
 
     def _give_up(self, doing: str, e: Exception) -> None:
@@ -154,6 +173,7 @@ def for_model(net: SlotModel, wanted: bool) -> StaticDecode | None:
         log.info("decode steps run eagerly (%s)", why)
         return None
     graphs = StaticDecode(net, capture=True)
-    log.info("decode steps replay CUDA graphs, captured on first use per batch bucket %s x key bucket %s",
-             graphs.batches, graphs.keys)
+    log.info("decode steps replay CUDA graphs: batch buckets %s x key buckets %s (up to %d keys captured now)",
+             graphs.batches, graphs.keys, WARM_KEYS)
+    graphs.warm()
     return graphs
