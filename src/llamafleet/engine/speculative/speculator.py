@@ -89,13 +89,13 @@ class Speculator:
         asks: list[tuple[Sequence, Track, Ask]] = []
         for s in decoding:
             t = s.spec
-            if t is None or not t.ready():
+            if t is None:
                 continue
             p = s.req.params
             room = self.n_ctx_per_seq - len(s.tokens) - 1  # the last draft's position stays inside the context
             if p.max_tokens is not None:
                 room = min(room, p.max_tokens - s.n_generated - 1)  # the token after the drafts would be the last
-            n = t.worth(min(t.k, room, budget), r, len(decoding))
+            n = t.worth(min(t.max_draft, room, budget), r, len(decoding))
             if n > 0:
                 asks.append((s, t, Ask(s.slot, s.tokens, n)))
                 budget -= n
