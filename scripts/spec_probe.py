@@ -9,7 +9,8 @@ verification of 0..16 drafts), through the engine's bindings. Each size runs ``-
 on a GPU, llama.cpp's CUDA graph for that shape is captured and reused) and alternating with one-token passes
 ("alternating": the shape changes every pass, as when drafts come and go, which makes llama.cpp run without its graph
 and capture it again). Medians in ms, and each size's cost over the one-token pass: a drafted token's cost ``c`` is
-(ratio - 1) / drafts.
+(ratio - 1) / drafts; the alternating ratio is the median of each pair's (a one-token pass, then the size), which a
+shared machine's swings hit alike.
 
 ``replay``: the model's greedy answers (speculation off) to the workload's prompts are recorded, then prompt lookup
 and the engine's per-sequence policy (engine/speculative/) are replayed over them for drafted tokens costing
@@ -67,14 +68,19 @@ def passes(model: str, threads: int | None, ngl: int, reps: int) -> dict[str, ob
             assert c.launch(b) == 0
             c.wait()
         steady = {n: statistics.median([run(n) for _ in range(reps)][reps // 2:]) for n in SIZES}
-        alternating = {n: statistics.median([[run(1), run(n)][1] for _ in range(reps)]) for n in SIZES[1:]}
+        pairs: dict[int, list[tuple[float, float]]] = {n: [] for n in SIZES[1:]}
+        for _ in range(reps):
+            for n in SIZES[1:]:
+                pairs[n].append((run(1), run(n)))
     one = steady[1]
+    paired = {n: statistics.median(b / a for a, b in p) for n, p in pairs.items()}
     return {"model": model.rsplit("/", 1)[-1], "threads": threads, "gpu_layers": ngl, "position": AT,
             "steady_ms": {n: 1e3 * t for n, t in steady.items()},
-            "alternating_ms": {n: 1e3 * t for n, t in alternating.items()},
             "steady_ratio": {n: t / one for n, t in steady.items()},
-            "alternating_ratio": {n: t / one for n, t in alternating.items()},
-            "drafted_token_cost": {n: (steady[n] / one - 1) / (n - 1) for n in SIZES[1:]}}
+            "alternating_ms": {n: 1e3 * statistics.median(b for _, b in p) for n, p in pairs.items()},
+            "alternating_ratio": paired,
+            "drafted_token_cost_steady": {n: (steady[n] / one - 1) / (n - 1) for n in SIZES[1:]},
+            "drafted_token_cost_paired": {n: (paired[n] - 1) / (n - 1) for n in SIZES[1:]}}
 
 
 def record(model: str, workload: Workload, n: int, max_tokens: int, threads: int | None) -> list[tuple[list[int],
