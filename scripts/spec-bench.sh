@@ -21,7 +21,7 @@
 # speculative.max_batch, default 4), LEVELS (default 1,8), SLOTS (default 8), CTX (default 2048), MAX_TOKENS
 # (default 192), ENGINE_STREAMS (default 8), REPEAT (off/on pairs per engine phase, median ratio; default 3), REQUESTS (per level; default: the bench's), THREADS (CPU threads, default: the
 # servers' own), NGL (GPU layers, default 0 here; gpu-bench.sh sets 99), SERVER_SPEC (default "ngram-simple
-# ngram-mod"), PHASES (default "probe engine http"), PYTHON (default python3).
+# ngram-mod"), SPEC_PHASES (default "probe engine http"), PYTHON (default python3).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
@@ -34,8 +34,8 @@ mkdir -p "$REPORT"
 log() { printf '\n=== %s  %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$REPORT/run.log"; }
 threads=(); [ -n "${THREADS:-}" ] && threads=(--threads "$THREADS")
 requests=(); [ -n "${REQUESTS:-}" ] && requests=(--requests "$REQUESTS")
-SERVER_SPEC=${SERVER_SPEC:-ngram-simple ngram-mod}; PHASES=${PHASES:-probe engine http}
-has() { [[ " $PHASES " == *" $1 "* ]]; }
+SERVER_SPEC=${SERVER_SPEC:-ngram-simple ngram-mod}; SPEC_PHASES=${SPEC_PHASES:-probe engine http}
+has() { [[ " $SPEC_PHASES " == *" $1 "* ]]; }
 server_spec() {  # llama-server's options for speculation of type $1 with this run's settings
   case $1 in
     ngram-simple) echo --spec-type ngram-simple --spec-ngram-simple-size-n "$NGRAM" --spec-ngram-simple-size-m "$DRAFT" ;;

@@ -132,6 +132,15 @@ def test_a_rejection_neither_trims_the_next_draft_nor_pauses_drafting_where_draf
     assert a.spec.draft == [3, 4, 5, 6, 7]
 
 
+def test_pass_cost_counts_only_the_passes_of_steps_where_drafts_are_decided() -> None:
+    spec = Speculator(CFG, n_ctx_per_seq=100)  # max_batch 2
+    many = [seq(x, i, (1, 2, 3)) for i, x in enumerate("abc")]
+    spec.observe([(s, 1) for s in many], 0.05)  # 3 answers decoding: nobody drafts in such a step
+    assert spec.cost.fit() is None
+    spec.observe([(many[0], 1)], 0.01)
+    assert spec.cost.fit() == pytest.approx((0.01, 0.0))
+
+
 def test_drafts_stop_short_of_max_tokens_and_the_context() -> None:
     spec = Speculator(CFG, n_ctx_per_seq=11)
     a = seq("a", 0, (1, 2, 3, 4, 5, 6, 1, 2), SamplingParams(temperature=0.0, max_tokens=3))
