@@ -17,8 +17,9 @@ and the engine's per-sequence policy (engine/speculative/) are replayed over the
 ``c`` of a one-token pass each (``--costs``): tokens per pass, drafts kept, and the speedup ``tokens / sum(1 + c *
 drafts)`` the engine would get if passes cost exactly that. Beside it, an oracle bound: at each step the earlier
 occurrence of the last ``n`` tokens whose continuation matches the answer longest, drafting exactly the run it keeps
-(no rejected draft; copied from earlier positions only, so a loop drafted on past the sequence's end can beat it). ``lookup_us`` is the host time of one lookup. JSON on stdout; the numbers are in
-docs/BENCHMARKS.md ("Speculative decoding: what limits it").
+(no rejected draft; copied from earlier positions only, so a loop drafted on past the sequence's end can beat it).
+``lookup_us`` is the host time of one lookup. JSON on stdout; the numbers are in docs/BENCHMARKS.md ("Speculative
+decoding: what limits it").
 """
 
 from __future__ import annotations
