@@ -2,7 +2,7 @@
 lookup could gain on a workload.
 
     python scripts/spec_probe.py passes [MODEL.gguf] [--threads N] [--ngl N]
-    python scripts/spec_probe.py replay [MODEL.gguf] [--workload edit] [--requests 6] [--max-tokens 192]
+    python scripts/spec_probe.py replay [MODEL.gguf] [--workload edit] [--requests 6] [--max-tokens 192] [--chat]
 
 ``passes``: one sequence at position 800 decodes passes of 1, 2, 3, 5, 9 and 17 tokens with logits at each (a
 verification of 0..16 drafts), through the engine's bindings. Each size runs ``--reps`` times in a row ("steady":
@@ -84,14 +84,15 @@ def passes(model: str, threads: int | None, ngl: int, reps: int) -> dict[str, ob
             "drafted_token_cost_paired": {n: (paired[n] - 1) / (n - 1) for n in SIZES[1:]}}
 
 
-def record(model: str, workload: Workload, n: int, max_tokens: int, threads: int | None) -> list[tuple[list[int],
-                                                                                                         list[int]]]:
-    """Greedy answers (speculation off) to the first ``n`` prompts: (prompt tokens, answer tokens) each."""
+def record(model: str, workload: Workload, n: int, max_tokens: int, threads: int | None,
+           chat: bool = False) -> list[tuple[list[int], list[int]]]:
+    """Greedy answers (speculation off) to the first ``n`` prompts (as a user message in the model's chat template
+    with ``chat``; else as a completion, as the benches send them): (prompt tokens, answer tokens) each."""
     cfg = EngineConfig(model_path=model, n_seq=1, n_ctx_per_seq=2048, n_threads=threads)
     out = []
     with Engine(cfg) as eng:
         for i, text in enumerate(prompt_texts(workload, n)):
-            prompt = eng.tokenize(text)
+            prompt = eng.tokenize_chat([{"role": "user", "content": text}]) if chat else eng.tokenize(text)
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=False)
             out.append((prompt, eng.generate([Request(str(i), tuple(prompt), params)])[str(i)].token_ids))
     return out
@@ -152,13 +153,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--max-draft", type=int, default=8)
     ap.add_argument("--costs", default="0.02,0.05,0.2,0.55")
+    ap.add_argument("--chat", action="store_true", help="replay: send each prompt in the model's chat template")
     args = ap.parse_args()
     model = args.model or str(default_model_path())
     if args.what == "passes":
         result = passes(model, args.threads, args.ngl, args.reps)
     else:
-        answers = record(model, args.workload, args.requests, args.max_tokens, args.threads)
-        result = {"model": model.rsplit("/", 1)[-1], "workload": args.workload, "requests": args.requests,
+        answers = record(model, args.workload, args.requests, args.max_tokens, args.threads, args.chat)
+        result = {"model": model.rsplit("/", 1)[-1], "workload": args.workload, "chat": args.chat,
+                  "requests": args.requests,
                   "max_tokens": args.max_tokens, "max_draft": args.max_draft,
                   "replay": [replay(answers, float(c), args.max_draft) for c in args.costs.split(",")],
                   "oracle_tokens_per_pass": {f"tail {n}": oracle(answers, n, args.max_draft) for n in (1, 2, 3)},
