@@ -348,24 +348,66 @@ FAMILIES += (
     ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
 )
 _LFM = "<|tool_call_start|>[{}]<|tool_call_end|>"
+_LFM_CASES = (  # (llama.cpp's tests read all LFM2 templates alike)
+    Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+    Case("tools", _LFM.format("special_function(arg1=1)"), calls=(CALL,), source="test-chat.cpp"),
+    Case("parallel", _LFM.format("special_function(arg1=1), special_function_with_opt(arg1=1, arg2=2)"),
+         calls=(CALL, CALL2), source="test-chat.cpp"),
+    Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+)
 FAMILIES += (
     Family("lfm2-think", "LFM2.5 (thinking), LFM2", "LFM2.5-8B-A1B", "llama-spm", cases=(
-        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
-        Case("tools", _LFM.format("special_function(arg1=1)"), calls=(CALL,), source="test-chat.cpp"),
-        Case("parallel", _LFM.format("special_function(arg1=1), special_function_with_opt(arg1=1, arg2=2)"),
-             calls=(CALL, CALL2), source="test-chat.cpp"),
-        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        *_LFM_CASES,
         Case("text before a call", "Let me check." + _LFM.format("special_function(arg1=1)"), "Let me check.",
              calls=(CALL,)),
         Case("Python and JSON literals", _LFM.format('special_function(arg1="a\\nb", arg2=[True, null])'),
              calls=(("special_function", {"arg1": "a\nb", "arg2": [True, None]}),)),
     )),
 )
+_V32 = 'special_function\n{"arg1": 1}'  # after the ">>>" that the template's prompt ends with
+_M3 = "]<]minimax[>["
+_M3_CALLS = f"{_M3}<tool_call>\n{{}}{_M3}</tool_call>"
+
+
+def _m3(name: str, **args: int) -> str:
+    """A MiniMax M3 call: each parameter an element named by its key."""
+    return (f'{_M3}<invoke name="{name}">' + "".join(f"{_M3}<{k}>{v}{_M3}</{k}>" for k, v in args.items())
+            + f"{_M3}</invoke>\n")
+
+
+FAMILIES += (
+    Family("lfm2.5", "LFM2.5 Instruct", "LFM2.5-Instruct", "llama-spm", cases=_LFM_CASES),
+    Family("functionary-v3.2", "Functionary v3.2", "meetkai-functionary-medium-v3.2", "llama-bpe", cases=(
+        Case("chat", f"all\n{HELLO}", HELLO, source="test-chat.cpp"),
+        Case("tools", _V32, calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", _V32 + '>>>special_function_with_opt\n{"arg1": 1, "arg2": 2}', calls=(CALL, CALL2)),
+        Case("text before a call", f"all\nLet me check.\n>>>{_V32}", "Let me check.", calls=(CALL,)),
+        Case("text after the calls", f"{_V32}>>>all\nDone.", "Done.", calls=(CALL,)),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("minimax-m3", "MiniMax M3", "MiniMax-M3", "llama-spm", cases=(
+        Case("chat", f"</mm:think>{HELLO}", HELLO, source="test-chat.cpp"),
+        Case("reasoning", f"<mm:think>{THINKING}</mm:think>{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", "</mm:think>" + _M3_CALLS.format(_m3("special_function", arg1=1)), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", "<mm:think>Calling both</mm:think>" + _M3_CALLS.format(
+            _m3("special_function", arg1=1) + _m3("special_function_with_opt", arg1=1, arg2=2)),
+             reasoning="Calling both", calls=(CALL, CALL2)),
+        Case("text before a call", "<mm:think>Thinking about it</mm:think>Let me call the function."
+             + _M3_CALLS.format(_m3("special_function", arg1=1)), "Let me call the function.", "Thinking about it",
+             calls=(CALL,), source="test-chat.cpp"),
+    )),
+)
+_NOT_YET = "its own call markup ({}), not read yet"
 UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
-    "meetkai-functionary-medium-v3.2": "Functionary v3.2 writes to recipients (>>>name for a call, >>>all for "
-                                       "text), not read",
-    "LFM2.5-Instruct": "its template names none of LFM2's markers, so it is not told from other ChatML templates",
-    "MiniMax-M3": "MiniMax M3's namespaced tags (]<]minimax[>[<tool_call>, <mm:think>), not read",
+    "Apertus-8B-Instruct": _NOT_YET.format("`<|tools_prefix|>`"),
+    "Apriel-1.6-15b-Thinker-fixed": _NOT_YET.format("`<tool_calls>` after `[BEGIN FINAL RESPONSE]`"),
+    "CohereForAI-c4ai-command-r-plus-tool_use": _NOT_YET.format("`Action:` and a fenced JSON list"),
+    "GigaChat3-10B-A1.8B": _NOT_YET.format("a `function call` turn after `<|role_sep|>`"),
+    "GigaChat3.1-10B-A1.8B": _NOT_YET.format("`<|function_call|>`"),
+    "MiniMax-M1": _NOT_YET.format("`<tool_calls>` JSON lines"),
+    "muse-glimmer": _NOT_YET.format("`<|start|>` ... `<|message|>` turns"),
+    "tencent-Hy3": _NOT_YET.format("`<tool_calls>` with `<tool_sep>`"),
+    "upstage-Solar-Open-100B": _NOT_YET.format("`<|tool_call...|>` tags"),
 }
 
 

@@ -15,8 +15,10 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   <arg_value>value</arg_value></tool_call>`` (GLM 4.5+), ``minimax`` ``<minimax:tool_call><invoke name="name">
   <parameter name="key">value</parameter></invoke>`` (MiniMax M2), ``dsml`` the same with ``｜DSML｜`` tags
   (DeepSeek V3.2), ``kimi3`` ``<|open|>call tool="name"<|sep|><|open|>argument key="key"<|sep|>value
-  <|close|>argument<|sep|><|close|>call<|sep|>`` (Kimi K3), and ``gemma`` ``<|tool_call>call:name{key:value}
-  <tool_call|>`` (Gemma 4: bare keys, strings between ``<|"|>`` marks);
+  <|close|>argument<|sep|><|close|>call<|sep|>`` (Kimi K3), ``minimax3`` ``]<]minimax[>[<invoke name="name">
+  ]<]minimax[>[<key>value]<]minimax[>[</key>]<]minimax[>[</invoke>`` in a ``]<]minimax[>[<tool_call>`` section
+  (MiniMax M3: objects and arrays as nested elements, an array's as ``<item>``), and ``gemma``
+  ``<|tool_call>call:name{key:value}<tool_call|>`` (Gemma 4: bare keys, strings between ``<|"|>`` marks);
 * ``cohere``: ``<|START_ACTION|>`` then a JSON list of ``{"tool_call_id", "tool_name", "parameters"}``
   (Command R7B);
 * ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>`` with
@@ -25,6 +27,8 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   section; the ``functions.name:0`` is the call's id;
 * ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x); ``firefunction``: `` functools`` then a JSON list
   (FireFunction v2); ``functionary``: ``<function=name>{...}</function>`` (Functionary v3.1, read by the reader);
+* ``recipient``: ``>>>name\n{...}`` for each call, ``>>>all\n`` before text (Functionary v3.2, whose prompt ends
+  with the first ``>>>``; read by the reader);
 * ``pythonic``: ``<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`` (LFM2): Python's syntax, parsed
   (never run) and only literals read, ``true``/``false``/``null`` as well as Python's names;
 * ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}<|call|>``, the

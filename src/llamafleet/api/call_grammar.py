@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from llamafleet.api.errors import ApiError
-from llamafleet.engine.families import Family
+from llamafleet.engine.families import M3, Family
 from llamafleet.engine.grammar import json_schema_grammar
 
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
@@ -48,6 +48,8 @@ PARAMS: dict[str, tuple[str, str, str]] = {
     "gemma": ('"<|tool_call>call:" {n} "{{" {a} "}}<tool_call|>"', '{key} ":" {value}',
               '"<|\\"|>" tag-text "<|\\"|>"'),
     "pythonic": ('{n} "(" {a} ")"', '{key} "=" {value}', "py-text"),
+    "minimax3": (f'"{M3}<invoke name=\\"" {{n}} "\\">" {{a}} "{M3}</invoke>\\n"',
+                 f'"{M3}<" {{key}} ">" {{value}} "{M3}</" {{key}} ">"', "text-value"),
 }
 SEPARATED = {"gemma": '","', "pythonic": '", "'}  # what goes between two arguments, where the format has it
 SECTIONS = {  # what opens and closes the calls
@@ -57,6 +59,7 @@ SECTIONS = {  # what opens and closes the calls
     "minimax": ('"<minimax:tool_call>\\n"', '"\\n</minimax:tool_call>"'),
     "kimi3": ('"<|open|>tools<|sep|>"', '"<|close|>tools<|sep|>"'),
     "pythonic": ('"<|tool_call_start|>["', '"]<|tool_call_end|>"'),
+    "minimax3": (f'"{M3}<tool_call>\\n"', f'"{M3}</tool_call>"'),
 }
 
 
@@ -144,6 +147,7 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
             "harmony": f'"<|start|>assistant"? "<|channel|>commentary to=functions." {n} '
                        f'" <|constrain|>json<|message|>" a{i}-root "<|call|>"',
             "functionary": f'"<function=" {n} ">" a{i}-root "</function>"',
+            "recipient": f'{n} "\\n" a{i}-root',  # (after the ">>>" the prompt ends with)
         }[fmt])
     if fmt in PARAMS:
         parts += [rule for name, rule in TEXTS.items() if name in PARAMS[fmt][2]]
@@ -152,7 +156,7 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
     if fmt == "dsml":  # DeepSeek V3.2's function_calls, V4's tool_calls
         opener, closer = literal(family.openers[0] + "\n"), literal("\n" + family.openers[0].replace("<", "</", 1))
     between = {"xml": '"\\n"', "glm": '"\\n"', "seed": '"\\n"', "minimax": '"\\n"', "dsml": '"\\n"',
-               "pythonic": '", "'}
+               "pythonic": '", "', "recipient": '">>>"'}
     return body, opener, between.get(fmt, ""), closer
 
 

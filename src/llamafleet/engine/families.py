@@ -21,6 +21,9 @@ class Family:
     think: tuple[str, str] | None = None  # the markers around the thinking (open, close)
     openers: tuple[str, ...] = ()  # text that starts the calls (held from there on while streaming)
     drop: tuple[str, ...] = ()  # markup around the answer that is not part of it
+    lead: str = ""  # what the template's generation prompt ends with and the answer goes on from (Functionary v3.2's
+    # ">>>": the answer's text is read as starting with it)
+    text: str = ""  # what the answer writes before plain text, after the lead (Functionary v3.2's "all\n")
 
     @property
     def reasons(self) -> bool:
@@ -31,6 +34,7 @@ THINK = ("<think>", "</think>")
 _DEEPSEEK_OPEN = "<｜tool▁calls▁begin｜>"
 _KIMI_OPEN = "<|tool_calls_section_begin|>"
 _DSML = "｜DSML｜"
+M3 = "]<]minimax[>["  # MiniMax M3's namespace, before each of its call tags
 
 
 def _k3(tag: str, close: bool = False) -> str:
@@ -67,6 +71,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("firefunction", "firefunction", openers=("functools[",)),
     Family("lfm2", "pythonic", openers=("<|tool_call_start|>",)),
     Family("lfm2-think", "pythonic", THINK, openers=("<|tool_call_start|>",)),
+    Family("lfm2.5", "pythonic", THINK, openers=("<|tool_call_start|>",)),  # its template names no marker of them
+    Family("functionary-v3.2", "recipient", openers=(">>>",), drop=(">>>all\n",), lead=">>>", text="all\n"),
+    Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
+           drop=("</mm:think>",)),  # (a turn without thinking opens with a bare close marker)
     # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
@@ -89,6 +97,8 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "functionary": ("</function>",),
     "firefunction": (),
     "pythonic": ("<|tool_call_end|>",),
+    "recipient": (),
+    "minimax3": (f"{M3}</tool_call>", f"{M3}<invoke name=", f"{M3}</invoke>"),
     "gemma": ("<tool_call|>", '<|"|>'),
     "cohere": ("<|END_ACTION|>",),
     "minimax": ("</minimax:tool_call>", "<invoke name=", "</invoke>", "<parameter name=", "</parameter>"),
@@ -113,8 +123,8 @@ def detect(source: str | None) -> Family | None:
     think = has("<think>")
     if has("<|channel|>"):
         return FAMILIES["gpt-oss"]
-    if has("]<]minimax[>["):
-        return None  # MiniMax M3's namespaced tags: not read here
+    if has(M3):
+        return FAMILIES["minimax-m3"]
     if has(_DSML):  # the calls section: V3.2's function_calls, V4's tool_calls
         return FAMILIES["deepseek-v4" if has("'tool_calls>") else "deepseek-v3.2"]
     for marker, name in (("<|tool_call>", "gemma4"), ("<|START_ACTION|>", "command-r7b"),
@@ -127,8 +137,10 @@ def detect(source: str | None) -> Family | None:
         return FAMILIES["firefunction"]
     if has("<|tool_call_start|>") or has("<|tool_list_start|>"):  # LFM2 (the model writes the calls' markers)
         return FAMILIES["lfm2-think" if think else "lfm2"]
-    if has("<|start_header_id|>") and has("'>>>'"):
-        return None  # Functionary v3.2: calls to ">>>name" recipients, text to ">>>all": not read here
+    if has("List of tools: ["):  # LFM2.5 Instruct: the tools listed plainly, the calls in LFM2's markers
+        return FAMILIES["lfm2.5"]
+    if has("<|start_header_id|>") and has("'>>>'"):  # Functionary v3.2: ">>>name" opens a call, ">>>all" text
+        return FAMILIES["functionary-v3.2"]
     if has("<|start_header_id|>") and has("'<function='"):
         return FAMILIES["functionary"]
     if has(_DEEPSEEK_OPEN):
