@@ -179,23 +179,24 @@ def check_forced(client: OpenAI, family: Family) -> None:
         assert content.strip() == ""
 
 
-def check_budget(client: OpenAI, family: Family) -> None:
-    """A think block that would run on (the grammar allows 300 characters in it) is closed by the budget with the
-    family's own marker: the answer is as long as one whose block holds a single letter, plus the budget and a few."""
+def check_budget(client: OpenAI, family: Family, control: dict[str, Any] | None = None, limit: int = 200) -> None:
+    """A think block that would run on (the grammar allows 300 characters in it) is closed by a budget of 4 (or the
+    request's other ``control`` of it, under a token ``limit``) with the family's own marker: the answer is as long
+    as one whose block holds a single letter, plus the budget and a few."""
     known = families.FAMILIES[family.name]
     assert known.think is not None
     opened = "" if family.opens_think else json.dumps(known.think[0])
 
-    def answer(body: str, budget: int | None) -> tuple[str, str, int]:
+    def answer(body: str, extra: dict[str, Any]) -> tuple[str, str, int]:
         grammar = f'root ::= {opened} {body} {json.dumps(known.think[1])} "ok"'
-        r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=200,  # type: ignore
-                                           temperature=0, extra_body={"grammar": grammar, "reasoning_budget": budget})
+        r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=limit,  # type: ignore
+                                           temperature=0, extra_body={"grammar": grammar, **extra})
         msg = r.choices[0].message
         assert r.usage is not None
         return msg.content or "", (msg.model_extra or {}).get("reasoning_content") or "", r.usage.completion_tokens
 
-    content, thought, used = answer("[a-z ]{1,300}", 4)
-    _, _, least = answer('"a"', None)
+    content, thought, used = answer("[a-z ]{1,300}", control or {"reasoning_budget": 4})
+    _, _, least = answer('"a"', {})
     assert content == "ok" and thought and used <= least - 1 + 4 + 2
 
 
@@ -262,6 +263,11 @@ def test_each_family(family: Family, feature: str, client: OpenAI, claude: anthr
     check(feature, family, client, claude)
 
 
+def test_a_reasoning_effort_is_a_budget(client: OpenAI) -> None:
+    """``reasoning_effort: "minimal"`` under a limit of 40 tokens: a budget of 10% of them, 4."""
+    check_budget(client, next(f for f in FAMILIES if f.name == "qwen3"), {"reasoning_effort": "minimal"}, 40)
+
+
 def test_bad_reasoning_controls_are_400s_naming_the_parameter(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
@@ -271,3 +277,7 @@ def test_bad_reasoning_controls_are_400s_naming_the_parameter(client: OpenAI) ->
         client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
                                        extra_body={"reasoning_budget": 10})
     assert "reasoning_budget" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
+                                       extra_body={"reasoning_effort": "extreme"})
+    assert "reasoning_effort" in str(e.value)

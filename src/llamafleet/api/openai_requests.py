@@ -373,7 +373,7 @@ class ChatCompletionRequest(SamplingRequest, ToolRequest):
         return self.top_logprobs
 
     def think_budget(self) -> int | None:
-        return self.budget(self.reasoning_budget, self.token_limit(), "reasoning_budget")
+        return self.budget(self.reasoning_budget, self.token_limit(), "reasoning_budget", self.reasoning_effort)
 
     def token_limit(self) -> int | None:
         """The answer's token limit, None if the client set none (the rest of the context)."""

@@ -24,6 +24,7 @@ class Family:
     lead: str = ""  # what the template's generation prompt ends with and the answer goes on from (Functionary v3.2's
     # ">>>": the answer's text is read as starting with it)
     text: str = ""  # what the answer writes before plain text, after the lead (Functionary v3.2's "all\n")
+    effort: bool = False  # its template takes ``reasoning_effort`` itself (gpt-oss's low, medium, high)
 
     @property
     def reasons(self) -> bool:
@@ -79,7 +80,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
            drop=("<|start|>assistant", "<|channel|>final<|message|>", "<|channel|>commentary<|message|>",
-                 "<|channel|>final <|constrain|>json<|message|>", "<|return|>")),
+                 "<|channel|>final <|constrain|>json<|message|>", "<|return|>"), effort=True),
 )}
 
 
