@@ -225,15 +225,20 @@ class ToolRequest(Request):
             return None
         return max(1, int(base * EFFORTS[effort]))
 
-    def template_kwargs(self, given: dict[str, Any] | None, effort: str | None, param: str) -> dict[str, Any]:
+    def template_kwargs(self, given: dict[str, Any] | None, effort: str | None, param: str,
+                        thinking: bool | None = None) -> dict[str, Any]:
         """The variables the request gives the chat template: its ``chat_template_kwargs`` (``param``) over the
-        server's, and its reasoning effort as ``reasoning_effort`` (gpt-oss's) and, for ``"none"``,
-        ``enable_thinking: false`` (Qwen's, DeepSeek's, GLM's), unless the kwargs set those themselves."""
+        server's, and its reasoning effort as ``reasoning_effort`` (gpt-oss's); ``thinking`` on or off (off for the
+        effort ``"none"``) as the family's switch (:attr:`~llamafleet.engine.families.Family.switch`: Qwen's
+        ``enable_thinking``, MiniMax M3's ``thinking_mode``), unless the kwargs set those themselves."""
         if reserved := [k for k in given or {} if k in RESERVED_KWARGS]:
             raise ApiError(400, f"'{param}' may not set {reserved[0]!r}: the server sets it", param=param)
         kwargs = {**dict(self._serving.template_kwargs), **(given or {})}
         if effort is not None:
             kwargs.setdefault("reasoning_effort", effort)
-            if effort == "none":
-                kwargs.setdefault("enable_thinking", False)
+        if thinking is None and effort == "none":
+            thinking = False
+        if thinking is not None:
+            name, on, off = (self.family or FAMILIES["think"]).switch
+            kwargs.setdefault(name, on if thinking else off)
         return kwargs

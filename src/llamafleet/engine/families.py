@@ -25,6 +25,8 @@ class Family:
     # ">>>": the answer's text is read as starting with it)
     text: str = ""  # what the answer writes before plain text, after the lead (Functionary v3.2's "all\n")
     effort: bool = False  # its template takes ``reasoning_effort`` itself (gpt-oss's low, medium, high)
+    switch: tuple[str, object, object] = ("enable_thinking", True, False)  # the template's variable that turns
+    # thinking on and off, and its two values (Qwen's, DeepSeek's, GLM's enable_thinking; MiniMax M3's thinking_mode)
 
     @property
     def reasons(self) -> bool:
@@ -75,7 +77,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("lfm2.5", "pythonic", THINK, openers=("<|tool_call_start|>",)),  # its template names no marker of them
     Family("functionary-v3.2", "recipient", openers=(">>>",), drop=(">>>all\n",), lead=">>>", text="all\n"),
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
-           drop=("</mm:think>",)),  # (a turn without thinking opens with a bare close marker)
+           drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
+    # opens with a bare close marker)
     # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),

@@ -13,6 +13,8 @@ from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.responses_requests import ResponsesRequest
 from llamafleet.api.tools import EFFORTS, Serving
 from llamafleet.engine.families import FAMILIES
+from llamafleet.engine.template import ChatTemplate
+from llamafleet.model.synth import vendored
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -61,3 +63,16 @@ def test_responses_reasoning_effort_is_the_same_budget() -> None:
                                            "reasoning": {"effort": "medium"}})
     req.served_by(Serving(FAMILIES["glm"], context=4096))
     assert req.sampling().think_budget == 25
+
+
+def test_thinking_is_switched_off_by_the_familys_own_variable() -> None:
+    """``"none"`` (and Messages' ``thinking.type``) set ``enable_thinking``, or MiniMax M3's ``thinking_mode``, whose
+    ``"enabled"`` makes its template open the think block."""
+    assert _chat("minimax-m3").template_kwargs(None, "none", "p") == {"reasoning_effort": "none",
+                                                                      "thinking_mode": "disabled"}
+    assert _chat("minimax-m3").template_kwargs(None, None, "p", True) == {"thinking_mode": "enabled"}
+    assert _chat(None).template_kwargs({"enable_thinking": True}, "none", "p")["enable_thinking"] is True
+    source = vendored("models/templates/MiniMax-M3.jinja").read_text(encoding="utf-8")
+    template = ChatTemplate(source, "", "", False)
+    assert template.render(MESSAGES, kwargs=[("thinking_mode", "enabled")]).endswith("<mm:think>")
+    assert template.render(MESSAGES, kwargs=[("thinking_mode", "disabled")]).endswith("</mm:think>")
