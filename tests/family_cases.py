@@ -11,65 +11,7 @@ carrying the family's template and tokenizer, and check what the OpenAI and Anth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-SPECIAL = {"type": "function", "function": {
-    "name": "special_function", "description": "I'm special",
-    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer", "description": "The arg."}},
-                   "required": ["arg1"]}}}
-OPTIONAL = {"type": "function", "function": {
-    "name": "special_function_with_opt", "description": "I'm special but have optional stuff",
-    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer"}, "arg2": {"type": "integer"}},
-                   "required": ["arg1"]}}}
-TOOLS = [SPECIAL, OPTIONAL]
-HELLO = "Hello, world!\nWhat's up?"
-THINKING = "I'm\nthinking"
-CALL = ("special_function", {"arg1": 1})
-CALL2 = ("special_function_with_opt", {"arg1": 1, "arg2": 2})
-
-
-@dataclass(frozen=True)
-class Case:
-    """One raw output and the message read from it."""
-
-    what: str  # the feature it shows (a column of the matrix)
-    output: str
-    content: str = ""
-    reasoning: str = ""
-    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
-    ids: tuple[str, ...] = ()  # the calls' ids, where the family writes them
-    source: str = "own"
-    # streamed, where a call went out before its arguments broke: (name, arguments as written) and no content
-    streamed: tuple[tuple[str, str], ...] | None = None
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str  # as llamafleet.engine.families names it (None: not recognised)
-    label: str  # the models, as people know them
-    template: str  # models/templates/<template>.jinja in llama.cpp's source
-    vocab: str  # models/ggml-vocab-<vocab>.gguf: the family's own where llama.cpp's source has it (qwen2, qwen35,
-    # llama-bpe), else LLaMA-2's small one (the family's markers are then text, as the parser reads them anyway);
-    # Gemma 4's is there (262k tokens), but sampling under a grammar over it made the server test minutes longer:
-    # it uses LLaMA-2's there, and tests/integration/test_family_vocabs.py reads its outputs through its own (the
-    # Command R tokenizer there is the first Command R's, without R7B's markers)
-    opens_think: bool = False  # its template opens the think block at the end of the prompt
-    cases: tuple[Case, ...] = ()
-    not_supported: dict[str, str] = field(default_factory=dict)  # feature -> why not
-
-
-FEATURES = {  # column -> title
-    "chat": "plain chat",
-    "tools": "tools",
-    "parallel": "parallel calls",
-    "forced": "forced call",
-    "reasoning": "reasoning split",
-    "budget": "reasoning budget",
-    "schema": "schema after reasoning",
-}
-NO_THINK = "the family does not think"
-OPENED = "the template opens the think block: a plain answer is a reasoning case"
+from family_types import CALL, CALL2, HELLO, NO_THINK, OPENED, THINKING, Case, Family
 
 
 def _json_block(name: str, args: str) -> str:
@@ -398,19 +340,42 @@ FAMILIES += (
              calls=(CALL,), source="test-chat.cpp"),
     )),
 )
+_GIGA = '{"name": "special_function", "arguments": {"arg1": 1}}'
+_GIGA3 = "<|message_sep|>\n\nfunction call<|role_sep|>\n"
+_R_PLUS = 'Action:\n```json\n[{}]\n```'
+_R_PLUS_CALL = '{{"tool_name": "{}", "parameters": {}}}'
+_APERTUS = "<|tools_prefix|>[{}]<|tools_suffix|>"
+ONE_CALL = "the template renders one call per turn"
+FAMILIES += (
+    *(Family(name, label, template, "llama-spm", cases=(
+        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+        Case("tools", opener + _GIGA, calls=(CALL,), source="test-chat.cpp"),
+        Case("text before a call", HELLO + opener + _GIGA, HELLO, calls=(CALL,), source="test-chat.cpp"),
+    ), not_supported={"parallel": ONE_CALL, "reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK})
+      for name, label, template, opener in (
+        ("gigachat3", "GigaChat 3", "GigaChat3-10B-A1.8B", _GIGA3),
+        ("gigachat3.1", "GigaChat 3.1", "GigaChat3.1-10B-A1.8B", "<|function_call|>"))),
+    Family("command-r-plus", "Command R+", "CohereForAI-c4ai-command-r-plus-tool_use", "llama-spm", cases=(
+        Case("chat", f"<|CHATBOT_TOKEN|>{HELLO}<|END_OF_TURN_TOKEN|>", HELLO, source="test-chat.cpp"),
+        Case("tools", _R_PLUS.format(_R_PLUS_CALL.format("special_function", '{"arg1": 1}')), calls=(CALL,),
+             source="test-chat.cpp"),
+        Case("parallel", _R_PLUS.format(_R_PLUS_CALL.format("special_function", '{"arg1": 1}') + ", "
+                                        + _R_PLUS_CALL.format("special_function_with_opt", '{"arg1": 1, "arg2": 2}')),
+             calls=(CALL, CALL2)),
+    ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
+    Family("apertus", "Apertus", "Apertus-8B-Instruct", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("tools", _APERTUS.format('{"special_function": {"arg1": 1}}'), calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", _APERTUS.format('{"special_function": {"arg1": 1}}, '
+                                         '{"special_function_with_opt": {"arg1": 1, "arg2": 2}}'), calls=(CALL, CALL2)),
+    ), not_supported={f: "its deliberation (<|inner_prefix|> blocks, closed by a display_answers call) is not read"
+                      for f in ("reasoning", "budget", "schema")}),
+)
 _NOT_YET = "its own call markup ({}), not read yet"
 UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
-    "Apertus-8B-Instruct": _NOT_YET.format("`<|tools_prefix|>`"),
     "Apriel-1.6-15b-Thinker-fixed": _NOT_YET.format("`<tool_calls>` after `[BEGIN FINAL RESPONSE]`"),
-    "CohereForAI-c4ai-command-r-plus-tool_use": _NOT_YET.format("`Action:` and a fenced JSON list"),
-    "GigaChat3-10B-A1.8B": _NOT_YET.format("a `function call` turn after `<|role_sep|>`"),
-    "GigaChat3.1-10B-A1.8B": _NOT_YET.format("`<|function_call|>`"),
     "MiniMax-M1": _NOT_YET.format("`<tool_calls>` JSON lines"),
     "muse-glimmer": _NOT_YET.format("`<|start|>` ... `<|message|>` turns"),
     "tencent-Hy3": _NOT_YET.format("`<tool_calls>` with `<tool_sep>`"),
     "upstage-Solar-Open-100B": _NOT_YET.format("`<|tool_call...|>` tags"),
 }
-
-
-def supported(family: Family, feature: str) -> bool:
-    return feature not in family.not_supported

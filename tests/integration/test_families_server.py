@@ -20,7 +20,8 @@ import pytest
 from openai import OpenAI
 
 from conftest import FleetServer
-from family_cases import FAMILIES, HELLO, TOOLS, Case, Family, supported
+from family_cases import FAMILIES
+from family_types import HELLO, TOOLS, Case, Family, supported
 from llamafleet.api import call_stream
 from llamafleet.engine import families
 from llamafleet.model.synth import SHAPES, find_template, find_vocab, write_model
@@ -249,7 +250,7 @@ def check(feature: str, family: Family, client: OpenAI, claude: anthropic.Anthro
             check_messages(claude, family, case)
 
 
-HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2")  # templates that replay reasoning
+HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2", "minimax-m3")  # replay reasoning
 # each family's checks one after the other, so its model is loaded once: the matrix's cells, its other cases (text
 # before calls, calls in reasoning, malformed calls), a second turn through its template
 CHECKS = [(f, x) for f in FAMILIES for x in (

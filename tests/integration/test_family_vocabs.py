@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from family_cases import FAMILIES, TOOLS, Family
+from family_cases import FAMILIES
+from family_types import TOOLS, Family
 from llamafleet.api.answer import AnswerSplitter, Split
 from llamafleet.engine.families import markers
 from llamafleet.engine.llama import Model

@@ -245,7 +245,7 @@ class AnswerStreams:
     def over(cls, family: Family | None, tools: Sequence[Tool], forced: bool) -> AnswerStreams | None:
         """The splitters for answers of a model of ``family`` that may call ``tools``; None when there is nothing to
         split (no tools, no reasoning, no framing markup): the text is the content."""
-        if not tools and (family is None or not (family.think or family.drop)):
+        if not tools and (family is None or not (family.think or family.drop or family.lead)):
             return None
         return cls(family, schemas(tools), forced)
 

@@ -20,7 +20,9 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   (MiniMax M3: objects and arrays as nested elements, an array's as ``<item>``), and ``gemma``
   ``<|tool_call>call:name{key:value}<tool_call|>`` (Gemma 4: bare keys, strings between ``<|"|>`` marks);
 * ``cohere``: ``<|START_ACTION|>`` then a JSON list of ``{"tool_call_id", "tool_name", "parameters"}``
-  (Command R7B);
+  (Command R7B); ``cohere-plus``: ``Action:`` and the list, without ids, in a fenced JSON block (Command R+);
+* ``gigachat``: a ``{"name", "arguments"}`` object after ``<|function_call|>`` (GigaChat 3.1) or the
+  ``function call`` role (GigaChat 3); ``apertus``: ``<|tools_prefix|>[{"name": {...}}]<|tools_suffix|>``;
 * ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>`` with
   ``function<｜tool▁sep｜>name`` and a fenced JSON block (R1) or ``name<｜tool▁sep｜>{...}`` (V3.1);
 * ``kimi``: ``<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`` in a
@@ -162,12 +164,22 @@ def _harmony(section: str, tools: Schemas) -> Found | None:
     return _blocks(_HARMONY_CALL, section, lambda m: _call(m.group(1), m.group(2).strip(), tools))
 
 
-def _granite(section: str, tools: Schemas) -> Found | None:
-    return _mistral(section.replace("<|tool_call|>", " "), tools)
+def _after(*marks: str) -> Callable[[str, Schemas], Found | None]:
+    """The reader of ``{"name", "arguments"}`` objects (or lists of them) after any of ``marks``."""
+    def read(section: str, tools: Schemas) -> Found | None:
+        for mark in marks:
+            section = section.replace(mark, " ")
+        return _mistral(section, tools)
+    return read
 
 
-def _firefunction(section: str, tools: Schemas) -> Found | None:
-    return _mistral(section.replace("functools", " ", 1), tools)
+def _apertus(section: str, tools: Schemas) -> Found | None:
+    body, _, rest = section.removeprefix("<|tools_prefix|>").partition("<|tools_suffix|>")
+    values = json_values(body)
+    items = [i for v in values or [] for i in (v if isinstance(v, list) else [v])]
+    found = _all([_call(*next(iter(i.items())), tools) if isinstance(i, dict) and len(i) == 1 else None
+                  for i in items])
+    return None if found is None else (found[0], rest.strip())
 
 
 class _Literals(ast.NodeTransformer):
@@ -210,6 +222,17 @@ def _pythonic(section: str, tools: Schemas) -> Found | None:
 
 def _cohere(section: str, tools: Schemas) -> Found | None:
     body, _, rest = section.removeprefix("<|START_ACTION|>").partition("<|END_ACTION|>")
+    return _cohere_list(body, rest, tools)
+
+
+def _cohere_plus(section: str, tools: Schemas) -> Found | None:
+    """Command R+: ``Action:`` then a fenced JSON list of ``{"tool_name", "parameters"}``."""
+    body = section.removeprefix("Action:").strip().removeprefix("```json").removeprefix("```")
+    body, _, rest = body.partition("```")
+    return _cohere_list(body, rest, tools)
+
+
+def _cohere_list(body: str, rest: str, tools: Schemas) -> Found | None:
     values = json_values(body)
     items = [i for v in values or [] for i in (v if isinstance(v, list) else [v])]
     found = _all([_call(i["tool_name"], i.get("parameters"), tools, str(i.get("tool_call_id", "")) or None)
@@ -219,8 +242,9 @@ def _cohere(section: str, tools: Schemas) -> Found | None:
 
 FORMATS: dict[str, Callable[[str, Schemas], Found | None]] = {
     "json": _json, "mistral": _mistral, "mistral-args": _mistral_args, "deepseek": _deepseek,
-    "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _granite, "harmony": _harmony, "cohere": _cohere,
-    "firefunction": _firefunction, "pythonic": _pythonic,
+    "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _after("<|tool_call|>"), "harmony": _harmony,
+    "cohere": _cohere, "cohere-plus": _cohere_plus, "firefunction": _after("functools"), "pythonic": _pythonic,
+    "gigachat": _after("<|function_call|>", "<|message_sep|>", "function call<|role_sep|>"), "apertus": _apertus,
 }
 
 

@@ -63,6 +63,13 @@ SECTIONS = {  # what opens and closes the calls
 }
 
 
+LISTED = {  # the formats that write a JSON list of calls: what opens and closes it
+    "cohere": ('"<|START_ACTION|>["', '"]<|END_ACTION|>"'),
+    "cohere-plus": ('"Action:\\n```json\\n["', '"]\\n```"'),
+    "apertus": ('"<|tools_prefix|>["', '"]<|tools_suffix|>"'),
+}
+
+
 def literal(text: str) -> str:
     """``text`` as a GBNF string literal."""
     return json.dumps(text, ensure_ascii=False)
@@ -110,14 +117,18 @@ def _text_args(index: int, args: dict[str, Any], one: str, text: str, sep: str =
 def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tuple[str, str, str, str]:
     """(the rules defining ``call``, what opens the calls, what goes between two calls, what closes them)."""
     fmt = family.calls
-    if fmt == "cohere":
-        ids = {"enum": [str(i) for i in range(10)]}
-        schema = {"anyOf": [{"type": "object", "properties": {"tool_call_id": ids, "tool_name": {"const": name},
-                                                               "parameters": args},
-                             "required": ["tool_call_id", "tool_name", "parameters"], "additionalProperties": False}
-                            for name, args in tools]}
-        return f"call ::= c-root\n{_schema(schema, 'c-')}", '"<|START_ACTION|>["', '", "', '"]<|END_ACTION|>"'
-    if fmt in ("json", "mistral", "granite", "firefunction"):
+    if fmt in LISTED:  # a JSON list of objects whose properties are these, in order
+        def props(name: str, args: dict[str, Any]) -> dict[str, Any]:
+            shapes: dict[str, dict[str, Any]] = {
+                "cohere": {"tool_call_id": {"enum": [str(i) for i in range(10)]}, "tool_name": {"const": name},
+                           "parameters": args},
+                "cohere-plus": {"tool_name": {"const": name}, "parameters": args}}
+            return shapes.get(fmt, {name: args})
+        schema = {"anyOf": [{"type": "object", "properties": props(name, args), "required": list(props(name, args)),
+                             "additionalProperties": False} for name, args in tools]}
+        opener, closer = LISTED[fmt]
+        return f"call ::= c-root\n{_schema(schema, 'c-')}", opener, '", "', closer
+    if fmt in ("json", "mistral", "granite", "firefunction", "gigachat"):
         key = "parameters" if family.name == "llama3" else "arguments"
         rules = _json_calls(tools, key)
         call = {"json": 'call ::= "<tool_call>\\n" c-root "\\n</tool_call>"'}.get(fmt, "call ::= c-root")
@@ -125,6 +136,8 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
             return f"call ::= c-root\n{rules}", "", '"; "', ""
         if fmt == "json":
             return f"{call}\n{rules}", "", '"\\n"', ""
+        if fmt == "gigachat":  # its marker before each call
+            return f"call ::= {literal(family.openers[0])} c-root\n{rules}", "", "", ""
         opener = {"mistral": '"[TOOL_CALLS]["', "granite": '"<|tool_call|>["'}.get(fmt, '" functools["')
         return f"{call}\n{rules}", opener, '", "', '"]"'
     alternatives: list[str] = []

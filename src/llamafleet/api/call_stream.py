@@ -112,6 +112,10 @@ SHAPES: dict[str, Shape] = {
     "granite": _shape(r"\s|[\[,\}]|<\|tool_call\|>", _NAME),
     "firefunction": _shape(r"\s|[\[,\}]|functools", _NAME),
     "functionary": _shape(r"\s|</function>", r"<function=(?P<name>[^>\s]+)>\s*(?=\{)"),
+    "gigachat": _shape(r"\s|[\[,\}]|<\|function_call\|>|<\|message_sep\|>|function call<\|role_sep\|>", _NAME),
+    "apertus": _shape(r"\s|[\[,\}]|<\|tools_prefix\|>", r'\{\s*"(?P<name>[^"\\]+)"\s*:\s*(?=\{)'),
+    "cohere-plus": _shape(r"\s|[\[,\}]|Action:|```(?:json)?",
+                          r'\{\s*"tool_name"\s*:\s*"(?P<name>[^"\\]+)"\s*,\s*"parameters"\s*:\s*(?=\{)'),
     "cohere": _shape(r"\s|[\[,\}]|<\|START_ACTION\|>|<\|END_ACTION\|>",
                      r'\{\s*"tool_call_id"\s*:\s*"(?P<id>[^"\\]*)"\s*,\s*"tool_name"\s*:\s*"(?P<name>[^"\\]+)"\s*,'
                      r'\s*"parameters"\s*:\s*(?=\{)'),

@@ -76,6 +76,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("lfm2-think", "pythonic", THINK, openers=("<|tool_call_start|>",)),
     Family("lfm2.5", "pythonic", THINK, openers=("<|tool_call_start|>",)),  # its template names no marker of them
     Family("functionary-v3.2", "recipient", openers=(">>>",), drop=(">>>all\n",), lead=">>>", text="all\n"),
+    Family("gigachat3", "gigachat", openers=("<|message_sep|>\n\nfunction call<|role_sep|>\n",),
+           drop=("<|message_sep|>",)),  # (it ends each message)
+    Family("gigachat3.1", "gigachat", openers=("<|function_call|>",)),
+    Family("command-r-plus", "cohere-plus", openers=("Action:",), drop=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
+    Family("apertus", "apertus", openers=("<|tools_prefix|>",)),
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
            drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
     # opens with a bare close marker)
@@ -102,6 +107,9 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "firefunction": (),
     "pythonic": ("<|tool_call_end|>",),
     "recipient": (),
+    "gigachat": ("<|role_sep|>",),
+    "cohere-plus": ("```json", "```"),
+    "apertus": ("<|tools_suffix|>",),
     "minimax3": (f"{M3}</tool_call>", f"{M3}<invoke name=", f"{M3}</invoke>"),
     "gemma": ("<tool_call|>", '<|"|>'),
     "cohere": ("<|END_ACTION|>",),
@@ -135,6 +143,12 @@ def detect(source: str | None) -> Family | None:
                          ("<minimax:tool_call>", "minimax-m2"), ("<seed:tool_call>", "seed-oss")):
         if has(marker):
             return FAMILIES[name]
+    if has("<|role_sep|>") and has("function call"):  # GigaChat 3.1 writes its own token before a call, 3 a role
+        return FAMILIES["gigachat3.1" if has("<|function_call|>") else "gigachat3"]
+    if has("<|CHATBOT_TOKEN|>") and has("Action:"):  # Command R+ (R7B's <|START_ACTION|> is read above)
+        return FAMILIES["command-r-plus"]
+    if has("<|tools_prefix|>"):
+        return FAMILIES["apertus"]
     if has("<|open|>") and has("<|close|>") and has("<|sep|>"):
         return FAMILIES["kimi-k3"]
     if has("functools["):
