@@ -371,9 +371,21 @@ FAMILIES += (
     ), not_supported={f: "its deliberation (<|inner_prefix|> blocks, closed by a display_answers call) is not read"
                       for f in ("reasoning", "budget", "schema")}),
 )
+_APRIEL = '<tool_calls>[{}]</tool_calls>'
+_APRIEL_CALL = '{{"name": "{}", "arguments": {}}}'
+FAMILIES += (
+    Family("apriel", "Apriel 1.6 Thinker", "Apriel-1.6-15b-Thinker-fixed", "llama-spm", opens_think=True, cases=(
+        Case("reasoning", f"{THINKING}\n[BEGIN FINAL RESPONSE]\n{HELLO}", HELLO, THINKING, source="test-chat.cpp"),
+        Case("tools", f"{THINKING}\n[BEGIN FINAL RESPONSE]\n"
+             + _APRIEL.format(_APRIEL_CALL.format("special_function", '{"arg1": 1}')), reasoning=THINKING,
+             calls=(CALL,), source="test-chat.cpp"),
+        Case("parallel", "[BEGIN FINAL RESPONSE]\n" + _APRIEL.format(
+            _APRIEL_CALL.format("special_function", '{"arg1": 1}') + ", "
+            + _APRIEL_CALL.format("special_function_with_opt", '{"arg1": 1, "arg2": 2}')), calls=(CALL, CALL2)),
+    ), not_supported={"chat": OPENED}),
+)
 _NOT_YET = "its own call markup ({}), not read yet"
 UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
-    "Apriel-1.6-15b-Thinker-fixed": _NOT_YET.format("`<tool_calls>` after `[BEGIN FINAL RESPONSE]`"),
     "MiniMax-M1": _NOT_YET.format("`<tool_calls>` JSON lines"),
     "muse-glimmer": _NOT_YET.format("`<|start|>` ... `<|message|>` turns"),
     "tencent-Hy3": _NOT_YET.format("`<tool_calls>` with `<tool_sep>`"),

@@ -128,7 +128,7 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
                              "additionalProperties": False} for name, args in tools]}
         opener, closer = LISTED[fmt]
         return f"call ::= c-root\n{_schema(schema, 'c-')}", opener, '", "', closer
-    if fmt in ("json", "mistral", "granite", "firefunction", "gigachat"):
+    if fmt in ("json", "mistral", "granite", "firefunction", "gigachat", "apriel"):
         key = "parameters" if family.name == "llama3" else "arguments"
         rules = _json_calls(tools, key)
         call = {"json": 'call ::= "<tool_call>\\n" c-root "\\n</tool_call>"'}.get(fmt, "call ::= c-root")
@@ -138,8 +138,9 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
             return f"{call}\n{rules}", "", '"\\n"', ""
         if fmt == "gigachat":  # its marker before each call
             return f"call ::= {literal(family.openers[0])} c-root\n{rules}", "", "", ""
-        opener = {"mistral": '"[TOOL_CALLS]["', "granite": '"<|tool_call|>["'}.get(fmt, '" functools["')
-        return f"{call}\n{rules}", opener, '", "', '"]"'
+        opener = {"mistral": '"[TOOL_CALLS]["', "granite": '"<|tool_call|>["', "apriel": '"<tool_calls>["'}.get(
+            fmt, '" functools["')
+        return f"{call}\n{rules}", opener, '", "', '"]</tool_calls>"' if fmt == "apriel" else '"]"'
     alternatives: list[str] = []
     parts: list[str] = []
     for i, (name, args) in enumerate(tools):

@@ -81,6 +81,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gigachat3.1", "gigachat", openers=("<|function_call|>",)),
     Family("command-r-plus", "cohere-plus", openers=("Action:",), drop=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
     Family("apertus", "apertus", openers=("<|tools_prefix|>",)),
+    Family("apriel", "apriel", ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"), openers=("<tool_calls>",)),
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
            drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
     # opens with a bare close marker)
@@ -110,6 +111,7 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "gigachat": ("<|role_sep|>",),
     "cohere-plus": ("```json", "```"),
     "apertus": ("<|tools_suffix|>",),
+    "apriel": ("</tool_calls>",),
     "minimax3": (f"{M3}</tool_call>", f"{M3}<invoke name=", f"{M3}</invoke>"),
     "gemma": ("<tool_call|>", '<|"|>'),
     "cohere": ("<|END_ACTION|>",),
@@ -149,6 +151,8 @@ def detect(source: str | None) -> Family | None:
         return FAMILIES["command-r-plus"]
     if has("<|tools_prefix|>"):
         return FAMILIES["apertus"]
+    if has("[BEGIN FINAL RESPONSE]") and has("<tool_calls>"):  # Apriel 1.6: the prompt opens the reasoning
+        return FAMILIES["apriel"]
     if has("<|open|>") and has("<|close|>") and has("<|sep|>"):
         return FAMILIES["kimi-k3"]
     if has("functools["):
