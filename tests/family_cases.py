@@ -383,10 +383,19 @@ FAMILIES += (
             _APRIEL_CALL.format("special_function", '{"arg1": 1}') + ", "
             + _APRIEL_CALL.format("special_function_with_opt", '{"arg1": 1, "arg2": 2}')), calls=(CALL, CALL2)),
     ), not_supported={"chat": OPENED}),
+    Family("minimax-m1", "MiniMax M1", "MiniMax-M1", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        Case("tools", f"<think>{THINKING}</think>\n<tool_calls>\n" + _APRIEL_CALL.format("special_function",
+                                                                                       '{"arg1": 1}')
+             + "\n</tool_calls>", reasoning=THINKING, calls=(CALL,)),
+        Case("parallel", "<tool_calls>\n" + _APRIEL_CALL.format("special_function", '{"arg1": 1}') + "\n"
+             + _APRIEL_CALL.format("special_function_with_opt", '{"arg1": 1, "arg2": 2}') + "\n</tool_calls>",
+             calls=(CALL, CALL2)),
+    )),
 )
 _NOT_YET = "its own call markup ({}), not read yet"
 UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
-    "MiniMax-M1": _NOT_YET.format("`<tool_calls>` JSON lines"),
     "muse-glimmer": _NOT_YET.format("`<|start|>` ... `<|message|>` turns"),
     "tencent-Hy3": _NOT_YET.format("`<tool_calls>` with `<tool_sep>`"),
     "upstage-Solar-Open-100B": _NOT_YET.format("`<|tool_call...|>` tags"),

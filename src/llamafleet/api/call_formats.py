@@ -23,7 +23,8 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   (Command R7B); ``cohere-plus``: ``Action:`` and the list, without ids, in a fenced JSON block (Command R+);
 * ``gigachat``: a ``{"name", "arguments"}`` object after ``<|function_call|>`` (GigaChat 3.1) or the
   ``function call`` role (GigaChat 3); ``apertus``: ``<|tools_prefix|>[{"name": {...}}]<|tools_suffix|>``;
-  ``apriel``: ``<tool_calls>[{"name", "arguments"}, ...]</tool_calls>`` (Apriel 1.6);
+  ``apriel``: ``<tool_calls>[{"name", "arguments"}, ...]</tool_calls>`` (Apriel 1.6), ``minimax-m1`` the same
+  objects a line each (MiniMax M1);
 * ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>`` with
   ``function<｜tool▁sep｜>name`` and a fenced JSON block (R1) or ``name<｜tool▁sep｜>{...}`` (V3.1);
 * ``kimi``: ``<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`` in a
@@ -246,7 +247,7 @@ FORMATS: dict[str, Callable[[str, Schemas], Found | None]] = {
     "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _after("<|tool_call|>"), "harmony": _harmony,
     "cohere": _cohere, "cohere-plus": _cohere_plus, "firefunction": _after("functools"), "pythonic": _pythonic,
     "gigachat": _after("<|function_call|>", "<|message_sep|>", "function call<|role_sep|>"), "apertus": _apertus,
-    "apriel": _after("<tool_calls>", "</tool_calls>"),
+    "apriel": _after("<tool_calls>", "</tool_calls>"), "minimax-m1": _after("<tool_calls>", "</tool_calls>"),
 }
 
 

@@ -70,6 +70,15 @@ LISTED = {  # the formats that write a JSON list of calls: what opens and closes
 }
 
 
+NAMED = {  # the formats that write {"name", "arguments"} objects in a section: what opens it, goes between, closes it
+    "mistral": ('"[TOOL_CALLS]["', '", "', '"]"'),
+    "granite": ('"<|tool_call|>["', '", "', '"]"'),
+    "firefunction": ('" functools["', '", "', '"]"'),
+    "apriel": ('"<tool_calls>["', '", "', '"]</tool_calls>"'),
+    "minimax-m1": ('"<tool_calls>\\n"', '"\\n"', '"\\n</tool_calls>"'),
+}
+
+
 def literal(text: str) -> str:
     """``text`` as a GBNF string literal."""
     return json.dumps(text, ensure_ascii=False)
@@ -128,19 +137,16 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
                              "additionalProperties": False} for name, args in tools]}
         opener, closer = LISTED[fmt]
         return f"call ::= c-root\n{_schema(schema, 'c-')}", opener, '", "', closer
-    if fmt in ("json", "mistral", "granite", "firefunction", "gigachat", "apriel"):
+    if fmt in ("json", "gigachat", *NAMED):
         key = "parameters" if family.name == "llama3" else "arguments"
         rules = _json_calls(tools, key)
-        call = {"json": 'call ::= "<tool_call>\\n" c-root "\\n</tool_call>"'}.get(fmt, "call ::= c-root")
         if family.name == "llama3":
             return f"call ::= c-root\n{rules}", "", '"; "', ""
         if fmt == "json":
-            return f"{call}\n{rules}", "", '"\\n"', ""
+            return f'call ::= "<tool_call>\\n" c-root "\\n</tool_call>"\n{rules}', "", '"\\n"', ""
         if fmt == "gigachat":  # its marker before each call
             return f"call ::= {literal(family.openers[0])} c-root\n{rules}", "", "", ""
-        opener = {"mistral": '"[TOOL_CALLS]["', "granite": '"<|tool_call|>["', "apriel": '"<tool_calls>["'}.get(
-            fmt, '" functools["')
-        return f"{call}\n{rules}", opener, '", "', '"]</tool_calls>"' if fmt == "apriel" else '"]"'
+        return f"call ::= c-root\n{rules}", *NAMED[fmt]
     alternatives: list[str] = []
     parts: list[str] = []
     for i, (name, args) in enumerate(tools):

@@ -114,6 +114,7 @@ SHAPES: dict[str, Shape] = {
     "functionary": _shape(r"\s|</function>", r"<function=(?P<name>[^>\s]+)>\s*(?=\{)"),
     "gigachat": _shape(r"\s|[\[,\}]|<\|function_call\|>|<\|message_sep\|>|function call<\|role_sep\|>", _NAME),
     "apriel": _shape(r"\s|[\[,\}]|</?tool_calls>", _NAME),
+    "minimax-m1": _shape(r"\s|[\[,\}]|</?tool_calls>", _NAME),
     "apertus": _shape(r"\s|[\[,\}]|<\|tools_prefix\|>", r'\{\s*"(?P<name>[^"\\]+)"\s*:\s*(?=\{)'),
     "cohere-plus": _shape(r"\s|[\[,\}]|Action:|```(?:json)?",
                           r'\{\s*"tool_name"\s*:\s*"(?P<name>[^"\\]+)"\s*,\s*"parameters"\s*:\s*(?=\{)'),

@@ -82,6 +82,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("command-r-plus", "cohere-plus", openers=("Action:",), drop=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
     Family("apertus", "apertus", openers=("<|tools_prefix|>",)),
     Family("apriel", "apriel", ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"), openers=("<tool_calls>",)),
+    Family("minimax-m1", "minimax-m1", THINK, openers=("<tool_calls>",)),  # (its template shows no thinking; it thinks)
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
            drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
     # opens with a bare close marker)
@@ -112,6 +113,7 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "cohere-plus": ("```json", "```"),
     "apertus": ("<|tools_suffix|>",),
     "apriel": ("</tool_calls>",),
+    "minimax-m1": ("</tool_calls>",),
     "minimax3": (f"{M3}</tool_call>", f"{M3}<invoke name=", f"{M3}</invoke>"),
     "gemma": ("<tool_call|>", '<|"|>'),
     "cohere": ("<|END_ACTION|>",),
@@ -153,6 +155,8 @@ def detect(source: str | None) -> Family | None:
         return FAMILIES["apertus"]
     if has("[BEGIN FINAL RESPONSE]") and has("<tool_calls>"):  # Apriel 1.6: the prompt opens the reasoning
         return FAMILIES["apriel"]
+    if has("<tool_calls>") and has("<beginning_of_sentence>"):
+        return FAMILIES["minimax-m1"]
     if has("<|open|>") and has("<|close|>") and has("<|sep|>"):
         return FAMILIES["kimi-k3"]
     if has("functools["):
