@@ -394,9 +394,27 @@ FAMILIES += (
              calls=(CALL, CALL2)),
     )),
 )
+
+
+def _hy3(name: str, **args: int) -> str:
+    return (f"<tool_call:opensource>{name}<tool_sep:opensource>\n" + "".join(
+        f"<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>{v}</arg_value:opensource>\n"
+        for k, v in args.items()) + "</tool_call:opensource>\n")
+
+
+_HY3 = "<tool_calls:opensource>\n{}</tool_calls:opensource>"
+FAMILIES += (
+    Family("hy3", "Hunyuan 3", "tencent-Hy3", "llama-spm", cases=(
+        Case("chat", HELLO, HELLO),
+        Case("reasoning", f"<think:opensource>{THINKING}</think:opensource>{HELLO}", HELLO, THINKING),
+        Case("tools", f"<think:opensource>{THINKING}</think:opensource>"
+             + _HY3.format(_hy3("special_function", arg1=1)), reasoning=THINKING, calls=(CALL,)),
+        Case("parallel", _HY3.format(_hy3("special_function", arg1=1) + _hy3("special_function_with_opt", arg1=1,
+                                                                             arg2=2)), calls=(CALL, CALL2)),
+    )),
+)
 _NOT_YET = "its own call markup ({}), not read yet"
 UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
     "muse-glimmer": _NOT_YET.format("`<|start|>` ... `<|message|>` turns"),
-    "tencent-Hy3": _NOT_YET.format("`<tool_calls>` with `<tool_sep>`"),
     "upstage-Solar-Open-100B": _NOT_YET.format("`<|tool_call...|>` tags"),
 }

@@ -12,7 +12,9 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   shapes a stream is read with (values are text, read as JSON where the tool's schema wants no string): ``xml``
   ``<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`` (Qwen3-Coder, Qwen 3.5),
   ``seed`` the same in ``<seed:tool_call>`` (Seed-OSS), ``glm`` ``<tool_call>name<arg_key>key</arg_key>
-  <arg_value>value</arg_value></tool_call>`` (GLM 4.5+), ``minimax`` ``<minimax:tool_call><invoke name="name">
+  <arg_value>value</arg_value></tool_call>`` (GLM 4.5+; ``hy3`` the same tags with ``:opensource`` and
+  ``<tool_sep:opensource>`` after the name, in a ``<tool_calls:opensource>`` section: Hunyuan 3),
+  ``minimax`` ``<minimax:tool_call><invoke name="name">
   <parameter name="key">value</parameter></invoke>`` (MiniMax M2), ``dsml`` the same with ``｜DSML｜`` tags
   (DeepSeek V3.2), ``kimi3`` ``<|open|>call tool="name"<|sep|><|open|>argument key="key"<|sep|>value
   <|close|>argument<|sep|><|close|>call<|sep|>`` (Kimi K3), ``minimax3`` ``]<]minimax[>[<invoke name="name">

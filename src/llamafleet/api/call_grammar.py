@@ -48,6 +48,9 @@ PARAMS: dict[str, tuple[str, str, str]] = {
     "gemma": ('"<|tool_call>call:" {n} "{{" {a} "}}<tool_call|>"', '{key} ":" {value}',
               '"<|\\"|>" tag-text "<|\\"|>"'),
     "pythonic": ('{n} "(" {a} ")"', '{key} "=" {value}', "py-text"),
+    "hy3": ('"<tool_call:opensource>" {n} "<tool_sep:opensource>\\n" {a} "</tool_call:opensource>\\n"',
+            '"<arg_key:opensource>" {key} "</arg_key:opensource>\\n<arg_value:opensource>" {value} '
+            '"</arg_value:opensource>\\n"', "text-value"),
     "minimax3": (f'"{M3}<invoke name=\\"" {{n}} "\\">" {{a}} "{M3}</invoke>\\n"',
                  f'"{M3}<" {{key}} ">" {{value}} "{M3}</" {{key}} ">"', "text-value"),
 }
@@ -60,6 +63,7 @@ SECTIONS = {  # what opens and closes the calls
     "kimi3": ('"<|open|>tools<|sep|>"', '"<|close|>tools<|sep|>"'),
     "pythonic": ('"<|tool_call_start|>["', '"]<|tool_call_end|>"'),
     "minimax3": (f'"{M3}<tool_call>\\n"', f'"{M3}</tool_call>"'),
+    "hy3": ('"<tool_calls:opensource>\\n"', '"</tool_calls:opensource>"'),
 }
 
 

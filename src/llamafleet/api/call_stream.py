@@ -147,6 +147,11 @@ SHAPES: dict[str, Shape] = {
     "minimax3": _shape(f"\\s|{_M3}</?tool_call>", f'{_M3}<invoke name="(?P<name>[^"]+)">',
                        f"{_M3}<(?P<key>[^>/]+)>(?P<value>.*?){_M3}</(?P=key)>", f"{_M3}</invoke>",
                        (f"{M3}</",), m3_value),
+    "hy3": _shape(r"\s|</?tool_calls:opensource>",
+                  r"<tool_call:opensource>\s*(?P<name>[^\s<]+)\s*<tool_sep:opensource>",
+                  r"\s*<arg_key:opensource>(?P<key>.*?)</arg_key:opensource>\s*<arg_value:opensource>(?P<value>.*?)"
+                  r"</arg_value:opensource>", r"\s*</tool_call:opensource>",
+                  ("</arg_value:opensource>", "</tool_call:opensource>")),
     "recipient": _shape(r"\s|>>>all\n", r">>>(?P<name>[^\s>]+)\s*(?=\{)"),
     "deepseek": _shape(f"\\s|<｜tool▁calls▁begin｜>|{_DS_END}",
                        r"<｜tool▁call▁begin｜>\s*(?P<name>[^\s<]+)\s*<｜tool▁sep｜>\s*(?=\{)"),

@@ -217,11 +217,11 @@ class ToolRequest(Request):
     def effort_budget(self, effort: str, max_tokens: int | None, param: str) -> int | None:
         """The budget of a reasoning ``effort`` (``param``): its share (:data:`EFFORTS`) of the answer's token limit
         (the context's without one), at least 1; None for a model that does not think, or whose template takes the
-        effort itself (gpt-oss). 400 for an effort not in :data:`EFFORTS`."""
+        effort itself (gpt-oss, Hunyuan 3). 400 for an effort not in :data:`EFFORTS`."""
         if effort not in EFFORTS:
             raise ApiError(400, f"'{param}' must be one of {', '.join(EFFORTS)}, not {effort!r}", param=param)
         family, base = self.family, self._serving.context if max_tokens is None else max_tokens
-        if family is None or family.think is None or family.effort or base is None:
+        if family is None or family.think is None or family.efforts or base is None:
             return None
         return max(1, int(base * EFFORTS[effort]))
 
@@ -234,8 +234,8 @@ class ToolRequest(Request):
         if reserved := [k for k in given or {} if k in RESERVED_KWARGS]:
             raise ApiError(400, f"'{param}' may not set {reserved[0]!r}: the server sets it", param=param)
         kwargs = {**dict(self._serving.template_kwargs), **(given or {})}
-        if effort is not None:
-            kwargs.setdefault("reasoning_effort", effort)
+        if effort is not None:  # (as the template's own level, where it has its own)
+            kwargs.setdefault("reasoning_effort", dict(self.family.efforts if self.family else ()).get(effort, effort))
         if thinking is None and effort == "none":
             thinking = False
         if thinking is not None:

@@ -24,7 +24,8 @@ class Family:
     lead: str = ""  # what the template's generation prompt ends with and the answer goes on from (Functionary v3.2's
     # ">>>": the answer's text is read as starting with it)
     text: str = ""  # what the answer writes before plain text, after the lead (Functionary v3.2's "all\n")
-    effort: bool = False  # its template takes ``reasoning_effort`` itself (gpt-oss's low, medium, high)
+    efforts: tuple[tuple[str, str], ...] = ()  # its template takes ``reasoning_effort`` itself: the value it takes
+    # for each effort a request may give (gpt-oss's low, medium, high; Hunyuan 3's no_think, low, high)
     switch: tuple[str, object, object] = ("enable_thinking", True, False)  # the template's variable that turns
     # thinking on and off, and its two values (Qwen's, DeepSeek's, GLM's enable_thinking; MiniMax M3's thinking_mode)
 
@@ -38,6 +39,17 @@ _DEEPSEEK_OPEN = "<｜tool▁calls▁begin｜>"
 _KIMI_OPEN = "<|tool_calls_section_begin|>"
 _DSML = "｜DSML｜"
 M3 = "]<]minimax[>["  # MiniMax M3's namespace, before each of its call tags
+
+
+def _levels(none: str, low: str, medium: str, high: str) -> tuple[tuple[str, str], ...]:
+    """A template's own effort levels for the efforts a request may give."""
+    return (("none", none), ("minimal", low), ("low", low), ("medium", medium), ("high", high), ("xhigh", high),
+            ("max", high))
+
+
+def _hy(tag: str) -> str:
+    """Hunyuan 3's tags, named with its ``:opensource`` suffix."""
+    return f"<{tag}:opensource>"
 
 
 def _k3(tag: str, close: bool = False) -> str:
@@ -82,6 +94,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("command-r-plus", "cohere-plus", openers=("Action:",), drop=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
     Family("apertus", "apertus", openers=("<|tools_prefix|>",)),
     Family("apriel", "apriel", ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"), openers=("<tool_calls>",)),
+    Family("hy3", "hy3", (_hy("think"), _hy("/think")), openers=(_hy("tool_calls"),),
+           efforts=_levels("no_think", "low", "high", "high")),
     Family("minimax-m1", "minimax-m1", THINK, openers=("<tool_calls>",)),  # (its template shows no thinking; it thinks)
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
            drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
@@ -90,7 +104,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
            drop=("<|start|>assistant", "<|channel|>final<|message|>", "<|channel|>commentary<|message|>",
-                 "<|channel|>final <|constrain|>json<|message|>", "<|return|>"), effort=True),
+                 "<|channel|>final <|constrain|>json<|message|>", "<|return|>"),
+           efforts=_levels("low", "low", "medium", "high")),
 )}
 
 
@@ -114,6 +129,8 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "apertus": ("<|tools_suffix|>",),
     "apriel": ("</tool_calls>",),
     "minimax-m1": ("</tool_calls>",),
+    "hy3": tuple(_hy(t) for t in ("/tool_calls", "tool_call", "/tool_call", "tool_sep", "arg_key", "/arg_key",
+                                  "arg_value", "/arg_value")),
     "minimax3": (f"{M3}</tool_call>", f"{M3}<invoke name=", f"{M3}</invoke>"),
     "gemma": ("<tool_call|>", '<|"|>'),
     "cohere": ("<|END_ACTION|>",),
@@ -155,6 +172,8 @@ def detect(source: str | None) -> Family | None:
         return FAMILIES["apertus"]
     if has("[BEGIN FINAL RESPONSE]") and has("<tool_calls>"):  # Apriel 1.6: the prompt opens the reasoning
         return FAMILIES["apriel"]
+    if has("<tool_calls{}>") and has(":opensource"):  # Hunyuan 3: its tags named as '<tool_calls{}>'.format(...)
+        return FAMILIES["hy3"]
     if has("<tool_calls>") and has("<beginning_of_sentence>"):
         return FAMILIES["minimax-m1"]
     if has("<|open|>") and has("<|close|>") and has("<|sep|>"):

@@ -76,3 +76,20 @@ def test_thinking_is_switched_off_by_the_familys_own_variable() -> None:
     template = ChatTemplate(source, "", "", False)
     assert template.render(MESSAGES, kwargs=[("thinking_mode", "enabled")]).endswith("<mm:think>")
     assert template.render(MESSAGES, kwargs=[("thinking_mode", "disabled")]).endswith("</mm:think>")
+
+
+@pytest.mark.parametrize(("family", "effort", "level"), [
+    ("gpt-oss", "minimal", "low"), ("gpt-oss", "medium", "medium"), ("gpt-oss", "xhigh", "high"),
+    ("hy3", "none", "no_think"), ("hy3", "low", "low"), ("hy3", "medium", "high")])
+def test_a_template_with_its_own_levels_gets_the_nearest(family: str, effort: str, level: str) -> None:
+    """gpt-oss's template knows low, medium and high, Hunyuan 3's no_think, low and high (it refuses others): each
+    gets its own level, and no budget."""
+    req = _chat(family, reasoning_effort=effort, max_tokens=100)
+    assert req.template_kwargs(None, effort, "p")["reasoning_effort"] == level and req.think_budget() is None
+
+
+def test_hunyuan_3_opens_its_think_block_for_an_effort() -> None:
+    template = ChatTemplate(vendored("models/templates/tencent-Hy3.jinja").read_text(encoding="utf-8"), "", "",
+                            False)
+    assert template.render(MESSAGES, kwargs=[("reasoning_effort", "low")]).endswith("<think:opensource>")
+    assert template.render(MESSAGES).endswith("<think:opensource></think:opensource>")  # no_think: closed
