@@ -413,8 +413,20 @@ FAMILIES += (
                                                                              arg2=2)), calls=(CALL, CALL2)),
     )),
 )
+_SOLAR = "<|tool_call:begin|>{}<|tool_call:name|>{}<|tool_call:args|>{}<|tool_call:end|>"
+_SOLAR_THINK = f"<|think|>{THINKING}<|end|><|begin|>assistant"
+FAMILIES += (
+    Family("solar-open", "Solar Open", "upstage-Solar-Open-100B", "llama-spm", cases=(
+        Case("chat", f"<|content|>{HELLO}<|end|>", HELLO),
+        Case("reasoning", f"{_SOLAR_THINK}<|content|>{HELLO}<|end|>", HELLO, THINKING),
+        Case("tools", f"{_SOLAR_THINK}<|tool_calls|>" + _SOLAR.format("123456789", "special_function", '{"arg1": 1}'),
+             reasoning=THINKING, calls=(CALL,), ids=("123456789",)),
+        Case("parallel", "<|tool_calls|>" + _SOLAR.format("000000001", "special_function", '{"arg1": 1}')
+             + _SOLAR.format("000000002", "special_function_with_opt", '{"arg1": 1, "arg2": 2}'),
+             calls=(CALL, CALL2), ids=("000000001", "000000002")),
+    )),
+)
 _NOT_YET = "its own call markup ({}), not read yet"
 UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
     "muse-glimmer": _NOT_YET.format("`<|start|>` ... `<|message|>` turns"),
-    "upstage-Solar-Open-100B": _NOT_YET.format("`<|tool_call...|>` tags"),
 }

@@ -33,6 +33,8 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   section; the ``functions.name:0`` is the call's id;
 * ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x); ``firefunction``: `` functools`` then a JSON list
   (FireFunction v2); ``functionary``: ``<function=name>{...}</function>`` (Functionary v3.1, read by the reader);
+* ``solar``: ``<|tool_calls|>`` then ``<|tool_call:begin|>id<|tool_call:name|>name<|tool_call:args|>{...}
+  <|tool_call:end|>`` for each call (Solar Open; read by the reader);
 * ``recipient``: ``>>>name\n{...}`` for each call, ``>>>all\n`` before text (Functionary v3.2, whose prompt ends
   with the first ``>>>``; read by the reader);
 * ``pythonic``: ``<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`` (LFM2): Python's syntax, parsed

@@ -64,6 +64,7 @@ SECTIONS = {  # what opens and closes the calls
     "pythonic": ('"<|tool_call_start|>["', '"]<|tool_call_end|>"'),
     "minimax3": (f'"{M3}<tool_call>\\n"', f'"{M3}</tool_call>"'),
     "hy3": ('"<tool_calls:opensource>\\n"', '"</tool_calls:opensource>"'),
+    "solar": ('"<|tool_calls|>"', ""),
 }
 
 
@@ -172,6 +173,8 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
                        f'" <|constrain|>json<|message|>" a{i}-root "<|call|>"',
             "functionary": f'"<function=" {n} ">" a{i}-root "</function>"',
             "recipient": f'{n} "\\n" a{i}-root',  # (after the ">>>" the prompt ends with)
+            "solar": f'"<|tool_call:begin|>" [a-zA-Z0-9]{{9}} "<|tool_call:name|>" {n} "<|tool_call:args|>" a{i}-root '
+                     '"<|tool_call:end|>"',
         }[fmt])
     if fmt in PARAMS:
         parts += [rule for name, rule in TEXTS.items() if name in PARAMS[fmt][2]]

@@ -152,6 +152,9 @@ SHAPES: dict[str, Shape] = {
                   r"\s*<arg_key:opensource>(?P<key>.*?)</arg_key:opensource>\s*<arg_value:opensource>(?P<value>.*?)"
                   r"</arg_value:opensource>", r"\s*</tool_call:opensource>",
                   ("</arg_value:opensource>", "</tool_call:opensource>")),
+    "solar": _shape(r"\s|<\|tool_calls\|>|<\|tool_call:end\|>|<\|end\|>",
+                    r"<\|tool_call:begin\|>(?P<id>[^<\s]*)<\|tool_call:name\|>(?P<name>[^<\s]+)<\|tool_call:args\|>"
+                    r"\s*(?=\{)"),
     "recipient": _shape(r"\s|>>>all\n", r">>>(?P<name>[^\s>]+)\s*(?=\{)"),
     "deepseek": _shape(f"\\s|<｜tool▁calls▁begin｜>|{_DS_END}",
                        r"<｜tool▁call▁begin｜>\s*(?P<name>[^\s<]+)\s*<｜tool▁sep｜>\s*(?=\{)"),
@@ -164,7 +167,7 @@ SHAPES: dict[str, Shape] = {
                       r"(?:<\|channel\|>\w+\s*)?(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>\s*(?=\{)"),
 }
 # the formats whose whole answers are read by the reader too (the others: api/call_formats.py)
-WHOLE = frozenset({"functionary", "recipient", *(f for f, shape in SHAPES.items() if shape.close is not None)})
+WHOLE = frozenset({"functionary", "recipient", "solar", *(f for f, shape in SHAPES.items() if shape.close is not None)})
 LOOKAHEAD = 400  # characters a header may take before the reader stops looking for it
 
 

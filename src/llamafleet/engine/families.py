@@ -96,6 +96,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("apriel", "apriel", ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"), openers=("<tool_calls>",)),
     Family("hy3", "hy3", (_hy("think"), _hy("/think")), openers=(_hy("tool_calls"),),
            efforts=_levels("no_think", "low", "high", "high")),
+    Family("solar-open", "solar", ("<|think|>", "<|end|>"), openers=("<|tool_calls|>",),
+           drop=("<|begin|>assistant", "<|content|>", "<|end|>")),
     Family("minimax-m1", "minimax-m1", THINK, openers=("<tool_calls>",)),  # (its template shows no thinking; it thinks)
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
            drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
@@ -129,6 +131,7 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "apertus": ("<|tools_suffix|>",),
     "apriel": ("</tool_calls>",),
     "minimax-m1": ("</tool_calls>",),
+    "solar": ("<|tool_call:begin|>", "<|tool_call:name|>", "<|tool_call:args|>", "<|tool_call:end|>"),
     "hy3": tuple(_hy(t) for t in ("/tool_calls", "tool_call", "/tool_call", "tool_sep", "arg_key", "/arg_key",
                                   "arg_value", "/arg_value")),
     "minimax3": (f"{M3}</tool_call>", f"{M3}<invoke name=", f"{M3}</invoke>"),
@@ -174,6 +177,8 @@ def detect(source: str | None) -> Family | None:
         return FAMILIES["apriel"]
     if has("<tool_calls{}>") and has(":opensource"):  # Hunyuan 3: its tags named as '<tool_calls{}>'.format(...)
         return FAMILIES["hy3"]
+    if has("<|tool_call:begin|>"):
+        return FAMILIES["solar-open"]
     if has("<tool_calls>") and has("<beginning_of_sentence>"):
         return FAMILIES["minimax-m1"]
     if has("<|open|>") and has("<|close|>") and has("<|sep|>"):
