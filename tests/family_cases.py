@@ -355,7 +355,8 @@ FAMILIES += (
       for name, label, template, opener in (
         ("gigachat3", "GigaChat 3", "GigaChat3-10B-A1.8B", _GIGA3),
         ("gigachat3.1", "GigaChat 3.1", "GigaChat3.1-10B-A1.8B", "<|function_call|>"))),
-    Family("command-r-plus", "Command R+", "CohereForAI-c4ai-command-r-plus-tool_use", "llama-spm", cases=(
+    Family("command-r-plus", "Command R+ (its template needs each parameter described)",
+           "CohereForAI-c4ai-command-r-plus-tool_use", "llama-spm", cases=(
         Case("chat", f"<|CHATBOT_TOKEN|>{HELLO}<|END_OF_TURN_TOKEN|>", HELLO, source="test-chat.cpp"),
         Case("tools", _R_PLUS.format(_R_PLUS_CALL.format("special_function", '{"arg1": 1}')), calls=(CALL,),
              source="test-chat.cpp"),

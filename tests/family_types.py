@@ -12,8 +12,9 @@ SPECIAL = {"type": "function", "function": {
                    "required": ["arg1"]}}}
 OPTIONAL = {"type": "function", "function": {
     "name": "special_function_with_opt", "description": "I'm special but have optional stuff",
-    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer"}, "arg2": {"type": "integer"}},
-                   "required": ["arg1"]}}}
+    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer", "description": "The first."},
+                                                    "arg2": {"type": "integer", "description": "The second."}},
+                   "required": ["arg1"]}}}  # (descriptions: Command R+'s template needs one for each parameter)
 TOOLS = [SPECIAL, OPTIONAL]
 HELLO = "Hello, world!\nWhat's up?"
 THINKING = "I'm\nthinking"
