@@ -123,11 +123,12 @@ class AnswerSplitter:
         if not head:
             return False
         if self.think is not None:
-            if head.startswith(self.think[0]):
-                self.held = head[len(self.think[0]):]
+            opener = self.think[0].lstrip()  # (blanks before the answer are dropped, Muse's " to=self" too)
+            if head.startswith(opener):
+                self.held = head[len(opener):]
                 self._enter("reasoning")
                 return True
-            if self.think[0].startswith(head):
+            if opener.startswith(head):
                 return False
         if self.json_start:
             if PYTHON_TAG.startswith(head):

@@ -26,13 +26,18 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
 * ``gigachat``: a ``{"name", "arguments"}`` object after ``<|function_call|>`` (GigaChat 3.1) or the
   ``function call`` role (GigaChat 3); ``apertus``: ``<|tools_prefix|>[{"name": {...}}]<|tools_suffix|>``;
   ``apriel``: ``<tool_calls>[{"name", "arguments"}, ...]</tool_calls>`` (Apriel 1.6), ``minimax-m1`` the same
-  objects a line each (MiniMax M1);
+  objects a line each (MiniMax M1), ``toolcall`` the list in ``<TOOLCALL>`` (Nemotron Nano v2);
+* ``minicpm``: ``<function name="name"><param name="key">value</param></function>``, a value in CDATA where it
+  holds markup (MiniCPM 5);
 * ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>`` with
   ``function<｜tool▁sep｜>name`` and a fenced JSON block (R1) or ``name<｜tool▁sep｜>{...}`` (V3.1);
 * ``kimi``: ``<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`` in a
   section; the ``functions.name:0`` is the call's id;
 * ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x); ``firefunction``: `` functools`` then a JSON list
   (FireFunction v2); ``functionary``: ``<function=name>{...}</function>`` (Functionary v3.1, read by the reader);
+* ``atem``: ``to=name<|message|><atem:function_calls><atem:invoke name="name"><atem:parameter name="key">value
+  </atem:parameter></atem:invoke></atem:function_calls>``, a message to the function (Muse Glimmer; its messages
+  part by ``<|eom|><|start|>assistant``);
 * ``solar``: ``<|tool_calls|>`` then ``<|tool_call:begin|>id<|tool_call:name|>name<|tool_call:args|>{...}
   <|tool_call:end|>`` for each call (Solar Open; read by the reader);
 * ``recipient``: ``>>>name\n{...}`` for each call, ``>>>all\n`` before text (Functionary v3.2, whose prompt ends
@@ -252,6 +257,7 @@ FORMATS: dict[str, Callable[[str, Schemas], Found | None]] = {
     "cohere": _cohere, "cohere-plus": _cohere_plus, "firefunction": _after("functools"), "pythonic": _pythonic,
     "gigachat": _after("<|function_call|>", "<|message_sep|>", "function call<|role_sep|>"), "apertus": _apertus,
     "apriel": _after("<tool_calls>", "</tool_calls>"), "minimax-m1": _after("<tool_calls>", "</tool_calls>"),
+    "toolcall": _after("<TOOLCALL>", "</TOOLCALL>"),
 }
 
 

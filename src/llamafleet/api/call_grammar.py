@@ -51,6 +51,11 @@ PARAMS: dict[str, tuple[str, str, str]] = {
     "hy3": ('"<tool_call:opensource>" {n} "<tool_sep:opensource>\\n" {a} "</tool_call:opensource>\\n"',
             '"<arg_key:opensource>" {key} "</arg_key:opensource>\\n<arg_value:opensource>" {value} '
             '"</arg_value:opensource>\\n"', "text-value"),
+    "atem": ('" to=" {n} "<|message|><atem:function_calls>\\n<atem:invoke name=\\"" {n} "\\">\\n" {a} '
+             '"</atem:invoke>\\n</atem:function_calls>"',
+             '"<atem:parameter name=\\"" {key} "\\">" {value} "</atem:parameter>\\n"', "text-value"),
+    "minicpm": ('"<function name=\\"" {n} "\\">" {a} "</function>"',
+                '"<param name=\\"" {key} "\\">" {value} "</param>"', "text-value"),
     "minimax3": (f'"{M3}<invoke name=\\"" {{n}} "\\">" {{a}} "{M3}</invoke>\\n"',
                  f'"{M3}<" {{key}} ">" {{value}} "{M3}</" {{key}} ">"', "text-value"),
 }
@@ -81,6 +86,7 @@ NAMED = {  # the formats that write {"name", "arguments"} objects in a section: 
     "firefunction": ('" functools["', '", "', '"]"'),
     "apriel": ('"<tool_calls>["', '", "', '"]</tool_calls>"'),
     "minimax-m1": ('"<tool_calls>\\n"', '"\\n"', '"\\n</tool_calls>"'),
+    "toolcall": ('"<TOOLCALL>["', '", "', '"]</TOOLCALL>"'),
 }
 
 
@@ -183,7 +189,8 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
     if fmt == "dsml":  # DeepSeek V3.2's function_calls, V4's tool_calls
         opener, closer = literal(family.openers[0] + "\n"), literal("\n" + family.openers[0].replace("<", "</", 1))
     between = {"xml": '"\\n"', "glm": '"\\n"', "seed": '"\\n"', "minimax": '"\\n"', "dsml": '"\\n"',
-               "pythonic": '", "', "recipient": '">>>"'}
+               "pythonic": '", "', "recipient": '">>>"',
+               "atem": '"<|eom|><|start|>assistant"'}
     return body, opener, between.get(fmt, ""), closer
 
 

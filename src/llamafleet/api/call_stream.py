@@ -80,6 +80,7 @@ def typed(value: str, schema: Any) -> Any:
         return value
 
 
+_CDATA = re.compile(r"^<!\[CDATA\[(.*)\]\]>$", re.DOTALL)
 _M3 = re.escape(M3)
 _M3_ELEMENT = re.compile(f"{_M3}<(?P<key>[^>/]+)>(?P<value>.*?){_M3}</(?P=key)>", re.DOTALL)
 
@@ -115,6 +116,11 @@ SHAPES: dict[str, Shape] = {
     "gigachat": _shape(r"\s|[\[,\}]|<\|function_call\|>|<\|message_sep\|>|function call<\|role_sep\|>", _NAME),
     "apriel": _shape(r"\s|[\[,\}]|</?tool_calls>", _NAME),
     "minimax-m1": _shape(r"\s|[\[,\}]|</?tool_calls>", _NAME),
+    "toolcall": _shape(r"\s|[\[,\}]|</?TOOLCALL>", _NAME),
+    "minicpm": _shape(r"\s", r'<function name="(?P<name>[^"]+)">',
+                      r'\s*<param name="(?P<key>[^"]+)">(?P<value><!\[CDATA\[.*?\]\]>|(?!<!\[CDATA\[).*?)</param>',
+                      r"\s*</function>", ("</param>", "</function>"),
+                      lambda text, schema: typed(_CDATA.sub(r"\1", text), schema)),
     "apertus": _shape(r"\s|[\[,\}]|<\|tools_prefix\|>", r'\{\s*"(?P<name>[^"\\]+)"\s*:\s*(?=\{)'),
     "cohere-plus": _shape(r"\s|[\[,\}]|Action:|```(?:json)?",
                           r'\{\s*"tool_name"\s*:\s*"(?P<name>[^"\\]+)"\s*,\s*"parameters"\s*:\s*(?=\{)'),
@@ -155,6 +161,10 @@ SHAPES: dict[str, Shape] = {
     "solar": _shape(r"\s|<\|tool_calls\|>|<\|tool_call:end\|>|<\|end\|>",
                     r"<\|tool_call:begin\|>(?P<id>[^<\s]*)<\|tool_call:name\|>(?P<name>[^<\s]+)<\|tool_call:args\|>"
                     r"\s*(?=\{)"),
+    "atem": _shape(r"\s|<\|eom\|>|<\|start\|>assistant|</atem:function_calls>",
+                   r'to=[^<\s]+<\|message\|>\s*<atem:function_calls>\s*<atem:invoke name="(?P<name>[^"]+)">',
+                   r'\s*<atem:parameter name="(?P<key>[^"]+)">(?P<value>.*?)</atem:parameter>', r"\s*</atem:invoke>",
+                   ("</atem:parameter>", "</atem:invoke>")),
     "recipient": _shape(r"\s|>>>all\n", r">>>(?P<name>[^\s>]+)\s*(?=\{)"),
     "deepseek": _shape(f"\\s|<｜tool▁calls▁begin｜>|{_DS_END}",
                        r"<｜tool▁call▁begin｜>\s*(?P<name>[^\s<]+)\s*<｜tool▁sep｜>\s*(?=\{)"),

@@ -98,6 +98,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            efforts=_levels("no_think", "low", "high", "high")),
     Family("solar-open", "solar", ("<|think|>", "<|end|>"), openers=("<|tool_calls|>",),
            drop=("<|begin|>assistant", "<|content|>", "<|end|>")),
+    # Muse Glimmer: each message names its recipient (self: reasoning; user: the answer; a function: a call)
+    Family("muse", "atem", (" to=self<|message|>", "<|eom|><|start|>assistant"), openers=(" to=",),
+           drop=("<|start|>assistant", " to=user<|message|>", "<|eot|>", "<|eom|>"), text=" to=user<|message|>"),
+    Family("apriel-1.5", "apriel", openers=("<tool_calls>",)),  # (its reasoning: plain text before its answer)
+    Family("nemotron-v2", "toolcall", THINK, openers=("<TOOLCALL>",)),
+    Family("minicpm5", "minicpm", THINK, openers=('<function name="',)),
     Family("minimax-m1", "minimax-m1", THINK, openers=("<tool_calls>",)),  # (its template shows no thinking; it thinks)
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
            drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
@@ -131,6 +137,10 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "apertus": ("<|tools_suffix|>",),
     "apriel": ("</tool_calls>",),
     "minimax-m1": ("</tool_calls>",),
+    "toolcall": ("</TOOLCALL>",),
+    "minicpm": ("</function>", "<param name=", "</param>"),
+    "atem": ("<|message|>", "<atem:function_calls>", "</atem:function_calls>", "<atem:invoke name=", "</atem:invoke>",
+             "<atem:parameter name=", "</atem:parameter>"),
     "solar": ("<|tool_call:begin|>", "<|tool_call:name|>", "<|tool_call:args|>", "<|tool_call:end|>"),
     "hy3": tuple(_hy(t) for t in ("/tool_calls", "tool_call", "/tool_call", "tool_sep", "arg_key", "/arg_key",
                                   "arg_value", "/arg_value")),
@@ -174,9 +184,15 @@ def detect(source: str | None) -> Family | None:
     if has("<|tools_prefix|>"):
         return FAMILIES["apertus"]
     if has("[BEGIN FINAL RESPONSE]") and has("<tool_calls>"):  # Apriel 1.6: the prompt opens the reasoning
-        return FAMILIES["apriel"]
+        return FAMILIES["apriel" if has("Here are my reasoning steps") else "apriel-1.5"]
+    if has("<TOOLCALL>"):
+        return FAMILIES["nemotron-v2"]
+    if has('<function name="') and has('<param name="'):
+        return FAMILIES["minicpm5"]
     if has("<tool_calls{}>") and has(":opensource"):  # Hunyuan 3: its tags named as '<tool_calls{}>'.format(...)
         return FAMILIES["hy3"]
+    if has("<atem:function_calls>"):
+        return FAMILIES["muse"]
     if has("<|tool_call:begin|>"):
         return FAMILIES["solar-open"]
     if has("<tool_calls>") and has("<beginning_of_sentence>"):
