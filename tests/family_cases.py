@@ -4,8 +4,9 @@ raw model outputs and what must be read from them, and the conformance matrix of
 Outputs marked ``test-chat.cpp`` are the raw outputs of llama.cpp's own chat tests (tests/test-chat.cpp) for the
 same template, with the message expected from them; the others are written here in the family's format. The unit
 tests (tests/unit/api/test_families.py) read every case whole and streamed in every split; the server tests
-(tests/integration/test_families_server.py) force each output with the request's ``grammar`` on a synthetic model
-carrying the family's template and tokenizer, and check what the OpenAI and Anthropic SDKs receive.
+(tests/integration/test_families_server.py) force the output of each cell of the matrix (and each malformed call)
+with the request's ``grammar`` on a synthetic model carrying the family's template and tokenizer, and check what the
+OpenAI and Anthropic SDKs receive.
 ``python tests/family_matrix.py`` writes docs/MODELS.md from :data:`FAMILIES` (a unit test checks it is current).
 """
 
