@@ -62,6 +62,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it, +100 forces it
     think_budget: int | None = None  # tokens a thinking model may spend in its think block (engine/budget.py)
     speculative: bool = True  # False: never draft for this request, whatever the engine's speculative settings
+    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters by name, each with its scale (none: the base model)
 
     def __post_init__(self) -> None:
         checks = [
@@ -230,6 +231,16 @@ class EmbeddingUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
+class LoraSpec:
+    """A LoRA adapter a replica loads beside its model: its name (clients pick it as ``model:name``), its GGUF
+    file, and the scale it gets when picked by name (engine/lora.py)."""
+
+    name: str
+    path: str
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """How to load the model and size the context. ``n_ctx_per_seq * n_seq`` is the context's total size."""
 
@@ -258,6 +269,7 @@ class EngineConfig:
     cache_disk_bytes: int = 0
     copy_budget_s: float | None = None  # tier copies per step before prompts wait (None: the last pass's time)
     llama_log_level: str = "warning"
+    lora: tuple[LoraSpec, ...] = ()  # LoRA adapters loaded beside the model, applied per request (engine/lora.py)
 
 
 @dataclass(frozen=True)
