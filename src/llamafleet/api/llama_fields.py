@@ -4,7 +4,7 @@ agents, its Python examples): what each means here.
 * honoured (:class:`LlamaServerFields`, the OpenAI routes): ``n_predict`` (the token limit, -1 = until the context
   ends; it must agree with ``max_tokens`` when both are sent), ``n_probs`` (top alternatives per token: logprobs with
   that many, unless the OpenAI fields ask already), ``repeat_last_n`` (the repeat penalties' window, -1 = the whole
-  context, 0 = off);
+  context, 0 = off), ``lora`` (LoRA adapters with their scales, :mod:`llamafleet.fleet.adapters`);
 * accepted, no effect (:class:`LlamaServerNoOps`, every llama-server-shaped route): ``cache_prompt`` (the prefix cache
   is always on, and reusing it changes no answer), ``id_slot`` (the router picks the replica and slot), ``samplers``
   (the engine's sampler order applies), time limits (``t_max_predict_ms``, ``t_max_prompt_ms``), context shifting
@@ -14,7 +14,7 @@ agents, its Python examples): what each means here.
 * refused unless at their neutral values, because their samplers are not in this server's chain and an answer
   sampled without them would pass for one sampled with them: ``mirostat``, ``dynatemp_range``, ``xtc_probability``,
   ``dry_multiplier``, ``top_n_sigma`` (their companion fields, such as ``mirostat_tau``, are accepted: they do
-  nothing while the sampler is off); and ``lora`` (per-request adapters) unless empty: none are served.
+  nothing while the sampler is off).
 """
 
 from __future__ import annotations
@@ -34,6 +34,18 @@ def checked_n_predict(v: int | None) -> int | None:
     if v == 0:
         raise ValueError("n_predict must be -1 (until the context ends) or at least 1")
     return v
+
+
+class LoraChoice(Request):
+    """One entry of llama-server's ``lora`` list: an adapter by its position in ``GET /lora-adapters`` (or its
+    name), and its scale (default: the adapter's configured scale; 0: off)."""
+
+    id: int | str
+    scale: float | None = Field(None, allow_inf_nan=False)
+
+    @property
+    def pair(self) -> tuple[int | str, float | None]:
+        return self.id, self.scale
 
 
 class LlamaServerNoOps(Request):
@@ -76,7 +88,7 @@ class LlamaServerFields(LlamaServerNoOps):
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
     top_n_sigma: float = -1.0
-    lora: list[dict[str, Any]] | None = None  # per-request adapters: refused while none are served
+    lora: list[LoraChoice] | None = None  # LoRA adapters with their scales (fleet/adapters.py)
 
     @field_validator("n_predict")
     @classmethod
@@ -104,5 +116,4 @@ class LlamaServerFields(LlamaServerNoOps):
             ("xtc_probability", self.xtc_probability != 0, NOT_IN_CHAIN.format(0)),
             ("dry_multiplier", self.dry_multiplier != 0, NOT_IN_CHAIN.format(0)),
             ("top_n_sigma", self.top_n_sigma not in (-1.0, 0.0), NOT_IN_CHAIN.format(-1)),
-            ("lora", bool(self.lora), "LoRA adapters are not served here; send [] or leave it out"),
         ]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from llamafleet.engine.llama import Context, Model
 from llamafleet.engine.llama_lora import LoraAdapter, set_adapters
-from llamafleet.engine.types import LoraSpec
+from llamafleet.engine.types import LoraSpec, canonical_lora
 
 if TYPE_CHECKING:
     from llamafleet.engine.sequence import Sequence
@@ -34,12 +34,6 @@ if TYPE_CHECKING:
 
 Applied = tuple[tuple[LoraAdapter, float], ...]  # adapters with their scales, as a sequence decodes with them
 T = TypeVar("T")
-
-
-def canonical(chosen: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
-    """A request's adapters in one order, scale-0 ones left out (they change nothing), so that requests asking for
-    the same set share a decode."""
-    return tuple(sorted((name, float(scale)) for name, scale in chosen if scale != 0.0))
 
 
 class Adapters:
@@ -62,16 +56,22 @@ class Adapters:
         return list(self._loaded)
 
     def sync(self, specs: Iterable[LoraSpec]) -> None:
-        """Make ``specs`` the loaded adapters: new ones loaded (``ValueError`` if llama.cpp refuses one), those no
-        longer listed retired, those listed with another file loaded again."""
+        """Make ``specs`` the loaded adapters: new ones loaded, those no longer listed retired, those listed with
+        another file loaded again. ``ValueError`` naming those llama.cpp refused (the others are loaded)."""
         wanted = {s.name: s for s in specs}
         for name, (spec, adapter) in list(self._loaded.items()):
-            if wanted.get(name) != spec:
+            if name not in wanted or wanted[name].path != spec.path:
                 del self._loaded[name]
                 self._retired.setdefault(name, []).append(adapter)
+        refused = []
         for name, spec in wanted.items():
             if name not in self._loaded:
-                self._loaded[name] = (spec, LoraAdapter(self._model, spec.path))
+                try:
+                    self._loaded[name] = (spec, LoraAdapter(self._model, spec.path))
+                except ValueError as e:
+                    refused.append(str(e))
+        if refused:
+            raise ValueError("; ".join(refused))
 
     def check(self, chosen: tuple[tuple[str, float], ...]) -> None:
         """``ValueError`` naming an adapter this model does not have."""
@@ -82,7 +82,7 @@ class Adapters:
 
     def resolve(self, chosen: tuple[tuple[str, float], ...]) -> Applied:
         """The loaded adapters ``chosen`` names (one retired since the request was checked still serves it)."""
-        return tuple((self._find(name), scale) for name, scale in canonical(chosen))
+        return tuple((self._find(name), scale) for name, scale in canonical_lora(chosen))
 
     def _find(self, name: str) -> LoraAdapter:
         if name in self._loaded:

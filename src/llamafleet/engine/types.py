@@ -5,6 +5,7 @@ These are the engine's whole public vocabulary; the worker, consistency checker 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Literal
 
@@ -228,6 +229,12 @@ class EmbeddingRequest:
 
 class EmbeddingUnavailable(RuntimeError):
     """The embedding context cannot be created (memory): embeddings are refused with 503, generation goes on."""
+
+
+def canonical_lora(chosen: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """LoRA adapters with their scales in one order, scale-0 ones left out (they change nothing): the form of
+    :attr:`SamplingParams.lora`, so that requests asking for the same set share a decode (engine/lora.py)."""
+    return tuple(sorted((name, float(scale)) for name, scale in chosen if scale != 0.0))
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ class FleetMetrics:
                                           "sequences inside the engine waiting for a slot", ("replica",)))
         self.kv_used = r.add(Gauge("llamafleet_kv_cache_tokens_used", "KV cache cells in use", ("replica",)))
         self.kv_total = r.add(Gauge("llamafleet_kv_cache_tokens", "KV cache cells", ("replica",)))
-        self.steps = r.add(Counter("llamafleet_engine_steps_total", "engine steps (one llama_decode each)",
+        self.steps = r.add(Counter("llamafleet_engine_steps_total",
+                                           "engine steps (one llama_decode each, or one per LoRA adapter set)",
                                    ("replica",)))
         self.gpu_used = r.add(Gauge("llamafleet_gpu_memory_used_bytes", "GPU memory in use", ("gpu", "name")))
         self.gpu_total = r.add(Gauge("llamafleet_gpu_memory_total_bytes", "GPU memory", ("gpu", "name")))

@@ -36,7 +36,7 @@ from llamafleet.model.header import GgufError, ModelInfo, read_model_info
 from llamafleet.placement import rpc_plan
 from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
 from llamafleet.placement.autofit import fit_unset
-from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_plan
+from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_plan, with_adapters
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, pad_ctx, replica_needs, with_draft
 from llamafleet.placement.plan import Budget, Plan, ReplicaPlan
@@ -100,6 +100,10 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         notes.reasons.append(f"draft model {draft.name or path} ({mib(draft.weights_bytes)} MiB of weights, "
                              f"{draft.n_layer} layers) beside it in each replica: its weights and KV are counted")
         model = with_draft(model, draft)
+    if cfg.lora:
+        model = with_adapters(model, cfg, notes)
+        if notes.refused:
+            return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
@@ -381,6 +385,7 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
         cache_dir=cfg.cache_dir,
         cache_disk_bytes=cfg.cache_disk_mib * MIB,
         llama_log_level=cfg.llama_log_level,
+        lora=tuple(e.spec() for e in cfg.lora),
     ), **decided)
 
 

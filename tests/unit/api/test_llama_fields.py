@@ -62,15 +62,22 @@ def test_no_op_fields_are_accepted_and_change_nothing(client: TestClient) -> Non
 
 
 @pytest.mark.parametrize(("field", "value"), [("mirostat", 2), ("dynatemp_range", 0.5), ("xtc_probability", 0.5),
-                                              ("dry_multiplier", 0.8), ("top_n_sigma", 1.0),
-                                              ("lora", [{"id": 0, "scale": 0.5}])])
-def test_samplers_and_adapters_this_server_lacks_are_refused_unless_off(client: TestClient, field: str,
-                                                                        value: Any) -> None:
+                                              ("dry_multiplier", 0.8), ("top_n_sigma", 1.0)])
+def test_samplers_this_server_lacks_are_refused_unless_off(client: TestClient, field: str, value: Any) -> None:
     for route, body in (("/v1/chat/completions", CHAT), ("/v1/completions", {"model": MODEL, "prompt": "hi"})):
         r = client.post(route, json={**body, field: value})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert err["param"] == field and ("no such sampler" in err["message"] or "LoRA" in err["message"])
+        assert err["param"] == field and "no such sampler" in err["message"]
+
+
+def test_an_adapter_the_model_lacks_is_refused_by_id(client: TestClient) -> None:
+    for route, body in (("/v1/chat/completions", CHAT), ("/v1/completions", {"model": MODEL, "prompt": "hi"})):
+        r = client.post(route, json={**body, "lora": [{"id": 0, "scale": 0.5}]})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "lora" and "lora[0].id: no adapter 0; this model's adapters are none" in err["message"]
+        assert client.post(route, json={**body, "lora": []}).status_code == 503  # none asked: only no replica up
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
