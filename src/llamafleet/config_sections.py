@@ -113,10 +113,7 @@ class LoraEntry(BaseModel):
             raise ValueError(f"name {self.name!r}: use letters, digits, '.', '_' and '-' (it follows 'MODEL:' in a "
                              "model name)")
         if is_ref(self.path):
-            parse_ref(self.path)  # its form checked now; it is fetched before planning
-        elif not Path(self.path).is_file():
-            raise ValueError(f"path: no LoRA adapter file at {self.path}; give a GGUF adapter (llama.cpp's "
-                             "convert_lora_to_gguf.py writes one) or a hub reference hf:ORG/REPO/FILE.gguf")
+            parse_ref(self.path)  # its form checked now; it is fetched before planning (its file: by the planner)
         elif self.name is None and not ADAPTER_NAME.match(model_stem(Path(self.path).name)):
             raise ValueError(f"path: the file's stem {model_stem(Path(self.path).name)!r} is no adapter name; give "
                              "the adapter a name (letters, digits, '.', '_', '-')")
