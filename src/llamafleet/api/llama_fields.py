@@ -4,7 +4,9 @@ agents, its Python examples): what each means here.
 * honoured (:class:`LlamaServerFields`, the OpenAI routes): ``n_predict`` (the token limit, -1 = until the context
   ends; it must agree with ``max_tokens`` when both are sent), ``n_probs`` (top alternatives per token: logprobs with
   that many, unless the OpenAI fields ask already), ``repeat_last_n`` (the repeat penalties' window, -1 = the whole
-  context, 0 = off), ``lora`` (LoRA adapters with their scales, :mod:`llamafleet.fleet.adapters`);
+  context, 0 = off), ``lora`` (LoRA adapters with their scales, :mod:`llamafleet.fleet.adapters`), ``n_cmpl``
+  (completions per prompt: OpenAI's ``n``, which it must agree with when both are sent) and ``json_schema`` (the
+  answer is JSON that the schema admits: OpenAI's ``response_format`` of type ``json_schema``);
 * accepted, no effect (:class:`LlamaServerNoOps`, every llama-server-shaped route): ``cache_prompt`` (the prefix cache
   is always on, and reusing it changes no answer), ``id_slot`` (the router picks the replica and slot), ``samplers``
   (the engine's sampler order applies), time limits (``t_max_predict_ms``, ``t_max_prompt_ms``), context shifting
@@ -24,7 +26,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.protocol import DEFAULTS, Request
+from llamafleet.api.protocol import DEFAULTS, MAX_CHOICES, Request
 from llamafleet.engine.types import MAX_TOP_LOGPROBS
 
 NOT_IN_CHAIN = "this server's sampler chain has no such sampler; leave it at its default ({})"
@@ -89,6 +91,8 @@ class LlamaServerFields(LlamaServerNoOps):
     dry_sequence_breakers: list[str] | None = None
     top_n_sigma: float = -1.0
     lora: list[LoraChoice] | None = None  # LoRA adapters with their scales (fleet/adapters.py)
+    n_cmpl: int | None = Field(None, ge=1, le=MAX_CHOICES)  # OpenAI's n
+    json_schema: dict[str, Any] | None = None  # OpenAI's response_format json_schema
 
     @field_validator("n_predict")
     @classmethod
@@ -106,6 +110,17 @@ class LlamaServerFields(LlamaServerNoOps):
                 raise ApiError(400, f"invalid 'n_predict': n_predict ({self.n_predict}) and {name} "
                                     f"({getattr(self, name)}) disagree; send one of them", param="n_predict")
         setattr(self, "max_tokens", limit)  # noqa: B010 - every request model with these fields has max_tokens
+        return self
+
+    @model_validator(mode="after")
+    def _n_cmpl(self) -> Any:
+        """``n_cmpl`` becomes ``n``, which it must agree with if sent."""
+        if self.n_cmpl is None:
+            return self
+        if "n" in self.model_fields_set and getattr(self, "n") != self.n_cmpl:  # noqa: B009 - as above, n
+            raise ApiError(400, f"invalid 'n_cmpl': n_cmpl ({self.n_cmpl}) and n ({self.n}) disagree; "
+                                "send one of them", param="n_cmpl")
+        setattr(self, "n", self.n_cmpl)  # noqa: B010 - every request model with these fields has n
         return self
 
     def samplers_off(self) -> NotYet:

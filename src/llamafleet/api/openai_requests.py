@@ -29,6 +29,7 @@ from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.llama_fields import LlamaServerFields
 from llamafleet.api.protocol import (
     DEFAULTS,
+    MAX_CHOICES,
     SEED_LIMIT,
     Request,
     TextPart,
@@ -53,7 +54,6 @@ from llamafleet.engine.grammar import after_thinking, json_object_grammar, json_
 from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
-MAX_CHOICES = 16  # n
 MAX_PROMPTS = 64  # a batch of prompts in one /v1/completions request
 
 FUNCTIONS_OLD = "the deprecated functions API is not served; send the functions as 'tools' (and 'tool_choice')"
@@ -241,7 +241,13 @@ class SamplingRequest(LlamaServerFields):
     @cached_property
     def constraint(self) -> str | None:
         """The grammar every choice samples under (see :func:`constrained`)."""
-        return constrained(None, self.grammar, self.ignore_eos, "grammar")
+        return constrained(self.schema_grammar(), self.grammar, self.ignore_eos, "json_schema")
+
+    def schema_grammar(self, family: Family | None = None) -> str | None:
+        """llama-server's top-level ``json_schema`` as a ``response_format`` of type ``json_schema`` gives it (None
+        when not sent)."""
+        return None if self.json_schema is None else format_grammar("json_schema", self.json_schema, "json_schema",
+                                                                     family)
 
     @property
     def include_usage(self) -> bool:
@@ -338,15 +344,19 @@ class ChatCompletionRequest(SamplingRequest, ToolRequest):
     def constraint(self) -> str | None:
         structured = None
         if (fmt := self.response_format) is not None:
+            if self.json_schema is not None:
+                raise ApiError(400, "send 'response_format' or 'json_schema', not both", param="json_schema")
             spec = fmt.json_schema
             where = "response_format.json_schema" if spec is None else "response_format.json_schema.schema"
             structured = format_grammar(fmt.type, None if spec is None else spec.schema_, where, self.family)
+        structured = structured or self.schema_grammar(self.family)
         tool = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls,
                              self.family) if self.forced else None
         if tool is not None and (structured or self.grammar):
             raise ApiError(400, "a forced tool call ('tool_choice' \"required\" or a named function) cannot be "
                                 "combined with 'response_format' or 'grammar'; send one", param="tool_choice")
-        return constrained(structured or tool, self.grammar, self.ignore_eos, "response_format")
+        return constrained(structured or tool, self.grammar, self.ignore_eos,
+                           "json_schema" if self.json_schema is not None else "response_format")
 
     @cached_property
     def callable(self) -> list[Tool]:

@@ -80,6 +80,34 @@ def test_an_adapter_the_model_lacks_is_refused_by_id(client: TestClient) -> None
         assert client.post(route, json={**body, "lora": []}).status_code == 503  # none asked: only no replica up
 
 
+def test_n_cmpl_is_n_and_json_schema_is_a_response_format() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    for model, body in ((ChatCompletionRequest, CHAT), (CompletionRequest, {"model": MODEL, "prompt": "hi"})):
+        assert model.model_validate({**body, "n_cmpl": 3}).n == 3
+        assert model.model_validate({**body, "n_cmpl": 2, "n": 2}).n == 2
+        assert model.model_validate({**body, "json_schema": schema}).constraint is not None
+    assert ChatCompletionRequest.model_validate({**CHAT, "json_schema": schema}).constraint == \
+        ChatCompletionRequest.model_validate({**CHAT, "response_format": fmt}).constraint
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({"n_cmpl": 2, "n": 3}, "n_cmpl", "n_cmpl (2) and n (3) disagree"),
+    ({"n_cmpl": 0}, "n_cmpl", "greater than or equal to 1"),
+    ({"n_cmpl": 17}, "n_cmpl", "less than or equal to 16"),
+    ({"json_schema": {"type": "object"}, "response_format": {"type": "json_object"}}, "json_schema",
+     "send 'response_format' or 'json_schema', not both"),
+    ({"json_schema": {"type": "object"}, "grammar": "root ::= \"a\""}, "grammar", "send 'json_schema' or 'grammar'"),
+    ({"json_schema": {"type": "nonsense"}}, "json_schema", "invalid 'json_schema'"),
+])
+def test_n_cmpl_and_json_schema_refusals_name_the_field(client: TestClient, body: dict[str, Any], param: str,
+                                                        words: str) -> None:
+    r = client.post("/v1/chat/completions", json={**CHAT, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+
+
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"n_predict": 0}, "n_predict", "-1 (until the context ends) or at least 1"),
     ({"n_predict": 8, "max_tokens": 9}, "n_predict", "disagree"),
