@@ -71,6 +71,9 @@ class FleetMetrics:
         self.embedded_inputs = r.add(Counter("llamafleet_embedding_inputs_total",
                                              "inputs embedded (/v1/embeddings), in requests that succeeded"))
         self.embedded_tokens = r.add(Counter("llamafleet_embedding_tokens_total", "tokens of those inputs"))
+        self.ranked_pairs = r.add(Counter("llamafleet_rerank_pairs_total",
+                                          "query-document pairs scored (/v1/rerank), in requests that succeeded"))
+        self.ranked_tokens = r.add(Counter("llamafleet_rerank_tokens_total", "tokens of those pairs"))
         self.refused = r.add(Counter("llamafleet_requests_refused_total",
                                      "requests refused before queueing, by reason", ("reason",)))
         self.routing = r.add(Counter("llamafleet_routing_decisions_total",
