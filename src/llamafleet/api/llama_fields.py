@@ -117,9 +117,10 @@ class LlamaServerFields(LlamaServerNoOps):
         """``n_cmpl`` becomes ``n``, which it must agree with if sent."""
         if self.n_cmpl is None:
             return self
-        if "n" in self.model_fields_set and getattr(self, "n") != self.n_cmpl:  # noqa: B009 - as above, n
-            raise ApiError(400, f"invalid 'n_cmpl': n_cmpl ({self.n_cmpl}) and n ({self.n}) disagree; "
-                                "send one of them", param="n_cmpl")
+        n = self.__dict__["n"]  # every request model with these fields has n
+        if "n" in self.model_fields_set and n != self.n_cmpl:
+            raise ApiError(400, f"invalid 'n_cmpl': n_cmpl ({self.n_cmpl}) and n ({n}) disagree; send one of them",
+                           param="n_cmpl")
         setattr(self, "n", self.n_cmpl)  # noqa: B010 - every request model with these fields has n
         return self
 
