@@ -51,10 +51,6 @@ class Adapters:
             self.close()
             raise
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._loaded)
-
     def sync(self, specs: Iterable[LoraSpec]) -> None:
         """Make ``specs`` the loaded adapters: new ones loaded, those no longer listed retired, those listed with
         another file loaded again. ``ValueError`` naming those llama.cpp refused (the others are loaded)."""
