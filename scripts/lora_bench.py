@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -90,6 +91,7 @@ def main() -> None:
                         t, switches[name] = timed_steps(engine, n, pattern, args.steps, f"{n}-{r}-{name}")
                         if r:
                             times[name].append(t)
+                        print(f"{n} sequences, round {r}, {name}: {t * 1000:.1f} ms a step", file=sys.stderr)
             median = {k: statistics.median(v) for k, v in times.items()}
             results[str(n)] = {"median_step_s": median,
                                "ratio_to_base": {k: v / median["base"] for k, v in median.items()},
