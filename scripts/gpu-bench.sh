@@ -26,10 +26,12 @@
 #   split        (2+ GPUs) 70B Q4_0: tensor split vs layer split, single stream and 32 streams
 #   consistency  (2+ GPUs) greedy agreement of batched / layer / tensor against a one-at-a-time reference
 #   spec         (not in the default list: it needs a real model, SPEC_MODEL, default the demo model) speculative
-#                decoding by scripts/spec-bench.sh on GPU 0: prompt lookup on and off in-process (1 and 128
+#                decoding by scripts/spec-bench.sh on GPU 0: verification passes of 1-17 tokens and the edit
+#                answers replayed (scripts/spec_probe.py), prompt lookup on and off in-process (1 and 128
 #                streams, edit / extract / random) and over HTTP (edit workload, SPEC_LEVELS, default 1,8,128),
-#                against llama-server's ngram-simple speculation with the same lookup and draft lengths;
-#                DRAFT_MODEL or DRAFT_QUANT (passed through) add a draft model's in-process phases
+#                against llama-server's n-gram speculation (SERVER_SPEC, default ngram-simple ngram-mod) with the
+#                same lookup and draft lengths; SPEC_PHASES (probe engine http) and REPEAT pass through; DRAFT_MODEL or
+#                DRAFT_QUANT (passed through) add a draft model's in-process phases
 #   torch        (not in the default list: it needs transformers, tokenizers and safetensors beside torch; run it
 #                after build) the torch engine on GPU 0: LLaMA-2 7B's shape as a checkpoint folder (random fp16
 #                safetensors, written here) against the GGUF engine on F16 and Q8_0 files of the same shape, each
