@@ -5,6 +5,7 @@ These are the engine's whole public vocabulary; the worker, consistency checker 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Literal
 
@@ -62,6 +63,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it, +100 forces it
     think_budget: int | None = None  # tokens a thinking model may spend in its think block (engine/budget.py)
     speculative: bool = True  # False: never draft for this request, whatever the engine's speculative settings
+    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters by name, each with its scale (none: the base model)
 
     def __post_init__(self) -> None:
         checks = [
@@ -229,6 +231,22 @@ class EmbeddingUnavailable(RuntimeError):
     """The embedding context cannot be created (memory): embeddings are refused with 503, generation goes on."""
 
 
+def canonical_lora(chosen: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """LoRA adapters with their scales in one order, scale-0 ones left out (they change nothing): the form of
+    :attr:`SamplingParams.lora`, so that requests asking for the same set share a decode (engine/lora.py)."""
+    return tuple(sorted((name, float(scale)) for name, scale in chosen if scale != 0.0))
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A LoRA adapter a replica loads beside its model: its name (clients pick it as ``model:name``), its GGUF
+    file, and the scale it gets when picked by name (engine/lora.py)."""
+
+    name: str
+    path: str
+    scale: float = 1.0
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How to load the model and size the context. ``n_ctx_per_seq * n_seq`` is the context's total size."""
@@ -259,6 +277,7 @@ class EngineConfig:
     copy_budget_s: float | None = None  # tier copies per step before prompts wait (None: the last pass's time)
     cuda_graphs: bool = True  # torch engine: decode steps replayed as CUDA graphs on one GPU (False: eager)
     llama_log_level: str = "warning"
+    lora: tuple[LoraSpec, ...] = ()  # LoRA adapters loaded beside the model, applied per request (engine/lora.py)
 
 
 @dataclass(frozen=True)

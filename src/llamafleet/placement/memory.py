@@ -205,3 +205,12 @@ def with_draft(model: ModelInfo, draft: ModelInfo) -> ModelInfo:
     extra_w = -(-draft.weights_bytes // model.n_layer)
     return replace(model, layer_bytes=tuple(b + extra_w for b in model.layer_bytes),
                    head_dim_v=model.head_dim_v + extra_kv, weights_bytes=model.weights_bytes + draft.weights_bytes)
+
+
+
+def with_weights(model: ModelInfo, extra: int) -> ModelInfo:
+    """``model`` with ``extra`` bytes of weights loaded beside its own, spread evenly over its layers (LoRA
+    adapters: llama.cpp puts each adapter tensor beside the weight it adapts)."""
+    per_layer = -(-extra // model.n_layer)
+    return replace(model, layer_bytes=tuple(b + per_layer for b in model.layer_bytes),
+                   weights_bytes=model.weights_bytes + extra)

@@ -41,7 +41,7 @@ from llamafleet.placement import rpc_plan
 from llamafleet.placement.advice import mib
 from llamafleet.placement.autofit import fit_unset
 from llamafleet.placement.cpu_plan import cpu_plan
-from llamafleet.placement.draft import Notes, to_plan
+from llamafleet.placement.draft import Notes, to_plan, with_adapters
 from llamafleet.placement.gpu_plan import gpu_plan
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, pad_ctx, with_draft
@@ -103,6 +103,10 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         notes.reasons.append(f"draft model {draft.name or path} ({mib(draft.weights_bytes)} MiB of weights, "
                              f"{draft.n_layer} layers) beside it in each replica: its weights and KV are counted")
         model = with_draft(model, draft)
+    if cfg.lora:
+        model = with_adapters(model, cfg, notes)
+        if notes.refused:
+            return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
@@ -155,6 +159,7 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
         cache_disk_bytes=cfg.cache_disk_mib * MIB,
         cuda_graphs=cfg.cuda_graphs == "auto",
         llama_log_level=cfg.llama_log_level,
+        lora=tuple(e.spec() for e in cfg.lora),
     ), **decided)
 
 
