@@ -63,7 +63,7 @@ class Engine(EngineLoop, TextSide[Model]):
         self.model = Model(cfg, progress)
         ctx_cfg = EngineConfig(**{**cfg.__dict__, "n_threads": threads})
         try:
-            self.ctx = Context(self.model, ctx_cfg)
+            self.ctx = Context(self.model, ctx_cfg, park=cfg.n_park if cfg.prefix_cache else 0)
         except BaseException:
             self.model.close()
             raise

@@ -244,16 +244,20 @@ class Batch(Native):
 class Context(Native):
     """A llama.cpp context over ``model`` with ``n_seq`` sequences of ``n_ctx_per_seq`` tokens each.
 
-    With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``embeddings=True`` makes a
+    With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``park`` more sequences of
+    ``n_ctx_per_seq`` tokens each hold parked KV (:mod:`llamafleet.engine.kv_park`; never decoded, ids after the
+    slots'). ``embeddings=True`` makes a
     context whose passes output every token's final hidden state (:meth:`embeddings`), unpooled, for
     :mod:`llamafleet.engine.embedding`; a reranker's output each sequence's scores instead (:meth:`sequence_scores`).
     """
 
-    def __init__(self, model: Model, cfg: EngineConfig, n_ctx: int | None = None, embeddings: bool = False) -> None:
-        if cfg.n_seq > max_parallel_sequences():
-            raise ValueError(f"n_seq={cfg.n_seq} exceeds llama.cpp's limit of {max_parallel_sequences()} sequences")
+    def __init__(self, model: Model, cfg: EngineConfig, n_ctx: int | None = None, embeddings: bool = False,
+                 park: int = 0) -> None:
+        if cfg.n_seq + park > max_parallel_sequences():
+            raise ValueError(f"n_seq={cfg.n_seq} (+{park} parked) exceeds llama.cpp's limit of "
+                             f"{max_parallel_sequences()} sequences")
         p = lc.llama_context_default_params()
-        p.n_ctx = n_ctx or cfg.n_ctx_per_seq * cfg.n_seq
+        p.n_ctx = n_ctx or cfg.n_ctx_per_seq * (cfg.n_seq + park)
         if embeddings:  # every token's hidden state comes out, unpooled: the engine pools them itself (llama.cpp
             p.embeddings = True  # warns if the model names a pooling; unspecified is none, without the warning)
             p.pooling_type = lc.LLAMA_POOLING_TYPE_NONE if model.pooling > 0 else lc.LLAMA_POOLING_TYPE_UNSPECIFIED
@@ -261,7 +265,7 @@ class Context(Native):
                 p.pooling_type = lc.LLAMA_POOLING_TYPE_RANK  # on the pooled state (sequence_scores)
         p.n_batch = cfg.n_batch
         p.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
-        p.n_seq_max = cfg.n_seq
+        p.n_seq_max = cfg.n_seq + park
         threads = cfg.n_threads or 0
         if threads > 0:
             p.n_threads = threads
@@ -299,6 +303,7 @@ class Context(Native):
         self.n_ctx = int(lc.llama_n_ctx(ptr))
         self.memory = lc.llama_get_memory(ptr)
         self.copy_sources: set[int] = set()  # sequences copied from since the last decode (copies still queued)
+        self.copy_targets: set[int] = set()  # ... and copied into (their data is not there yet)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -336,6 +341,7 @@ class Context(Native):
         """
         batch.struct.n_tokens = batch.n_tokens
         self.copy_sources.clear()  # this decode applies the queued copies first
+        self.copy_targets.clear()
         return int(lc.llama_decode(self.ptr, batch.struct))
 
     def wait(self) -> None:
@@ -375,6 +381,7 @@ class Context(Native):
         lc.llama_memory_seq_rm(self.memory, dst, -1, -1)  # a unified cache adds to dst's cells; start it empty
         lc.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         self.copy_sources.add(src)  # its data must not change before that decode: see restore_sequence
+        self.copy_targets.add(dst)  # nor be read before it: see save_sequence
 
     def sequence_state_size(self, seq: int) -> int:
         """Bytes of :meth:`save_sequence`'s copy of sequence ``seq``'s state."""
@@ -382,7 +389,9 @@ class Context(Native):
 
     def save_sequence(self, seq: int) -> bytearray | None:
         """Sequence ``seq``'s state (its KV cells, in llama.cpp's per-sequence state format), copied to host memory;
-        None if llama.cpp wrote less than it announced."""
+        None if llama.cpp wrote less than it announced, or if a queued copy into ``seq`` has not landed yet."""
+        if seq in self.copy_targets:
+            return None
         n = self.sequence_state_size(seq)
         buf = bytearray(n)
         arr = (ctypes.c_uint8 * n).from_buffer(buf)
@@ -393,8 +402,9 @@ class Context(Native):
     def restore_sequence(self, seq: int, state: bytearray) -> bool:
         """Replace what sequence ``seq`` holds with ``state`` (from :meth:`save_sequence` of a context of the same
         model and shape); False if llama.cpp refused it, and then ``seq`` is left empty. ``seq`` must not be in
-        :attr:`copy_sources`: the state is written at once, before a queued copy out of ``seq`` has read it."""
-        assert seq not in self.copy_sources
+        :attr:`copy_sources` or :attr:`copy_targets`: the state is written at once, before a queued copy out of
+        ``seq`` has read it (or one into it overwrites it)."""
+        assert seq not in self.copy_sources and seq not in self.copy_targets
         arr = (ctypes.c_uint8 * len(state)).from_buffer(state)
         got = int(lc.llama_state_seq_set_data_ext(self.ptr, arr, len(state), seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
         del arr
