@@ -52,3 +52,12 @@ def test_a_full_park_spills_to_ram_and_ram_states_come_back_through_it(model_pat
     for key, (one, two) in alone(model_path).items():
         assert (first[key].token_ids, second[key].token_ids) == (one.token_ids, two.token_ids)
         assert second[key].cached_tokens >= first[key].prompt_tokens
+
+
+def test_the_slot_s_old_kv_never_takes_the_parked_sequence_its_next_prompt_restores(model_path: Path) -> None:
+    # one slot, one parked sequence: s0 is parked when s1 takes the slot; s0's next turn must find it there, not
+    # see it pushed out by s1's KV being parked first
+    with Engine(cfg(model_path, n_seq=1, n_park=1)) as eng:
+        first = run(eng, {f"s{i}": chat(i, [], "What is the first word?") for i in range(2)}, together=False)
+        again = run(eng, {"s0": turn2(0, first["s0"])})["s0"]
+    assert again.cache is not None and again.cache.park >= first["s0"].prompt_tokens

@@ -65,15 +65,16 @@ class ParkTier:
                 seq, n = k, m
         return seq, n
 
-    def park(self, ctx: Context, slot: int, tokens: list[int], spill: Spill) -> bool:
+    def park(self, ctx: Context, slot: int, tokens: list[int], spill: Spill, keep: int | None = None) -> bool:
         """Move what ``slot`` holds (``tokens``) into a parked sequence before the slot is overwritten; False if no
-        sequence could take it (every one has a copy into it queued). Parked prefixes of ``tokens`` are given up (it
-        serves them); the least recently used parked sequence is ``spill``-ed for room."""
+        sequence could take it (every one has a copy into it queued, or is ``keep``: the one the slot's next prompt
+        is about to be restored from). Parked prefixes of ``tokens`` are given up (it serves them); the least
+        recently used parked sequence is ``spill``-ed for room."""
         if self.covers(tokens):
             return True
         for seq in [k for k, t in self._held.items() if len(t) < len(tokens) and tokens[:len(t)] == t]:
             self.forget(seq)
-        into = self._room(ctx, spill)
+        into = self._room(ctx, spill, keep)
         if into is None:
             return False
         ctx.copy_sequence(slot, into)
@@ -106,11 +107,11 @@ class ParkTier:
         else:
             self._held.move_to_end(seq)
 
-    def _room(self, ctx: Context, spill: Spill) -> int | None:
+    def _room(self, ctx: Context, spill: Spill, keep: int | None) -> int | None:
         if self._free:
             return self._free.pop(0)
         for seq in self._held:  # least recently used first; one whose data is not there yet cannot be saved
-            if seq not in ctx.copy_targets:
+            if seq not in ctx.copy_targets and seq != keep:
                 self._evict(seq, spill)
                 self._free.remove(seq)
                 return seq

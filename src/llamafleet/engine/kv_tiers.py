@@ -118,7 +118,8 @@ class KvTiers:
         kept = place.reuse if place.source is None and not place.wait else 0
         if self.enabled and lost is not None and lost.n_cached - kept >= self.min_reuse:
             tokens = lost.tokens[:lost.n_cached]
-            if self.park is None or not self.park.park(ctx, s.slot, tokens, self._saver(ctx)):
+            keep = self.park.best(s.tokens, len(s.tokens) - 1)[0] if self.park is not None else None
+            if self.park is None or not self.park.park(ctx, s.slot, tokens, self._saver(ctx), keep):
                 self.save(ctx, s.slot, tokens)
         if self.enabled and not place.wait and not s.req.params.prompt_logprobs:
             got = self.restore(ctx, s.slot, s.tokens, place.reuse)
