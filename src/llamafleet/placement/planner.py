@@ -34,7 +34,7 @@ from llamafleet.engine.types import EngineConfig, SplitModeName
 from llamafleet.model.checkpoint import is_checkpoint
 from llamafleet.model.header import GgufError, ModelInfo, read_model_info
 from llamafleet.placement import rpc_plan
-from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
+from llamafleet.placement.advice import how_to_fit, mib, park_room, ratio_warning
 from llamafleet.placement.autofit import fit_unset
 from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_plan
 from llamafleet.placement.gpus import Gpu, Inventory
@@ -202,6 +202,8 @@ def _gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Flee
         usable = [max(usable)] if cfg.split_mode == "none" else usable
         notes.reasons.extend(how_to_fit(model, ctx, cfg, usable, max(1, len(groups)), host=False))
     replicas, budgets = _layout(groups, gpus, cfg)
+    if fits and cfg.prefix_cache and model.engine != "torch" and (room := park_room(model, ctx, budgets)):
+        notes.reasons.append(room)
     n = max(1, len(groups))
     free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
     tier = 0 if model.engine == "torch" else kv_tier_mib(cfg, free, n, notes)

@@ -402,3 +402,10 @@ def test_parked_sequences_cost_a_slot_s_kv_each_and_reach_the_engine(models: dic
     off = plan_for(models, "7b-q4_0", "2x141gb-nvlink", parallel=16, context_length=8192, cache_park=8,
                    prefix_cache=False)
     assert off.budgets[0].kv_mib == base.budgets[0].kv_mib
+    # the plan says how many more the memory it leaves would hold, and that many fit where one more does not
+    (room,) = [r for r in base.reasons if "more parked session(s) per replica" in r]
+    n = int(room.split(" would hold ")[1].split()[0])
+    assert n >= 8 and "4096 MiB each" in room
+    one_gpu = {"parallel": 16, "context_length": 8192, "gpus": [0]}
+    assert plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_park=n, **one_gpu).fits
+    assert not plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_park=n + 1, **one_gpu).fits
