@@ -1,13 +1,14 @@
 """The park tier: KV of sessions whose slot was given to another prompt, kept inside the context, not copied out.
 
-The context holds ``n_park`` more sequences than the engine has slots (sequence ids ``n_seq`` and up, each a KV
-stream of ``n_ctx_per_seq`` cells, never decoded). Before a slot's KV is overwritten, :meth:`ParkTier.park` moves it
-into a free parked sequence with ``llama_memory_seq_cp``; a later prompt that starts with what it holds gets it back
-the same way (:meth:`ParkTier.restore`), and only the rest is prefilled. With one KV stream per sequence (the
+The context holds ``n_park + 1`` more sequences than the engine has slots (sequence ids ``n_seq`` and up, each a KV
+stream of ``n_ctx_per_seq`` cells, never decoded): ``n_park`` sessions, and a spare for the step in which a slot's old
+KV is parked before the returning session's leaves the park. Before a slot's KV is overwritten, :meth:`ParkTier.park`
+moves it into a free parked sequence with ``llama_memory_seq_cp``; a later prompt that starts with what it holds gets it
+back the same way (:meth:`ParkTier.restore`), and only the rest is prefilled. With one KV stream per sequence (the
 engine's layout) such a copy is a copy of the whole stream inside the backend's memory (on a GPU, device to device),
-queued until the next ``llama_decode`` applies it, in the order the copies were made: no host memory, no
-serialization, no cost that grows with the number of parked sessions. llama.cpp applies the queued copies before it
-places that decode's tokens, so a slot can be parked and given to the next prompt in the same step.
+queued until the next ``llama_decode`` applies it, in the order the copies were made: no host memory, no serialization,
+no cost that grows with the number of parked sessions. llama.cpp applies the queued copies before it places that
+decode's tokens, so a slot can be parked and given to the next prompt in the same step.
 
 What is parked is keyed by the tokens it holds, least recently used first out. A session whose next turn is restored
 gives its parked sequence back (what the slot holds now extends it, and is parked again when the slot is taken), unless
@@ -35,11 +36,11 @@ Spill = Callable[[int, list[int]], None]  # (parked sequence id, the tokens it h
 
 
 class ParkTier:
-    """Parked sequence ids ``first .. first + n - 1`` and what each holds."""
+    """``n`` parked sessions in sequence ids ``first .. first + n`` (one more than ``n``: see :meth:`park`)."""
 
     def __init__(self, first: int, n: int, min_reuse: int) -> None:
         self.first, self.limit, self.min_reuse = first, n, min_reuse
-        self._free = list(range(first, first + n))
+        self._free = list(range(first, first + n + 1))
         self._held: OrderedDict[int, list[int]] = OrderedDict()  # parked sequence id -> its tokens, LRU first
         self.parks = 0  # slots' KV parked
         self.evictions = 0  # parked sequences given up for room (spilled)
@@ -65,16 +66,19 @@ class ParkTier:
                 seq, n = k, m
         return seq, n
 
-    def park(self, ctx: Context, slot: int, tokens: list[int], spill: Spill, keep: int | None = None) -> bool:
+    def park(self, ctx: Context, slot: int, tokens: list[int], spill: Spill, keep: int | None = None,
+             freeing: bool = False) -> bool:
         """Move what ``slot`` holds (``tokens``) into a parked sequence before the slot is overwritten; False if no
         sequence could take it (every one has a copy into it queued, or is ``keep``: the one the slot's next prompt
         is about to be restored from). Parked prefixes of ``tokens`` are given up (it serves them); the least
-        recently used parked sequence is ``spill``-ed for room."""
+        recently used parked sequence is ``spill``-ed for room, unless ``freeing``: ``keep`` is about to be moved
+        out (:meth:`moves`), so the spare sequence takes ``tokens`` for the step in which both are parked (the slot's
+        old KV must be copied out before the returning session's is copied in)."""
         if self.covers(tokens):
             return True
         for seq in [k for k, t in self._held.items() if len(t) < len(tokens) and tokens[:len(t)] == t]:
             self.forget(seq)
-        into = self._room(ctx, spill, keep)
+        into = self._room(ctx, spill, keep, freeing)
         if into is None:
             return False
         ctx.copy_sequence(slot, into)
@@ -98,24 +102,28 @@ class ParkTier:
         self._held[clean[0]] = list(tokens)
         return clean[0]
 
+    def moves(self, seq: int, n: int) -> bool:
+        """Whether restoring the first ``n`` tokens of parked sequence ``seq`` gives it back (fewer than
+        ``min_reuse`` of its tokens lie beyond them)."""
+        return len(self._held[seq]) - n < self.min_reuse
+
     def restore(self, ctx: Context, seq: int, slot: int, n: int) -> None:
         """Make ``slot`` hold what parked sequence ``seq`` holds (the caller keeps its first ``n`` tokens); ``seq`` is
-        given back unless ``min_reuse`` or more of its tokens lie beyond those ``n``."""
+        given back if it :meth:`moves`."""
         ctx.copy_sequence(seq, slot)
-        if len(self._held[seq]) - n < self.min_reuse:
+        if self.moves(seq, n):
             self.forget(seq)
         else:
             self._held.move_to_end(seq)
 
-    def _room(self, ctx: Context, spill: Spill, keep: int | None) -> int | None:
-        if self._free:
-            return self._free.pop(0)
-        for seq in self._held:  # least recently used first; one whose data is not there yet cannot be saved
-            if seq not in ctx.copy_targets and seq != keep:
-                self._evict(seq, spill)
-                self._free.remove(seq)
-                return seq
-        return None
+    def _room(self, ctx: Context, spill: Spill, keep: int | None, freeing: bool) -> int | None:
+        while len(self._held) >= self.limit + freeing or not self._free:
+            # least recently used first; one whose data is not there yet cannot be saved
+            seq = next((k for k in self._held if k not in ctx.copy_targets and k != keep), None)
+            if seq is None:
+                return None
+            self._evict(seq, spill)
+        return self._free.pop(0)
 
     def _evict(self, seq: int, spill: Spill) -> None:
         spill(seq, self._held[seq])

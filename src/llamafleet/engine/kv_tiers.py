@@ -118,8 +118,10 @@ class KvTiers:
         kept = place.reuse if place.source is None and not place.wait else 0
         if self.enabled and lost is not None and lost.n_cached - kept >= self.min_reuse:
             tokens = lost.tokens[:lost.n_cached]
-            keep = self.park.best(s.tokens, len(s.tokens) - 1)[0] if self.park is not None else None
-            if self.park is None or not self.park.park(ctx, s.slot, tokens, self._saver(ctx), keep):
+            keep, n = self.park.best(s.tokens, len(s.tokens) - 1) if self.park is not None else (None, 0)
+            keep = keep if n >= place.reuse + self.min_reuse else None  # (what the restore below would take)
+            freeing = keep is not None and self.park is not None and self.park.moves(keep, n)
+            if self.park is None or not self.park.park(ctx, s.slot, tokens, self._saver(ctx), keep, freeing):
                 self.save(ctx, s.slot, tokens)
         if self.enabled and not place.wait and not s.req.params.prompt_logprobs:
             got = self.restore(ctx, s.slot, s.tokens, place.reuse)

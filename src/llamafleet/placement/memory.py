@@ -53,8 +53,9 @@ class ContextShape:
 
     @property
     def kv_cells(self) -> int:
-        """Tokens of KV the context allocates: the slots' and the parked sequences'."""
-        return self.n_ctx_per_seq * (self.n_seq + self.n_park)
+        """Tokens of KV the context allocates: the slots' and the parked sequences' (one more than ``n_park``, the
+        spare a park and a restore of one step need: engine/kv_park.py)."""
+        return self.n_ctx_per_seq * (self.n_seq + self.n_park + (1 if self.n_park else 0))
 
     @property
     def graph_tokens(self) -> int:
