@@ -20,9 +20,10 @@
 #                conversations at a time (each running its turns back to back: that many sessions between two
 #                turns) on 16 slots; llama-server with --cache-ram
 #                SESSIONS_RAM (8192 MiB), llamafleet with a RAM tier of SESSIONS_FLEET_RAM (65536 MiB) and a disk
-#                tier of SESSIONS_DISK_MIB (40960) under $WORK and SESSIONS_PARK (12) sessions parked in VRAM
-#                (--cache-park: 16 slots + 12 parked x 4.4 GiB of KV fill an H200; with SESSIONS_KV=q8_0, both
-#                servers' KV in q8_0, twice as many fit), and without tiers; not in the
+#                tier of SESSIONS_DISK_MIB (40960) under $WORK and SESSIONS_PARK (10) sessions parked in VRAM
+#                (--cache-park: 16 slots + 11 parked sequences x 4.4 GiB of f16 KV leave ~15 GiB of an H200: enough
+#                for SESSIONS_CONC=24; with SESSIONS_KV=q8_0, both servers' KV in q8_0, SESSIONS_PARK=20 fits and
+#                covers 32), and without tiers; not in the
 #                default phases (a 7B state of 8k tokens is 4 GiB: the tiers must hold the sessions between turns)
 #   fleet        several models on one GPU in a budget that cannot hold them all (scripts/fleet_probe.py): loads
 #                on demand, evictions, planned vs measured memory, /v1/embeddings alone and beside chats
@@ -242,7 +243,7 @@ if has sessions; then
     SESSIONS=${SESSIONS_N:-64} TURNS=4 PRIVATE=${SESSIONS_PRIVATE:-8192} CONC=${SESSIONS_CONC:-32} BY_TURN=0 SLOTS=16 \
     CTX=$(( (${SESSIONS_PRIVATE:-8192} + 4 * (25 + 48) + 511) / 256 * 256 )) MAX_TOKENS=48 \
     CACHE_RAM=${SESSIONS_RAM:-8192} FLEET_CACHE_RAM=${SESSIONS_FLEET_RAM:-65536} DISK_MIB=${SESSIONS_DISK_MIB:-40960} \
-    PARK=${SESSIONS_PARK:-12} KV=${SESSIONS_KV:-f16} "$repo/scripts/sessions-bench.sh" "$REPORT/sessions" || log "sessions phase failed (see $REPORT/sessions/run.log)"
+    PARK=${SESSIONS_PARK:-10} KV=${SESSIONS_KV:-f16} "$repo/scripts/sessions-bench.sh" "$REPORT/sessions" || log "sessions phase failed (see $REPORT/sessions/run.log)"
 fi
 
 # --- several models on one GPU, in a budget that does not hold them all -------------------------------------------
