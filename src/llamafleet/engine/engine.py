@@ -59,8 +59,9 @@ class Engine(Admission, EngineLoop):
         threads = cfg.n_threads or default_threads()
         self.model = Model(cfg, progress)
         ctx_cfg = EngineConfig(**{**cfg.__dict__, "n_threads": threads})
+        self._parked = cfg.n_park + 1 if cfg.n_park and cfg.prefix_cache else 0  # sequences (engine/kv_park.py)
         try:
-            self.ctx = Context(self.model, ctx_cfg, park=cfg.n_park + 1 if cfg.n_park and cfg.prefix_cache else 0)
+            self.ctx = Context(self.model, ctx_cfg, park=self._parked)
         except BaseException:
             self.model.close()
             raise
@@ -135,7 +136,7 @@ class Engine(Admission, EngineLoop):
             slots_busy=len(self._running),
             waiting=len(self._waiting) + len(self._incoming),
             kv_tokens_used=sum(s.n_cached for s in self._running),
-            kv_tokens_total=self.ctx.n_ctx * self.cfg.n_seq // self.ctx.n_seq_max,  # the slots' (not the parked)
+            kv_tokens_total=self.ctx.n_ctx * self.cfg.n_seq // (self.cfg.n_seq + self._parked),  # (the slots')
             steps=self._steps,
             prompt_tokens_total=self._prompt_total,
             generated_tokens_total=self._gen_total,

@@ -301,7 +301,6 @@ class Context(Native):
         self.n_vocab, self.n_embd = model.n_vocab, model.n_embd
         self.candidates, self.candidate = Candidates(model.n_vocab), Candidates(1)  # scratch for sampler chains
         self.n_ctx = int(lc.llama_n_ctx(ptr))
-        self.n_seq_max = cfg.n_seq + park
         self.memory = lc.llama_get_memory(ptr)
         self.copy_sources: set[int] = set()  # sequences copied from since the last decode (copies still queued)
         self.copy_targets: set[int] = set()  # ... and copied into (their data is not there yet)
