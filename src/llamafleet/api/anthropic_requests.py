@@ -195,11 +195,10 @@ class CountTokensRequest(ToolRequest):
 
     def tool_chat(self) -> ToolChat | None:
         """The same conversation for a model whose own template shows tools or is of a known family, as chat's;
-        ``thinking`` sets the template's ``enable_thinking``."""
-        kwargs = self.template_kwargs(self.chat_template_kwargs, None, "chat_template_kwargs")
+        ``thinking`` turns the template's thinking on or off (``enable_thinking``, or the family's own switch)."""
         kind = (self.thinking or {}).get("type")
-        if kind in ("enabled", "disabled"):
-            kwargs.setdefault("enable_thinking", kind == "enabled")
+        kwargs = self.template_kwargs(self.chat_template_kwargs, None, "chat_template_kwargs",
+                                      kind == "enabled" if kind in ("enabled", "disabled") else None)
         return tool_chat(self.conversation, self.callable, self.family, kwargs)
 
     def not_yet(self) -> NotYet:

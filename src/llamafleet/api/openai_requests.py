@@ -155,13 +155,13 @@ def format_grammar(kind: FormatType, schema: dict[str, Any] | None, where: str,
     cannot be enforced."""
     if kind == "text":
         return None
-    think = None if family is None else family.think
+    think, text = (None, "") if family is None else (family.think, family.text)
     if kind == "json_object":
-        return after_thinking(json_object_grammar(), think)
+        return after_thinking(json_object_grammar(), think, text)
     if schema is None:
         raise ApiError(400, f"missing required parameter '{where}'", param=where)
     try:
-        return after_thinking(json_schema_grammar(schema), think)
+        return after_thinking(json_schema_grammar(schema), think, text)
     except ValueError as e:
         raise ApiError(400, f"invalid '{where}': {e}", param=where) from None
 
@@ -373,7 +373,7 @@ class ChatCompletionRequest(SamplingRequest, ToolRequest):
         return self.top_logprobs
 
     def think_budget(self) -> int | None:
-        return self.budget(self.reasoning_budget, self.token_limit(), "reasoning_budget")
+        return self.budget(self.reasoning_budget, self.token_limit(), "reasoning_budget", self.reasoning_effort)
 
     def token_limit(self) -> int | None:
         """The answer's token limit, None if the client set none (the rest of the context)."""

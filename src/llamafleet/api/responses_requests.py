@@ -409,8 +409,9 @@ class ResponsesRequest(ToolRequest):
                               think_budget=self.think_budget())
 
     def think_budget(self) -> int | None:
-        """``reasoning.max_tokens``, or the server's budget."""
-        given = (self.reasoning or {}).get("max_tokens")
+        """``reasoning.max_tokens``, else that of ``reasoning.effort``, or the server's budget."""
+        given, effort = (self.reasoning or {}).get("max_tokens"), (self.reasoning or {}).get("effort")
         if given is not None and (not isinstance(given, int) or isinstance(given, bool)):
             raise ApiError(400, "'reasoning.max_tokens' must be an integer", param="reasoning.max_tokens")
-        return self.budget(given, self.max_output_tokens, "reasoning.max_tokens")
+        return self.budget(given, self.max_output_tokens, "reasoning.max_tokens", effort if effort is None else
+                           str(effort), "reasoning.effort")

@@ -135,7 +135,8 @@ class Service:
     @property
     def model_serving(self) -> Serving:
         """What a chat request needs to know of the bound model (see :class:`~llamafleet.api.tools.ToolRequest`)."""
-        return Serving(self.family, self.config.reasoning_budget, tuple(self.config.chat_template_kwargs.items()))
+        return Serving(self.family, self.config.reasoning_budget, tuple(self.config.chat_template_kwargs.items()),
+                       self.n_ctx_per_seq)
 
     def for_tenant(self, tenant: Tenant | None) -> Service:
         """This service serving ``tenant``'s request."""
