@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
 from llamafleet.model.checkpoint import read_config, tensor_table
 from llamafleet.model.synth import Shape, vocab_fields, write_shape
+from llamafleet.paths import partial_path
 
 _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -59,7 +60,7 @@ def checkpoint_to_gguf(folder: str | Path, out: str | Path, vocab: Path) -> Path
         template = (src / "chat_template.jinja").read_text(encoding="utf-8")
     logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)
     target = Path(out)
-    tmp = target.with_name(target.name + ".partial")
+    tmp = partial_path(target)
     writer = GGUFWriter(tmp, "llama")
     writer.add_name(f"{src.name} (converted from safetensors)")
     writer.add_file_type(int(LlamaFileType.MOSTLY_F16))
