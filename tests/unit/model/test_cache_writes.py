@@ -27,7 +27,7 @@ def at_once(n: int, work: Callable[[], object]) -> list[BaseException]:
         start.wait()
         try:
             work()
-        except BaseException as e:  # noqa: BLE001  (any failure of a writer is the test's finding)
+        except BaseException as e:  # any failure of a writer is the test's finding
             errors.append(e)
 
     threads = [threading.Thread(target=run) for _ in range(n)]
