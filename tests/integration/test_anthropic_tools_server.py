@@ -14,6 +14,8 @@ import pytest
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+
 WEATHER: dict[str, Any] = {
     "name": "get_weather",
     "description": "The current weather in a city.",

@@ -15,6 +15,8 @@ from conftest import FleetServer
 from llamafleet.engine.engine import Engine
 from llamafleet.engine.types import EngineConfig
 
+pytestmark = pytest.mark.each_engine
+
 STEM = "The capital of France is"
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
+pytestmark = pytest.mark.each_engine
+
 ASK = "Name a colour."
 INCLUDE: Any = ["message.output_text.logprobs"]
 

@@ -14,6 +14,8 @@ from openai import OpenAI
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+
 # long enough (over 256 characters) for prefix routing to send the next turn to the replica that holds it
 QUESTION = ("You are helping plan a small garden behind a house in a mild, dry climate. The beds get six hours of sun "
             "a day, the soil is sandy and drains fast, water is limited to one can a day, and the owner wants "

@@ -15,6 +15,8 @@ from openai import OpenAI
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+
 WEATHER: dict[str, Any] = {
     "type": "function", "name": "get_weather", "description": "The current weather in a city.", "strict": True,
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},

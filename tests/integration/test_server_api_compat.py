@@ -15,6 +15,8 @@ from openai import OpenAI
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 LONG = "The quick brown fox jumps over the lazy dog. " * 60  # about 600 tokens: more than the context alone
 

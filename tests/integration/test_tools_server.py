@@ -14,6 +14,8 @@ from openai import OpenAI
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+
 WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
