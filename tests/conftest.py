@@ -46,6 +46,7 @@ class FleetServer:
     url: str
     log_path: Path
     shared: bool = False  # the session's `fleet`: kept past the end of the module that started it
+    engine: str = "llama.cpp"  # its replicas' engine
     demo_model: bool = False  # the shared llama.cpp server's: a test may check what the demo model answers
     stopped: bool = False  # by stop(): its process group is gone (its pid may be another's by now)
     _client: OpenAI | None = None
@@ -171,7 +172,7 @@ def torch_fleet(launch_fleet: Callable[[list[str]], FleetServer],
     tokens each, one thread per replica."""
     server = launch_fleet(["--model", str(tiny_checkpoint_path(tmp_path_factory)), "--replicas", "2", "--parallel",
                            "4", "--ctx", "512", "--threads", "1"])
-    server.shared = True
+    server.shared, server.engine = True, "torch"
     server.wait_all_ready()
     return server
 
