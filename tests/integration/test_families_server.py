@@ -258,14 +258,15 @@ HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2"
 # and its think block through chat, streamed, and what the server itself constrains (a forced call, the reasoning
 # budget, a schema after reasoning, a second turn through its template). What builds on that reading the same way
 # for every family (answers whole, the Responses and Messages streams, several calls with their indices, plain text,
-# the other raw outputs) runs on EVERY_WAY: one family per kind of call stream (JSON with a think block, XML
-# parameters, Mistral's calls sent whole at the end, Harmony's channels, Gemma's arguments sent whole).
+# the other raw outputs but malformed calls) runs on EVERY_WAY: one family per kind of call stream (JSON with a think
+# block, XML parameters, Mistral's calls sent whole at the end, Harmony's channels, Gemma's arguments sent whole).
 EVERY_WAY = ("qwen3", "qwen3.5", "mistral", "gpt-oss", "gemma4")
 # each family's checks one after the other, so its model is loaded once
 CHECKS = [(f, x) for f in FAMILIES for x in (
     *(x for x in ("chat", "tools", "parallel", "reasoning", "forced", "budget", "schema")
       if supported(f, x) and (f.name in EVERY_WAY or x not in ("chat", "parallel"))),
-    *(c.what for c in f.cases if c.what not in ("chat", "tools", "parallel", "reasoning") and f.name in EVERY_WAY),
+    *(c.what for c in f.cases if c.what not in ("chat", "tools", "parallel", "reasoning")
+      and (f.name in EVERY_WAY or c.what == "malformed call")),  # (a stream must not break on one)
     *(("history",) if f.name in HISTORY else ()))]
 
 
