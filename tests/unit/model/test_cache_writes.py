@@ -58,6 +58,6 @@ def test_two_copies_of_the_demo_model_into_the_cache_at_once_both_finish(model_p
 def test_two_synth_writes_of_one_file_at_once_both_finish(tmp_path: Path) -> None:
     out = tmp_path / "tiny.gguf"
     vocab = find_vocab()
-    assert at_once(2, lambda: write_model(out, SHAPES["tiny"], "f16", vocab, progress=False)) == []
+    assert at_once(2, lambda: write_model(out, SHAPES["tiny"], "q4_0", vocab, progress=False)) == []
     assert len(GGUFReader(out).tensors) == 9 * SHAPES["tiny"].n_layer + 3
     assert list(tmp_path.iterdir()) == [out]
