@@ -94,4 +94,4 @@ def test_refusals_name_the_parameter(fleet: FleetServer, model: str) -> None:
     r = post({"prompt": STEM, "max_tokens": 1, "logprobs": 21})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
     with pytest.raises(BadRequestError):
-        OpenAI(base_url=f"{fleet.url}/v1", api_key="x").completions.create(model=model, prompt=[[]], max_tokens=1)
+        fleet.client().completions.create(model=model, prompt=[[]], max_tokens=1)
