@@ -33,7 +33,8 @@ class ConfigError(ValueError):
 
 # The keys a `models:` entry may set for its model alone; the others are the fleet's (one server, one port, ...).
 PER_MODEL_KEYS = ("context_length", "parallel", "batch_size", "ubatch_size", "kv_cache_type", "flash_attn",
-                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer", "speculative", "engine")
+                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer", "speculative", "engine",
+                  "cuda_graphs")
 
 
 class ModelEntry(BaseModel):
@@ -97,6 +98,9 @@ class FleetConfig(BaseModel):
     engine: Literal["auto", "llama.cpp", "torch"] = Field(
         "auto", description="what serves the model: llama.cpp (a GGUF file) or torch (a Hugging Face checkpoint "
         "folder, the torch extra); auto = torch for a folder, llama.cpp for a file")
+    cuda_graphs: Literal["auto", "off"] = Field(
+        "auto", description="torch engine: replay each decode step as a CUDA graph (auto: where the model is on one "
+        "GPU); off = eager steps (see docs/TORCH.md)")
 
     models: list[ModelEntry] | None = Field(
         None, description="several models, loaded on demand and placed together (see docs/OPERATIONS.md, "

@@ -56,6 +56,7 @@ class Phase:
     steady_seconds: float
     drafted_tokens: int = 0  # speculative decoding: drafted and verified, and of those kept
     accepted_tokens: int = 0
+    graph_steps: int = 0  # torch engine: decode steps replayed from CUDA graphs
 
     @property
     def tokens_per_s(self) -> float:
@@ -105,7 +106,8 @@ def _phase(eng: Engine | TorchEngine, name: str, batches: list[list[Request]]) -
                  after.sample_seconds_total - before.sample_seconds_total,
                  after.step_seconds_total - before.step_seconds_total, steady, steady_s,
                  after.draft_tokens_total - before.draft_tokens_total,
-                 after.draft_accepted_total - before.draft_accepted_total)
+                 after.draft_accepted_total - before.draft_accepted_total,
+                 after.graph_steps_total - before.graph_steps_total)
 
 
 def prompt_texts(workload: Workload | None, n: int) -> list[str]:
@@ -150,6 +152,7 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
         "gpu_layers": cfg.n_gpu_layers,
         "overlap": cfg.overlap,
         "backend_sampling": cfg.backend_sampling,
+        "cuda_graphs": cfg.cuda_graphs if cfg.engine == "torch" else None,
         "speculative": asdict(cfg.speculative) | {"draft_model": cfg.speculative.draft_model and
                                                   cfg.speculative.draft_model.rsplit("/", 1)[-1]},
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -178,6 +181,9 @@ def markdown(result: dict[str, object]) -> str:
                     f"{p['overhead_ms_per_step']:.3f} ms | "
                     f"{100 * p['overhead_share']:.1f}% | {p['sample_ms_per_step']:.3f} ms |")
     rows.append(f"\nconcurrent / sequential aggregate tokens/s: **{result['speedup']:.2f}x**")
+    if result.get("cuda_graphs") is not None:
+        graphed = [f"{p['name']} {p['graph_steps']} of {p['steps']}" for p in result["phases"]]  # type: ignore[attr-defined]
+        rows.append("decode steps replayed from CUDA graphs: " + ", ".join(graphed))
     for name, ratio in dict(result.get("speculative_speedup") or {}).items():  # type: ignore[call-overload]
         rows.append(f"{name}: speculative / off tokens/s: **{ratio:.2f}x**")
     return "\n".join(rows)

@@ -257,6 +257,7 @@ class EngineConfig:
     cache_dir: str | None = None  # disk tier's folder (None: off; engine/kv_disk.py)
     cache_disk_bytes: int = 0
     copy_budget_s: float | None = None  # tier copies per step before prompts wait (None: the last pass's time)
+    cuda_graphs: bool = True  # torch engine: decode steps replayed as CUDA graphs on one GPU (False: eager)
     llama_log_level: str = "warning"
 
 
@@ -303,6 +304,7 @@ class EngineStats:
     prompt_tokens_cached_total: int = 0  # prompt tokens whose KV came from the prefix cache
     draft_tokens_total: int = 0  # speculative decoding: tokens drafted and verified
     draft_accepted_total: int = 0  # of those, tokens the model kept
+    graph_steps_total: int = 0  # torch engine: decode steps replayed from CUDA graphs (engine/pytorch/graphs.py)
     tiers: TierStats | None = None  # the KV tiers beyond the slots, when on
 
 

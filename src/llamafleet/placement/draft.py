@@ -14,7 +14,7 @@ from llamafleet.engine.types import SplitModeName
 from llamafleet.model.header import ModelInfo
 from llamafleet.placement.advice import mib
 from llamafleet.placement.gpus import Gpu
-from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, replica_needs
+from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, replica_needs, torch_dtype
 from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
 
 
@@ -49,8 +49,11 @@ def to_plan(*, model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, notes: Not
             replicas: tuple[ReplicaPlan, ...] = (), budgets: tuple[Budget, ...] = (), host: int = 0) -> Plan:
     """The plan of ``model`` in shape ``ctx`` with ``notes``' reasons (``host`` bytes of host memory); left at the
     defaults, a refused one."""
+    torch = model.engine == "torch"  # its KV cache in the weights' dtype, its attention not llama.cpp's
     return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
-                n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
+                n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch,
+                kv_type=torch_dtype(model, device == "gpu") if torch else ctx.kv_type,
+                flash_attn=False if torch else cfg.flash_attn,
                 budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
                 model=cfg.served_name(model.path))
 
