@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from family_cases import FAMILIES, FEATURES, UNRECOGNISED, supported
+from family_cases import FAMILIES
+from family_types import FEATURES, supported
 
 
 def matrix() -> str:
@@ -19,11 +20,11 @@ def matrix() -> str:
             "split, and `tests/integration/test_families_server.py` serves a synthetic model carrying the family's "
             "real chat template and tokenizer (from llama.cpp's source, `llamafleet synth --vocab NAME "
             "--chat-template NAME`), forces its raw outputs with the request's `grammar` and checks what the OpenAI "
-            "SDK receives (chat, streamed in the tokenizer's pieces), and what the server itself constrains (forced "
-            "calls, the budget, schemas); answers whole, the Responses API, the Anthropic SDK (Messages), several "
-            "calls and the other raw outputs go through the server for one family of each kind of call stream "
-            "(`EVERY_WAY` there). This file "
-            "is written by `python tests/family_cases.py` from that table.\n\n"
+            "SDK receives (chat, streamed in the tokenizer's pieces; malformed calls too), and what the server itself "
+            "constrains (forced calls, the budget, schemas); answers whole, the Responses API, the Anthropic SDK "
+            "(Messages) and several calls go through the server for one family of each kind of call stream "
+            "(`EVERY_WAY` there). This file is written by `python tests/family_matrix.py` from that table. Every "
+            "template in llama.cpp's source that lists tools is read as one of these families (a test checks it).\n\n"
             "- **tools**: a call is read into `tool_calls` (`function_call` items, `tool_use` blocks), none of its "
             "markup in the content; text before it stays content; a malformed call stays text (streamed, once a call "
             "went out it stays a call: see below). Streamed, a call goes out as soon as the model has named its "
@@ -55,9 +56,6 @@ def matrix() -> str:
                 notes.append(f"{f.name}, {FEATURES[c]}: {f.not_supported[c]}")
                 cells.append(f"❌ ({len(notes)})")
         rows.append(f"| {f.name} | {f.label} | `{f.template}` | " + " | ".join(cells) + " |")
-    for template, why in UNRECOGNISED.items():
-        notes.append(f"{template}: {why}")
-        rows.append(f"| — | | `{template}` | " + " | ".join([f"❌ ({len(notes)})"] * len(cols)) + " |")
     return head + "\n".join(rows) + "\n\n" + "\n".join(f"{i}. {n}" for i, n in enumerate(notes, 1)) + "\n"
 
 

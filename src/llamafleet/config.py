@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamafleet.config_sections import RemoteEntry, SpeculativeSettings
+from llamafleet.config_sections import LoraEntry, RemoteEntry, SpeculativeSettings
 from llamafleet.model.hub_ref import model_stem
 from llamafleet.rpc import INSECURE, parse_endpoint
 
@@ -34,7 +34,7 @@ class ConfigError(ValueError):
 # The keys a `models:` entry may set for its model alone; the others are the fleet's (one server, one port, ...).
 PER_MODEL_KEYS = ("context_length", "parallel", "batch_size", "ubatch_size", "kv_cache_type", "flash_attn",
                   "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer", "speculative", "engine",
-                  "cuda_graphs")
+                  "cuda_graphs", "lora")
 
 
 class ModelEntry(BaseModel):
@@ -144,9 +144,14 @@ class FleetConfig(BaseModel):
     speculative: SpeculativeSettings = Field(
         default_factory=lambda: SpeculativeSettings.model_validate({}), description="speculative decoding: mode, "
         "draft_model, max_draft, ngram_min, ngram_max, max_batch (see docs/OPERATIONS.md, Speculative decoding)")
+    lora: list[LoraEntry] = Field(default_factory=list, description="LoRA adapters served with the model: each a "
+                                  "path (or hf: reference), an optional name and scale (see docs/MODELS.md, LoRA)")
     cache_ram_mib: int | None = Field(None, ge=0, description="RAM tier of the KV cache per replica: slots' KV kept "
                                       "when their slot is reused (0 = off; default: a quarter of the "
                                       "RAM the plan leaves, at most 8192)")
+    cache_park: int = Field(0, ge=0, description="sessions parked in the KV cache beside the slots, per replica: a "
+                            "slot's KV moved into a spare sequence of the context when the slot is reused, and back "
+                            "(no host copy; each costs a slot's KV memory, the tier one spare more; 0 = off)")
     cache_dir: str | None = Field(None, description="disk tier of the KV cache: states evicted from RAM and saved "
                                   "at shutdown, kept across restarts (default: off)")
     cache_disk_mib: int = Field(20480, ge=1, description="most disk the KV tier's files of one model take")
@@ -299,6 +304,12 @@ class FleetConfig(BaseModel):
             out.append(f"ray serves one model for now, but {' and '.join(several)} "
                        f"{'names' if len(several) == 1 else 'name'} several: serve one model (model_path) with ray, "
                        "or leave ray unset")
+        adapters = [e.adapter_name for e in self.lora]
+        if dup := sorted({n for n in adapters if adapters.count(n) > 1}):
+            out.append(f"lora: the name {', '.join(map(repr, dup))} is given to two adapters; give each its own name")
+        if self.lora and self.engine == "torch":
+            out.append("lora: adapters are served by the llama.cpp engine (a GGUF model); remove lora or the torch "
+                       "engine")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):

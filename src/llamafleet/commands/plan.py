@@ -166,7 +166,7 @@ def _run_fleet(args: argparse.Namespace, cfg: FleetConfig, inventory: Inventory)
 
 def run(args: argparse.Namespace) -> int:
     # the GGUF reader and the planner (numpy) load here, not when the parser is built for another command
-    from llamafleet.catalog import fetched_draft
+    from llamafleet.catalog import fetched_extras
     from llamafleet.model.demo import ModelFetchError, default_model_path
     from llamafleet.model.header import GgufError
     from llamafleet.model.hub import HubError, model_header
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{', '.join(remote)}; each places it on its own machine")
             return Exit.OK
         model, _ = model_header(cfg.model_path or default_model_path())
-        cfg = fetched_draft(cfg)
+        cfg = fetched_extras(cfg)
     except (ConfigError, InventoryError, RefError) as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.USAGE

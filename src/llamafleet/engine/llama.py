@@ -1,7 +1,8 @@
 """llama.cpp's models, contexts and batches: the ctypes calls that load weights, run passes and edit the KV cache.
 
-The bindings are four modules, the only ones that call into llama.cpp (binding names drift between versions: one
-place to fix): this one; :mod:`llamafleet.engine.llama_backend` (backend setup, llama.cpp's logs, devices, RPC),
+The bindings are five modules, the only ones that call into llama.cpp (binding names drift between versions: one
+place to fix): this one; :mod:`llamafleet.engine.llama_memory` (a context's KV cache: cut, copied, saved, restored),
+:mod:`llamafleet.engine.llama_backend` (backend setup, llama.cpp's logs, devices, RPC),
 :mod:`llamafleet.engine.llama_sampler` (sampler chains, grammars, candidate buffers) and
 :mod:`llamafleet.engine.llama_lora` (LoRA adapters).
 
@@ -27,6 +28,7 @@ import numpy.typing as npt
 
 from llamafleet.engine import llama_log
 from llamafleet.engine.llama_backend import Native, init_backend, model_devices
+from llamafleet.engine.llama_memory import KvMemory
 from llamafleet.engine.llama_sampler import Candidates, greedy_chain
 from llamafleet.engine.types import EngineConfig
 
@@ -241,19 +243,23 @@ class Batch(Native):
 # ---------------------------------------------------------------------------------------------------------------
 # Context: KV cache + compute buffers for n_seq parallel sequences
 # ---------------------------------------------------------------------------------------------------------------
-class Context(Native):
+class Context(KvMemory, Native):
     """A llama.cpp context over ``model`` with ``n_seq`` sequences of ``n_ctx_per_seq`` tokens each.
 
-    With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``embeddings=True`` makes a
+    With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``park`` more sequences of
+    ``n_ctx_per_seq`` tokens each hold parked KV (:mod:`llamafleet.engine.kv_park`; never decoded, ids after the
+    slots'). ``embeddings=True`` makes a
     context whose passes output every token's final hidden state (:meth:`embeddings`), unpooled, for
     :mod:`llamafleet.engine.embedding`; a reranker's output each sequence's scores instead (:meth:`sequence_scores`).
     """
 
-    def __init__(self, model: Model, cfg: EngineConfig, n_ctx: int | None = None, embeddings: bool = False) -> None:
-        if cfg.n_seq > max_parallel_sequences():
-            raise ValueError(f"n_seq={cfg.n_seq} exceeds llama.cpp's limit of {max_parallel_sequences()} sequences")
+    def __init__(self, model: Model, cfg: EngineConfig, n_ctx: int | None = None, embeddings: bool = False,
+                 park: int = 0) -> None:
+        if cfg.n_seq + park > max_parallel_sequences():
+            raise ValueError(f"n_seq={cfg.n_seq} (+{park} parked) exceeds llama.cpp's limit of "
+                             f"{max_parallel_sequences()} sequences")
         p = lc.llama_context_default_params()
-        p.n_ctx = n_ctx or cfg.n_ctx_per_seq * cfg.n_seq
+        p.n_ctx = n_ctx or cfg.n_ctx_per_seq * (cfg.n_seq + park)
         if embeddings:  # every token's hidden state comes out, unpooled: the engine pools them itself (llama.cpp
             p.embeddings = True  # warns if the model names a pooling; unspecified is none, without the warning)
             p.pooling_type = lc.LLAMA_POOLING_TYPE_NONE if model.pooling > 0 else lc.LLAMA_POOLING_TYPE_UNSPECIFIED
@@ -261,7 +267,7 @@ class Context(Native):
                 p.pooling_type = lc.LLAMA_POOLING_TYPE_RANK  # on the pooled state (sequence_scores)
         p.n_batch = cfg.n_batch
         p.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
-        p.n_seq_max = cfg.n_seq
+        p.n_seq_max = cfg.n_seq + park
         threads = cfg.n_threads or 0
         if threads > 0:
             p.n_threads = threads
@@ -299,6 +305,7 @@ class Context(Native):
         self.n_ctx = int(lc.llama_n_ctx(ptr))
         self.memory = lc.llama_get_memory(ptr)
         self.copy_sources: set[int] = set()  # sequences copied from since the last decode (copies still queued)
+        self.copy_targets: set[int] = set()  # ... and copied into (their data is not there yet)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -336,6 +343,7 @@ class Context(Native):
         """
         batch.struct.n_tokens = batch.n_tokens
         self.copy_sources.clear()  # this decode applies the queued copies first
+        self.copy_targets.clear()
         return int(lc.llama_decode(self.ptr, batch.struct))
 
     def wait(self) -> None:
@@ -358,58 +366,6 @@ class Context(Native):
         if not ptr:
             raise RuntimeError(f"llama.cpp gave no scores for sequence {seq}")
         return np.ctypeslib.as_array(ptr, shape=(n,)).copy()
-
-    def keep_prefix(self, seq: int, n: int) -> bool:
-        """Drop sequence ``seq``'s cached tokens from position ``n`` on, keeping ``[0, n)``; False if this memory
-        cannot cut a sequence part-way (recurrent models), and then nothing was removed."""
-        return bool(lc.llama_memory_seq_rm(self.memory, seq, n, -1))
-
-    def copy_sequence(self, src: int, dst: int) -> None:
-        """Make ``dst`` hold what ``src`` holds, all of it (then :meth:`keep_prefix` cuts it).
-
-        With one KV stream per sequence llama.cpp copies the *whole* stream, every cell of every layer whether used
-        or not (a position range asserts: "seq_cp() is only supported for full KV buffers"). The cells' positions
-        are copied now, the data at the start of the next ``llama_decode`` (its memory update, after a synchronize),
-        before that decode writes anything. With a unified cache the cells are shared and nothing is copied.
-        """
-        lc.llama_memory_seq_rm(self.memory, dst, -1, -1)  # a unified cache adds to dst's cells; start it empty
-        lc.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
-        self.copy_sources.add(src)  # its data must not change before that decode: see restore_sequence
-
-    def sequence_state_size(self, seq: int) -> int:
-        """Bytes of :meth:`save_sequence`'s copy of sequence ``seq``'s state."""
-        return int(lc.llama_state_seq_get_size_ext(self.ptr, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
-
-    def save_sequence(self, seq: int) -> bytearray | None:
-        """Sequence ``seq``'s state (its KV cells, in llama.cpp's per-sequence state format), copied to host memory;
-        None if llama.cpp wrote less than it announced."""
-        n = self.sequence_state_size(seq)
-        buf = bytearray(n)
-        arr = (ctypes.c_uint8 * n).from_buffer(buf)
-        got = int(lc.llama_state_seq_get_data_ext(self.ptr, arr, n, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
-        del arr  # the buffer may not be resized while a ctypes view exports it
-        return buf if got == n else None
-
-    def restore_sequence(self, seq: int, state: bytearray) -> bool:
-        """Replace what sequence ``seq`` holds with ``state`` (from :meth:`save_sequence` of a context of the same
-        model and shape); False if llama.cpp refused it, and then ``seq`` is left empty. ``seq`` must not be in
-        :attr:`copy_sources`: the state is written at once, before a queued copy out of ``seq`` has read it."""
-        assert seq not in self.copy_sources
-        arr = (ctypes.c_uint8 * len(state)).from_buffer(state)
-        got = int(lc.llama_state_seq_set_data_ext(self.ptr, arr, len(state), seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
-        del arr
-        if got != len(state):
-            lc.llama_memory_seq_rm(self.memory, seq, -1, -1)
-            return False
-        return True
-
-    def kv_length(self, seq: int) -> int:
-        """How many positions sequence ``seq`` has in the KV cache (``llama_memory_seq_pos_max`` + 1)."""
-        return int(lc.llama_memory_seq_pos_max(self.memory, seq)) + 1
-
-    def clear_all(self) -> None:
-        if self.memory:  # encoder-only models (BERT) keep no KV cache at all
-            lc.llama_memory_clear(self.memory, True)
 
     def perf(self) -> dict[str, float]:
         d = lc.llama_perf_context(self.ptr)

@@ -5,6 +5,7 @@ These are the engine's whole public vocabulary; the worker, consistency checker 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Literal
 
@@ -62,6 +63,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it, +100 forces it
     think_budget: int | None = None  # tokens a thinking model may spend in its think block (engine/budget.py)
     speculative: bool = True  # False: never draft for this request, whatever the engine's speculative settings
+    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters by name, each with its scale (none: the base model)
 
     def __post_init__(self) -> None:
         checks = [
@@ -166,12 +168,13 @@ class PromptLogprobs:
 
 @dataclass(frozen=True)
 class CacheOrigin:
-    """Where a prompt's reused KV came from, in tokens: a slot (in place or copied), the RAM tier or the disk tier;
+    """Where a prompt's reused KV came from, in tokens: a slot (in place or copied), the park, RAM or disk tier;
     for a prompt not served up to its last token, the token index where it first differed from the longest prefix
     any slot or tier held (``differs_at``: a changed system prompt shows as a small number), and for a chat the
     message that token falls in (``differs_in_message``, from 0; set by the worker, which has the messages)."""
 
     slot: int = 0
+    park: int = 0
     ram: int = 0
     disk: int = 0
     differs_at: int | None = None
@@ -229,6 +232,22 @@ class EmbeddingUnavailable(RuntimeError):
     """The embedding context cannot be created (memory): embeddings are refused with 503, generation goes on."""
 
 
+def canonical_lora(chosen: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """LoRA adapters with their scales in one order, scale-0 ones left out (they change nothing): the form of
+    :attr:`SamplingParams.lora`, so that requests asking for the same set share a decode (engine/lora.py)."""
+    return tuple(sorted((name, float(scale)) for name, scale in chosen if scale != 0.0))
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A LoRA adapter a replica loads beside its model: its name (clients pick it as ``model:name``), its GGUF
+    file, and the scale it gets when picked by name (engine/lora.py)."""
+
+    name: str
+    path: str
+    scale: float = 1.0
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How to load the model and size the context. ``n_ctx_per_seq * n_seq`` is the context's total size."""
@@ -253,17 +272,20 @@ class EngineConfig:
     overlap: bool = True  # detokenize a step's tokens while the next decode runs (False: one pass at a time)
     prefix_cache: bool = True  # start new sequences from KV already computed for their prompt's prefix
     speculative: SpeculativeConfig = SpeculativeConfig()  # drafts verified in the batched step (engine/speculative/)
+    n_park: int = 0  # parked sessions' KV streams in the context beside the slots (0: off; engine/kv_park.py)
     cache_ram_bytes: int = 0  # RAM tier of the KV cache (0: off; engine/kv_tiers.py)
     cache_dir: str | None = None  # disk tier's folder (None: off; engine/kv_disk.py)
     cache_disk_bytes: int = 0
     copy_budget_s: float | None = None  # tier copies per step before prompts wait (None: the last pass's time)
     cuda_graphs: bool = True  # torch engine: decode steps replayed as CUDA graphs on one GPU (False: eager)
     llama_log_level: str = "warning"
+    lora: tuple[LoraSpec, ...] = ()  # LoRA adapters loaded beside the model, applied per request (engine/lora.py)
 
 
 @dataclass(frozen=True)
 class TierStats:
-    """The KV cache tiers of one engine (:mod:`llamafleet.engine.kv_tiers`); per-tier dicts are keyed "ram", "disk"."""
+    """The KV cache tiers of one engine (:mod:`llamafleet.engine.kv_tiers`); per-tier dicts are keyed "park", "ram",
+    "disk"."""
 
     ram_bytes: int
     ram_limit_bytes: int
@@ -284,6 +306,9 @@ class TierStats:
     declined: dict[str, int]  # save, restore: copies not made, slower than prefilling (engine/kv_cost.py)
     deferrals: int  # steps whose copies put a prompt off to the next step
     rates: dict[str, float | None]  # prefill, save, restore_ram, restore_disk: measured seconds per token
+    park_entries: int = 0  # sessions parked in the context (engine/kv_park.py)
+    park_limit: int = 0  # parked sequences the context holds (0: no park tier)
+    parks: int = 0  # slots' KV parked
 
 
 @dataclass(frozen=True, kw_only=True)

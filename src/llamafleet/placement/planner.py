@@ -41,7 +41,7 @@ from llamafleet.placement import rpc_plan
 from llamafleet.placement.advice import mib
 from llamafleet.placement.autofit import fit_unset
 from llamafleet.placement.cpu_plan import cpu_plan
-from llamafleet.placement.draft import Notes, to_plan
+from llamafleet.placement.draft import Notes, to_plan, with_adapters
 from llamafleet.placement.gpu_plan import gpu_plan
 from llamafleet.placement.gpus import Gpu, Inventory
 from llamafleet.placement.memory import MIB, ContextShape, pad_ctx, with_draft
@@ -62,6 +62,7 @@ def context_shape(model: ModelInfo, cfg: FleetConfig) -> ContextShape:
         n_ubatch=min(cfg.n_ubatch, n_batch),
         kv_type=cfg.kv_cache_type,
         flash_attn=cfg.flash_attn is not False,  # "auto" turns it on for the CPU and CUDA backends
+        n_park=cfg.cache_park if cfg.prefix_cache else 0,
     )
 
 
@@ -87,7 +88,8 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     notes.reasons.append(
         f"{cfg.served_name(model.path)} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, "
         f"{model.n_layer} layers); "
-        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache "
+        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens"
+        f"{f' (and {ctx.n_park} parked sessions)' if ctx.n_park else ''}, KV cache "
         + (ctx.kv_type if model.engine != "torch" else torch_engine_note(model, bool(inventory.gpus)
                                                                           and cfg.n_gpu_layers != 0))
     )
@@ -103,6 +105,10 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
         notes.reasons.append(f"draft model {draft.name or path} ({mib(draft.weights_bytes)} MiB of weights, "
                              f"{draft.n_layer} layers) beside it in each replica: its weights and KV are counted")
         model = with_draft(model, draft)
+    if cfg.lora:
+        model = with_adapters(model, cfg, notes)
+        if notes.refused:
+            return to_plan(model=model, ctx=ctx, cfg=cfg, notes=notes, device="gpu" if inventory.gpus else "cpu"), True
     if ctx.kv_type != "f16" and cfg.flash_attn is False:
         notes.refuse(f"kv_cache_type {ctx.kv_type} needs flash attention, but flash_attn is false: "
                      "set flash_attn: true (or leave it unset), or use kv_cache_type: f16")
@@ -151,10 +157,12 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
         prefix_cache=cfg.prefix_cache,
         speculative=SpeculativeConfig(**cfg.speculative.model_dump()),
         cache_ram_bytes=(cfg.cache_ram_mib or 0) * MIB,
+        n_park=cfg.cache_park,
         cache_dir=cfg.cache_dir,
         cache_disk_bytes=cfg.cache_disk_mib * MIB,
         cuda_graphs=cfg.cuda_graphs == "auto",
         llama_log_level=cfg.llama_log_level,
+        lora=tuple(e.spec() for e in cfg.lora),
     ), **decided)
 
 
