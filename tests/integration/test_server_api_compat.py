@@ -59,7 +59,7 @@ def test_explicit_nulls_are_served(fleet: FleetServer, served: tuple[OpenAI, str
     assert text.status_code == 200 and text.json()["usage"]["completion_tokens"] == 16  # null: the default 16
 
 
-def test_llama_server_fields_on_the_openai_routes(served: tuple[OpenAI, str]) -> None:
+def test_llama_server_fields_on_the_openai_routes(fleet: FleetServer, served: tuple[OpenAI, str]) -> None:
     """What a client written for llama-server sends beside OpenAI's fields (docs/API.md, llama-server's fields)."""
     client, model = served
     extra = {"cache_prompt": True, "id_slot": -1, "samplers": ["top_k", "top_p", "temperature"], "n_predict": 5,
@@ -77,7 +77,7 @@ def test_llama_server_fields_on_the_openai_routes(served: tuple[OpenAI, str]) ->
     several = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=3, extra_body={"n_cmpl": 2})
     assert [c.index for c in several.choices] == [0, 1]  # llama-server's n
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
-    for kind in ("chat", "text"):
+    for kind in ("chat", "text") if fleet.engine == "llama.cpp" else ():  # a schema is a grammar (not on torch)
         body = {"max_tokens": 40, "temperature": 0, "extra_body": {"json_schema": schema}}
         out = (client.chat.completions.create(model=model, messages=QUESTION, **body).choices[0].message.content
                if kind == "chat" else client.completions.create(model=model, prompt="Q: Is it? A:", **body)
