@@ -1,10 +1,11 @@
 """Shared fixtures: the real model, and real ``llamafleet serve`` processes driven over HTTP.
 
 ``fleet`` is one server for the whole session (the demo model, 2 replicas x 4 slots, 512 tokens of context, one
-thread each: small enough for a 2-core CI machine). ``launch_fleet`` starts further servers with any flags: each is
-stopped at the end of the test module that started it (idle servers left running would take a share of the cores
-from every later test); every server runs in its own session (process group) and the whole group is killed at
-teardown, workers included.
+thread each: small enough for a 2-core CI machine). In a module marked ``each_engine`` its tests run on it and on the
+torch engine's shared server (the same shape, serving the tiny random checkpoint of tests/hf_models.py).
+``launch_fleet`` starts further servers with any flags: each is stopped at the end of the test module that started it
+(idle servers left running would take a share of the cores from every later test); every server runs in its own
+session (process group) and the whole group is killed at teardown, workers included.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from hf_models import tiny_checkpoint_path
 from llamafleet.model.demo import default_model_path
 
 READY_TIMEOUT_S = 240.0
@@ -44,6 +46,8 @@ class FleetServer:
     url: str
     log_path: Path
     shared: bool = False  # the session's `fleet`: kept past the end of the module that started it
+    engine: str = "llama.cpp"  # its replicas' engine
+    demo_model: bool = False  # the shared llama.cpp server's: a test may check what the demo model answers
     stopped: bool = False  # by stop(): its process group is gone (its pid may be another's by now)
     _client: OpenAI | None = None
 
@@ -152,22 +156,59 @@ def _stop_the_modules_servers() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def fleet(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) -> FleetServer:
-    """The shared server: the demo model, 2 replicas x 4 slots, 512 tokens each, one thread per replica."""
+def llama_fleet(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) -> FleetServer:
+    """The shared llama.cpp server: the demo model, 2 replicas x 4 slots, 512 tokens each, one thread per replica."""
     server = launch_fleet(["--model", str(model_path), "--replicas", "2", "--parallel", "4", "--ctx", "512",
                            "--threads", "1"])
-    server.shared = True
+    server.shared = server.demo_model = True
     server.wait_ready()
     return server
 
 
 @pytest.fixture(scope="session")
+def torch_fleet(launch_fleet: Callable[[list[str]], FleetServer],
+                tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
+    """The shared torch server: the tiny random LLaMA checkpoint (tests/hf_models.py), 2 replicas x 4 slots, 512
+    tokens each, one thread per replica."""
+    server = launch_fleet(["--model", str(tiny_checkpoint_path(tmp_path_factory)), "--replicas", "2", "--parallel",
+                           "4", "--ctx", "512", "--threads", "1"])
+    server.shared, server.engine = True, "torch"
+    server.wait_all_ready()
+    return server
+
+
+ENGINES = ("llama.cpp", "torch")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """In a module marked ``each_engine``, every test that takes the server (``fleet``, ``client`` or ``model``)
+    runs on the shared server of each engine, unless it is marked ``llama_cpp_only`` with its reason."""
+    if metafunc.definition.get_closest_marker("each_engine") is None or "fleet" not in metafunc.fixturenames:
+        return
+    only = metafunc.definition.get_closest_marker("llama_cpp_only")
+    if only is not None:
+        if not only.kwargs.get("reason"):
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: llama_cpp_only needs reason=... (why the test "
+                                    "cannot run on a torch replica)")
+        return
+    metafunc.parametrize("fleet", ENGINES, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest) -> FleetServer:
+    """The shared server: llama.cpp's (``llama_fleet``), or in a module marked ``each_engine`` each engine's in turn
+    (the test's id names it)."""
+    engine = getattr(request, "param", "llama.cpp")
+    return request.getfixturevalue("torch_fleet" if engine == "torch" else "llama_fleet")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
 def client(fleet: FleetServer) -> OpenAI:
     """The OpenAI SDK's client of the shared server."""
     return fleet.client()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def model(fleet: FleetServer) -> str:
     """The shared server's model name."""
     return fleet.model()

@@ -11,6 +11,7 @@ import importlib.metadata as md
 import os
 import re
 import tomllib
+import uuid
 from pathlib import Path
 
 _PIN = re.compile(r"^llama[-_.]cpp[-_.]python\s*==\s*([\w.]+)", re.IGNORECASE)
@@ -46,6 +47,13 @@ def cache_dir() -> Path:
         base = (Path(xdg) if xdg else Path.home() / ".cache") / "llamafleet"
     base.mkdir(parents=True, exist_ok=True)
     return base
+
+
+def partial_path(target: Path) -> Path:
+    """A temporary name beside ``target`` that no other process or thread writing ``target`` at the same time uses:
+    write there, then ``os.replace`` it onto ``target`` (a fixed name would be truncated and renamed under the
+    other writer)."""
+    return target.with_name(f"{target.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.partial")
 
 
 def llama_cpp_sdist_dir() -> Path:

@@ -14,6 +14,9 @@ import pytest
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+FORCED = "the call is forced with a grammar (tool_choice any, required or named), which the torch engine refuses"
+
 WEATHER: dict[str, Any] = {
     "name": "get_weather",
     "description": "The current weather in a city.",
@@ -50,6 +53,7 @@ def valid_use(block: Any) -> dict[str, Any]:
     return args
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 @pytest.mark.parametrize(("temperature", "one"), [(0.0, False), (1.0, True)])
 def test_any_gives_well_formed_calls(claude: anthropic.Anthropic, fleet: FleetServer, temperature: float,
                                      one: bool) -> None:
@@ -65,6 +69,7 @@ def test_any_gives_well_formed_calls(claude: anthropic.Anthropic, fleet: FleetSe
         valid_use(block)
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_tool_calls_the_named_tool_once(claude: anthropic.Anthropic, fleet: FleetServer) -> None:
     msg = claude.messages.create(model=fleet.model(), max_tokens=200, messages=ASK, tools=[WEATHER, TIME],
                                  tool_choice={"type": "tool", "name": "get_time"}, extra_body={"temperature": 1.0})
@@ -74,6 +79,7 @@ def test_tool_calls_the_named_tool_once(claude: anthropic.Anthropic, fleet: Flee
     valid_use(block)
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_round_trip(claude: anthropic.Anthropic, fleet: FleetServer) -> None:
     model = fleet.model()
     call = claude.messages.create(model=model, max_tokens=200, messages=ASK, tools=[WEATHER],
@@ -95,6 +101,7 @@ def test_round_trip(claude: anthropic.Anthropic, fleet: FleetServer) -> None:
     assert read(final) > bare + 20  # "none" shows no tools, but the call and its result were read
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "auto"}])
 def test_stream_matches_the_whole_answer(claude: anthropic.Anthropic, fleet: FleetServer,
                                          choice: dict[str, Any]) -> None:
@@ -114,6 +121,7 @@ def test_stream_matches_the_whole_answer(claude: anthropic.Anthropic, fleet: Fle
         assert whole.stop_reason == "tool_use" and [valid_use(b) for b in streamed.content]
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_count_tokens_counts_the_tools(claude: anthropic.Anthropic, fleet: FleetServer) -> None:
     model = fleet.model()
     bare = claude.messages.count_tokens(model=model, messages=ASK)

@@ -1,13 +1,13 @@
 """The conformance matrix (docs/MODELS.md), on a real server: one synthetic model per family, carrying the family's
 real chat template and tokenizer from llama.cpp's source (``llamafleet synth --vocab --chat-template``), all behind
-one ``llamafleet serve`` that loads each on demand. The case of each cell of the matrix in tests/family_cases.py (and
-each malformed call) is forced with the request's ``grammar`` (the model's weights are random: the grammar makes it
-write exactly the family's raw output), and what
+one ``llamafleet serve`` that loads each on demand. The cases of tests/family_cases.py are forced with the request's
+``grammar`` (the model's weights are random: the grammar makes it write exactly the family's raw output), and what
 the OpenAI SDK (chat, whole and streamed; Responses) and the Anthropic SDK (Messages) receive is checked: reasoning
 apart, calls with their indices and ids, no markup in the content. Then what the server itself constrains: forced
-calls in the family's own format, the reasoning budget closing the think block, a JSON schema after reasoning.
-The families' other cases (text before calls, calls in reasoning, ...) are read by the unit tests alone
-(tests/unit/api/test_families.py: whole and streamed in every split), as the server adds nothing to them.
+calls in the family's own format, the reasoning budget closing the think block, a JSON schema after reasoning. Which
+case runs for which family: ``CHECKS``. The families' other cases (text before calls, calls in reasoning, ...) are
+read by the unit tests alone (tests/unit/api/test_families.py: whole and streamed in every split), as the server
+adds nothing to them.
 
 Tests run family by family (one model loaded at a time, once, the last one unloaded when idle)."""
 
@@ -74,16 +74,19 @@ def _calls(calls: list[Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def check_chat(client: OpenAI, family: Family, case: Case) -> None:
-    """One raw output through chat, whole and streamed: the same message, and the stream's calls in order."""
+    """One raw output through chat, streamed (in the real tokenizer's pieces), and whole for the families of
+    ``EVERY_WAY`` (the whole text is the raw output the unit tests read): the same message, the stream's calls in
+    order."""
     args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": LIMIT,
                             "temperature": 0, "extra_body": forced(case.output)}
-    msg = client.chat.completions.create(**args).choices[0].message
-    assert (msg.content or "") == case.content
-    assert ((msg.model_extra or {}).get("reasoning_content") or "") == case.reasoning
-    assert (msg.model_extra or {}).get("reasoning") == ((msg.model_extra or {}).get("reasoning_content"))
-    assert _calls(msg.tool_calls or []) == list(case.calls)
-    if case.ids:
-        assert tuple(c.id for c in msg.tool_calls or []) == case.ids
+    if family.name in EVERY_WAY:
+        msg = client.chat.completions.create(**args).choices[0].message
+        assert (msg.content or "") == case.content
+        assert ((msg.model_extra or {}).get("reasoning_content") or "") == case.reasoning
+        assert (msg.model_extra or {}).get("reasoning") == ((msg.model_extra or {}).get("reasoning_content"))
+        assert _calls(msg.tool_calls or []) == list(case.calls)
+        if case.ids:
+            assert tuple(c.id for c in msg.tool_calls or []) == case.ids
     content, reasoning, deltas, finish = "", "", [], None
     for chunk in client.chat.completions.create(stream=True, **args):
         if not chunk.choices:
@@ -161,10 +164,10 @@ def check_messages(claude: anthropic.Anthropic, family: Family, case: Case) -> N
 def check_forced(client: OpenAI, family: Family) -> None:
     """``tool_choice: "required"``: the model writes one call in its own format (the grammar), after at most a short
     think block (a budget of 3), and stops there (under 300 tokens: Hunyuan 3's tags spelled out by LLaMA-2's
-    tokenizer take 200)."""
+    tokenizer take 200); streamed, and whole as well for the families of ``EVERY_WAY``."""
     known = families.FAMILIES[family.name]
     extra = {"reasoning_budget": 3} if known.think else {}
-    for stream in (False, True):
+    for stream in (False, True) if family.name in EVERY_WAY else (True,):
         args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 300,
                                 "tool_choice": "required", "parallel_tool_calls": False, "extra_body": extra,
                                 "temperature": 0}
@@ -249,16 +252,25 @@ def check(feature: str, family: Family, client: OpenAI, claude: anthropic.Anthro
     else:
         case = _case(family, feature)
         check_chat(client, family, case)
-        if feature in ("tools", "reasoning"):
+        if feature in ("tools", "reasoning") and family.name in EVERY_WAY:
             check_responses(client, family, case)
             check_messages(claude, family, case)
 
 
 HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2", "minimax-m3")  # replay reasoning
-# each family's checks one after the other, so its model is loaded once: the matrix's cells, its malformed calls (a
-# stream must not break on them), a second turn through its template
+# What runs over the server. tests/unit/api/test_families.py reads every raw output of tests/family_cases.py, whole
+# and streamed in any split; here each family's own outputs go through its real tokenizer and the server: its call
+# and its think block through chat, streamed, its malformed calls (a stream must not break on them), and what the
+# server itself constrains (a forced call, the reasoning budget, a schema after reasoning, a second turn through its
+# template). What builds on that reading the same way for every family (answers whole, the Responses and Messages
+# streams, several calls with their indices, plain text) runs on EVERY_WAY: one family per kind of call stream (JSON
+# with a think block, XML parameters, Mistral's calls sent whole at the end, Harmony's channels, Gemma's arguments
+# sent whole).
+EVERY_WAY = ("qwen3", "qwen3.5", "mistral", "gpt-oss", "gemma4")
+# each family's checks one after the other, so its model is loaded once
 CHECKS = [(f, x) for f in FAMILIES for x in (
-    *(x for x in ("chat", "tools", "parallel", "reasoning", "forced", "budget", "schema") if supported(f, x)),
+    *(x for x in ("chat", "tools", "parallel", "reasoning", "forced", "budget", "schema")
+      if supported(f, x) and (f.name in EVERY_WAY or x not in ("chat", "parallel"))),
     *(c.what for c in f.cases if c.what == "malformed call"),
     *(("history",) if f.name in HISTORY else ()))]
 

@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-ASK = "Name a colour."
+pytestmark = pytest.mark.each_engine
+
+# over 256 characters, so that prefix routing sends each request to the replica that holds it (see warm)
+ASK = ("You are helping someone paint a small room that gets little light in the afternoon. The walls are plain, the "
+       "floor is dark wood and the furniture is mostly white. They want something calm but not cold, and they will "
+       "paint it themselves over a weekend. Name a colour.")
 INCLUDE: Any = ["message.output_text.logprobs"]
 
 
@@ -20,7 +25,15 @@ def _logprobs(response: Any) -> list[Any]:
     return list(part.logprobs or [])
 
 
+def warm(client: OpenAI, model: str) -> None:
+    """Put the prompt in a replica's prefix cache: the requests compared then all read it there and compute the same
+    last token (logprobs of a prompt computed whole and of one read from the cache differ in the second decimal on
+    the quantised demo model, and which one a request gets depended on the tests before)."""
+    client.responses.create(model=model, input=ASK, max_output_tokens=1, temperature=0)
+
+
 def test_top_logprobs_are_chats(client: OpenAI, model: str) -> None:
+    warm(client, model)
     r = client.responses.create(model=model, input=ASK, max_output_tokens=5, temperature=0, include=INCLUDE,
                                 top_logprobs=3)
     lps = _logprobs(r)
@@ -41,6 +54,7 @@ def test_top_logprobs_are_chats(client: OpenAI, model: str) -> None:
 def test_streamed_logprobs_ride_on_the_text_deltas(client: OpenAI, model: str) -> None:
     args: dict[str, Any] = dict(model=model, input=ASK, max_output_tokens=8, temperature=0, include=INCLUDE,
                                 top_logprobs=2)
+    warm(client, model)
     whole = _logprobs(client.responses.create(**args))
     events = list(client.responses.create(**args, stream=True))
     carried = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]

@@ -14,6 +14,8 @@ from openai import OpenAI
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+
 # long enough (over 256 characters) for prefix routing to send the next turn to the replica that holds it
 QUESTION = ("You are helping plan a small garden behind a house in a mild, dry climate. The beds get six hours of sun "
             "a day, the soil is sandy and drains fast, water is limited to one can a day, and the owner wants "
@@ -41,7 +43,7 @@ def new_prefill(response: Any) -> int:
     return int(usage.input_tokens - usage.input_tokens_details.cached_tokens)
 
 
-def test_a_continued_conversation_prefills_only_the_new_input(alice: OpenAI, model: str) -> None:
+def test_a_continued_conversation_prefills_only_the_new_input(fleet: FleetServer, alice: OpenAI, model: str) -> None:
     first = alice.responses.create(model=model, input=QUESTION, temperature=0.0, max_output_tokens=24)
     assert first.store and first.previous_response_id is None and first.usage is not None
     second = alice.responses.create(model=model, previous_response_id=first.id, input="Why that one?",
@@ -50,8 +52,9 @@ def test_a_continued_conversation_prefills_only_the_new_input(alice: OpenAI, mod
     # the whole conversation was the prompt: the first question and answer, then the new turn
     assert second.usage.input_tokens >= first.usage.input_tokens + first.usage.output_tokens
     # and what the first request computed was reused: only the answer's end, the markup and the new question are new
-    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
-    assert new_prefill(second) <= first.usage.output_tokens + 20, second.usage
+    # (where the engine keeps a prefix cache: the torch engine computes every prompt whole)
+    assert fleet.engine == "torch" or second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    assert fleet.engine == "torch" or new_prefill(second) <= first.usage.output_tokens + 20, second.usage
     # the same conversation sent whole, without the store, is the same prompt
     whole = alice.responses.create(model=model, store=False, temperature=0.0, max_output_tokens=8, input=[
         {"role": "user", "content": QUESTION}, *first.output, {"role": "user", "content": "Why that one?"}])
@@ -59,7 +62,7 @@ def test_a_continued_conversation_prefills_only_the_new_input(alice: OpenAI, mod
     assert whole.output_text == second.output_text
 
 
-def test_a_streamed_continuation_is_stored_and_continued_too(alice: OpenAI, model: str) -> None:
+def test_a_streamed_continuation_is_stored_and_continued_too(fleet: FleetServer, alice: OpenAI, model: str) -> None:
     first = alice.responses.create(model=model, input=QUESTION, temperature=0.0, max_output_tokens=16, stream=True)
     events = list(first)
     created, done = events[0], events[-1]
@@ -72,10 +75,12 @@ def test_a_streamed_continuation_is_stored_and_continued_too(alice: OpenAI, mode
                                          temperature=0.0, max_output_tokens=8, stream=True))
     final: Any = second[-1]
     assert final.type in ("response.completed", "response.incomplete") and final.response.previous_response_id == rid
-    assert final.response.usage.input_tokens_details.cached_tokens >= stored.usage.input_tokens  # type: ignore
-    assert new_prefill(final.response) <= stored.usage.output_tokens + 20  # type: ignore[union-attr]
+    if fleet.engine == "llama.cpp":  # its prefix cache held the conversation (the torch engine keeps none)
+        assert final.response.usage.input_tokens_details.cached_tokens >= stored.usage.input_tokens  # type: ignore
+        assert new_prefill(final.response) <= stored.usage.output_tokens + 20  # type: ignore[union-attr]
 
 
+@pytest.mark.llama_cpp_only(reason="tool_choice required is a grammar, which the torch engine refuses")
 def test_a_tool_call_is_answered_by_its_output_item_alone(alice: OpenAI, model: str) -> None:
     ask = "What is the weather in Paris?"
     first = alice.responses.create(model=model, input=ask, tools=[WEATHER], tool_choice="required",  # type: ignore

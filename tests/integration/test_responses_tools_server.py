@@ -15,6 +15,9 @@ from openai import OpenAI
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+FORCED = "the call is forced with a grammar (tool_choice any, required or named), which the torch engine refuses"
+
 WEATHER: dict[str, Any] = {
     "type": "function", "name": "get_weather", "description": "The current weather in a city.", "strict": True,
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
@@ -42,6 +45,7 @@ def calls_of(response: Any) -> list[Any]:
     return calls
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_required_gives_function_call_items(client: OpenAI, model: str, temperature: float) -> None:
     r = client.responses.create(model=model, input=ASK, tools=[WEATHER, TIME], tool_choice="required",  # type: ignore
@@ -52,6 +56,7 @@ def test_required_gives_function_call_items(client: OpenAI, model: str, temperat
     assert r.tool_choice == "required" and [t.name for t in r.tools] == ["get_weather", "get_time"]  # type: ignore
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_named_function_is_the_one_called(client: OpenAI, model: str) -> None:
     r = client.responses.create(model=model, input=ASK, tools=[WEATHER, TIME],  # type: ignore[list-item]
                                 tool_choice={"type": "function", "name": "get_time"}, temperature=1.0,
@@ -60,6 +65,7 @@ def test_named_function_is_the_one_called(client: OpenAI, model: str) -> None:
     assert call.name == "get_time"
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_round_trip_call_output_answer(client: OpenAI, model: str) -> None:
     first = client.responses.create(model=model, input=ASK, tools=[WEATHER], tool_choice="required",  # type: ignore
                                     parallel_tool_calls=False, temperature=0.0, max_output_tokens=120)
@@ -77,6 +83,7 @@ def test_round_trip_call_output_answer(client: OpenAI, model: str) -> None:
     assert final.usage.input_tokens > plain.usage.input_tokens + len(call.arguments) // 4 + len(result) // 4
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_streamed_call_equals_the_whole_one(client: OpenAI, model: str) -> None:
     args: dict[str, Any] = dict(model=model, input=ASK, tools=[WEATHER, TIME], tool_choice="required",
                                 temperature=0.0, max_output_tokens=200)

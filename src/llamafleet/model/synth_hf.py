@@ -22,7 +22,7 @@ import numpy as np
 
 from llamafleet.model.checkpoint import CONFIG, INDEX
 from llamafleet.model.synth import Shape
-from llamafleet.paths import cache_dir
+from llamafleet.paths import cache_dir, partial_path
 
 DTYPES = {"f32": ("F32", "float32", 4), "f16": ("F16", "float16", 2), "bf16": ("BF16", "bfloat16", 2)}
 CHUNK = 1 << 24  # elements generated at a time
@@ -111,7 +111,7 @@ def write_tokenizer(folder: Path, vocab: Path, chat_template: str) -> None:
     if not (cached / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
 
-        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+        tmp = partial_path(cached)
         AutoTokenizer.from_pretrained(str(vocab.parent), gguf_file=vocab.name).save_pretrained(str(tmp))
         (tmp / "chat_template.jinja").unlink(missing_ok=True)
         if (cached / "tokenizer.json").is_file():  # another process finished first
