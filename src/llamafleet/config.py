@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamafleet.config_sections import RemoteEntry, SpeculativeSettings
+from llamafleet.config_sections import PrioritySettings, RemoteEntry, SpeculativeSettings
 from llamafleet.model.hub_ref import model_stem
 from llamafleet.rpc import INSECURE, parse_endpoint
 
@@ -140,6 +140,9 @@ class FleetConfig(BaseModel):
     speculative: SpeculativeSettings = Field(
         default_factory=lambda: SpeculativeSettings.model_validate({}), description="speculative decoding: mode, "
         "draft_model, max_draft, ngram_min, ngram_max, max_batch (see docs/OPERATIONS.md, Speculative decoding)")
+    priorities: PrioritySettings = Field(
+        default_factory=lambda: PrioritySettings.model_validate({}), description="priority classes in each replica's "
+        "scheduler: reserve_s, batch_share (see docs/OPERATIONS.md, Tenants)")
     cache_ram_mib: int | None = Field(None, ge=0, description="RAM tier of the KV cache per replica: slots' KV kept "
                                       "when their slot is reused (0 = off; default: a quarter of the "
                                       "RAM the plan leaves, at most 8192)")
