@@ -25,7 +25,8 @@ def engine() -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def wide() -> Iterator[Engine]:
-    """Four slots; batch work beside better work: one token per pass (the share's floor), however passes cost."""
+    """Four slots; beside a better prompt batch work takes no share of the pass (only the floor of one token, while the
+    prompt goes on after it), however passes cost."""
     cfg = EngineConfig(model_path=str(default_model_path(progress=False)), n_seq=4, n_ctx_per_seq=256, n_batch=256,
                        priorities=PriorityConfig(batch_share=0.0))
     with Engine(cfg) as eng:
@@ -86,5 +87,5 @@ def test_batch_answers_give_way_in_the_pass_of_a_better_prompt(wide: Engine) -> 
         outs = wide.step()
         if any(o.request_id == "chat" and o.token_ids for o in outs):
             beside.append(sum(len(o.token_ids) for o in outs if o.request_id != "chat"))
-    # its prompt's pass took one batch token along (without the rule: all three answers'); its answer's passes all
-    assert beside == [1] + [3] * (SHORT.max_tokens - 1), beside
+    # its prompt's pass (its only one) took no batch token (without the rule: all three answers'); its answer's all
+    assert beside == [0] + [3] * (SHORT.max_tokens - 1), beside

@@ -33,8 +33,9 @@ pass's fitted cost ``a + b * tokens`` (:class:`Shares`, the ``priorities`` setti
 
 * beside a better prompt's chunk, batch work (its decode rows first, rotating, then its prompts' chunks, oldest first)
   adds at most ``batch_share`` (0.1) to the pass's cost: ``n`` batch tokens beside ``k`` better ones add ``b n`` to
-  ``a + b k``, so it takes ``n <= share (a / b + k)`` of them, and at least one (batch answers slow down, never stop);
-  better prompts are prefilled before batch prompts, whatever their age;
+  ``a + b k``, so it takes ``n <= share (a / b + k)`` of them, and at least one while a better prompt's prefill goes
+  on after the pass (batch answers slow down, never stop); better prompts are prefilled before batch prompts, whatever
+  their age;
 * while better work is about (a request of a better class than batch arrived in the last ``reserve_s`` seconds), a
   pass of batch work alone holds its decode rows and only as many prompt tokens (at least one) as keep the pass's
   fixed cost ``a`` at ``batch_alone_cost`` (0.1) of its time: ``a / (a + b n) >= cost``, so the batch work loses at
@@ -159,7 +160,10 @@ def schedule(running: list[Sequence], budget: int, rotate: int = 0, prefill_budg
         plan, _, _ = _pack(running, budget, rotate, prefill_budget, join_tokens)
     elif any(s.pending > 1 for s in better):  # a better prompt is prefilled: batch work takes a share of its pass
         plan, budget, prefill_left = _pack(better, budget, rotate, prefill_budget, join_tokens)
-        allowed = max(1, int(shares.beside * (join_tokens + sum(n for _, n in plan))))
+        allowed = int(shares.beside * (join_tokens + sum(n for _, n in plan)))
+        planned = dict(plan)
+        if any(s.pending > 1 and planned.get(s, 0) < s.pending for s in better):
+            allowed = max(allowed, 1)  # a better prompt goes on after this pass: batch answers must not stop
         extra, _, _ = _pack(batch, min(budget, allowed), rotate, min(prefill_left, allowed), None)
         plan += extra
     elif not better and shares.alone:  # batch work alone while better work is about: short passes

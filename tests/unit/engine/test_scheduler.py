@@ -101,6 +101,9 @@ def test_beside_a_better_prompt_batch_work_takes_its_share_of_the_pass_and_batch
     # a GPU (the fixed cost worth 500 tokens): 10% of the pass pays for all of the batch work; the chat prompt first
     plan = schedule(running, 2048, 0, 512, join_tokens=500.0, shares=Shares(0.1, None))
     assert sorted(ids(plan)) == [("bd0", 1), ("bd1", 1), ("bd2", 1), ("bp", 10), ("chat", 12)]
+    # a CPU whose pass costs its tokens alone: 10% of 9 tokens is none, and the chat's prompt ends in this pass
+    short = _flood_beside(seq("chat", 9, priority=0))
+    assert ids(schedule(short, 2048, 0, 512, join_tokens=0.0, shares=Shares(0.1, None))) == [("chat", 9)]
     # unmeasured passes (or tokens that cost nothing): no limit, every prompt joins
     assert len(schedule(running, 2048, 0, 512, join_tokens=None, shares=Shares(0.1, None))) == 5
 
