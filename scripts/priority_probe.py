@@ -83,7 +83,8 @@ def run_phase(eng: Engine, rec: Recorder, args: argparse.Namespace, flood: bool,
             sent = max(next_at, free_at)  # (it came during the step that just ended: the engine takes it now)
             last = steps[-1] if steps else None  # the step it came during: its part after the request, in CPU time
             cpu = last["cpu"] * min(1.0, max(0.0, (last["end"] - sent) / last["s"])) if last else 0.0
-            current = {"id": rid, "sent": sent, "admit_step": None, "steps": [], "cpu": cpu}
+            arrive = last["end"] - sent if last and last["end"] - last["s"] <= sent < last["end"] else 0.0
+            current = {"id": rid, "sent": sent, "admit_step": None, "steps": [], "cpu": cpu, "arrive_s": arrive}
             next_at = sent + args.every
         if not eng.has_work():
             time.sleep(0.005)
@@ -112,7 +113,6 @@ def run_phase(eng: Engine, rec: Recorder, args: argparse.Namespace, flood: bool,
                     current["ttft_s"] = t1 - current["sent"]
                     first_step_start = current["admit_step"][0] if current["admit_step"] else t1
                     current["prefill_s"] = sum(s["s"] for s in current["steps"])
-                    current["arrive_s"] = steps_end_after(steps, current["sent"], t0, t1, len(steps) - 1)
                     current["admit_s"] = max(0.0, first_step_start - current["sent"] - current["arrive_s"])
                 if out.finished:
                     free_at = t1
@@ -143,20 +143,6 @@ def med(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 4) if xs else None
 
 
-def steps_end_after(steps: list[dict[str, Any]], sent: float, t0: float, t1: float, last: int) -> float:
-    """Seconds from ``sent`` to the end of the step that was running then (0: it came between steps). Rebuilt from
-    step durations ending at ``t1`` (the end of step ``last``)."""
-    end = t1
-    for i in range(last, -1, -1):
-        start = end - steps[i]["s"]
-        if start <= sent < end:
-            return end - sent
-        if end <= sent:
-            return 0.0
-        end = start
-    return 0.0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flood", type=int, default=200)
@@ -175,8 +161,8 @@ def main() -> None:
     rec = Recorder()
     cfg = EngineConfig(model_path=str(default_model_path(progress=False)), n_seq=args.slots, n_ctx_per_seq=512,
                        n_batch=2048, n_threads=args.threads, overlap=False)
-    result: dict[str, Any] = {"cpus": os.cpu_count(), "load_1min_at_start": os.getloadavg()[0], "args": vars(args),
-                              "phases": []}
+    result: dict[str, Any] = {"cpus": os.cpu_count(), "load_1min_at_start": os.getloadavg()[0], "phases": [],
+                              "args": {k: v for k, v in vars(args).items() if k != "json"}}
     on = replace(cfg, priorities=PriorityConfig(batch_share=args.share, batch_alone_cost=args.alone_cost))
     off = replace(cfg, priorities=PriorityConfig(batch_share=None))  # the slot kept, passes shared as before
     with Engine(on) as eng_on, Engine(off) as eng_off:

@@ -5,7 +5,10 @@ Admission: a request's ``priority`` (0 interactive, 1 default, 2 batch: the API 
 requests, lower first; within one priority, the request of the tenant (API key) holding the fewest slots goes first,
 oldest first among equals, so a tenant with 100 requests queued does not push back one with a single request: it
 gets the next slot that frees. Aging keeps a lower class from starving: each time a request of a better priority is
-admitted past a waiting one, that one counts a pass, and every :data:`AGING_PASSES` passes raise it one class.
+admitted past a tenant's oldest waiting request, that one counts a pass, and every :data:`AGING_PASSES` passes raise
+it one class. Only the oldest of each tenant counts them: the others would not have had that slot anyway, and when
+every waiting request counted, a batch flood of 200 aged whole after 8 interactive requests and took back the slot
+kept for them (below).
 Running answers are never preempted, so better work can only take a slot that frees: the batch class is kept out of
 the last free slot (of an engine with two or more) while better work arrived in the last ``reserve_s`` seconds
 (:class:`~llamafleet.engine.types.PriorityConfig`), so that an interactive request finds a slot at once instead of
@@ -42,9 +45,10 @@ pass's fitted cost ``a + b * tokens`` (:class:`Shares`, the ``priorities`` setti
   most about that share of its speed, and a better request arriving finds a short pass to wait for.
 
 On a GPU, where ``a / b`` is hundreds of tokens, both hold every batch token and nothing changes; on a CPU (``a / b``
-below one token) an interactive prompt's pass takes one batch token along instead of every batch answer, and batch
-prompts are prefilled a few tokens per pass. The passes of better answers (after their first token) are not limited.
-Without better work, without batch work, or before passes of different sizes were measured, nothing changes.
+0.5-2 tokens) a short interactive prompt's pass takes no batch token along instead of every batch answer's, and batch
+prompts are prefilled in chunks of a few to a dozen tokens. The passes of better answers (after their first token)
+are not limited. Without better work, without batch work, or before passes of different sizes were measured, nothing
+changes.
 
 The chosen pairs are returned in slot order. With one KV stream per sequence, llama.cpp splits a batch into
 micro-batches that may only hold *consecutive* sequence ids (``split_equal`` with ``sequential``); a batch in
@@ -137,7 +141,10 @@ class Waiting:
         held = Counter(s.req.tenant for s in running)
         best = min(able, key=lambda i: (entries[i].rank, held[entries[i].req.tenant], i))
         chosen = entries.pop(best)
+        oldest: dict[tuple[int, str], _Entry] = {}
         for e in entries:
+            oldest.setdefault((e.req.priority, e.req.tenant), e)
+        for e in oldest.values():
             if e.rank > chosen.rank:
                 e.passed += 1
         return chosen.req

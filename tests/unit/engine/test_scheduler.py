@@ -180,6 +180,18 @@ def test_aging_admits_a_lower_class_within_a_bounded_number_of_admissions() -> N
     assert len(w) == 1 and w.remove("nope") is None
 
 
+def test_a_batch_flood_does_not_age_whole_and_take_the_kept_slot() -> None:
+    w = _waiting(*((f"b{i}", 2, "bulk") for i in range(200)))
+    admitted = []
+    for i in range(3 * AGING_PASSES):  # an interactive request every so often, and batch answers ending between
+        w.append(Request(f"i{i}", (1,), priority=0, tenant="chat"))
+        admitted += [w.pop([], 2).request_id, w.pop([], 2).request_id]  # the interactive one, then one batch
+        assert w.pop([], 1) is None  # the last free slot stays kept (every waiting request aged: b... took it)
+    assert admitted[:4] == ["i0", "b0", "i1", "b1"]
+    # batch work got its slots all along, so none of it aged past the oldest: the flood is still batch
+    assert sum(e.startswith("b") for e in admitted) == 3 * AGING_PASSES
+
+
 def _next(w: Waiting, free: int) -> str | None:
     req = w.pop([], free)
     return None if req is None else req.request_id
