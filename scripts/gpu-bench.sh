@@ -26,15 +26,20 @@
 #   split        (2+ GPUs) 70B Q4_0: tensor split vs layer split, single stream and 32 streams
 #   consistency  (2+ GPUs) greedy agreement of batched / layer / tensor against a one-at-a-time reference
 #   spec         (not in the default list: it needs a real model, SPEC_MODEL, default the demo model) speculative
-#                decoding by scripts/spec-bench.sh on GPU 0: prompt lookup on and off in-process (1 and 128
+#                decoding by scripts/spec-bench.sh on GPU 0: verification passes of 1-17 tokens and the edit
+#                answers replayed (scripts/spec_probe.py), prompt lookup on and off in-process (1 and 128
 #                streams, edit / extract / random) and over HTTP (edit workload, SPEC_LEVELS, default 1,8,128),
-#                against llama-server's ngram-simple speculation with the same lookup and draft lengths;
-#                DRAFT_MODEL or DRAFT_QUANT (passed through) add a draft model's in-process phases
+#                against llama-server's n-gram speculation (SERVER_SPEC, default ngram-simple ngram-mod) with the
+#                same lookup and draft lengths; SPEC_PHASES (probe engine http) and REPEAT pass through; DRAFT_MODEL or
+#                DRAFT_QUANT (passed through) add a draft model's in-process phases
 #   torch        (not in the default list: it needs transformers, tokenizers and safetensors beside torch; run it
 #                after build) the torch engine on GPU 0: LLaMA-2 7B's shape as a checkpoint folder (random fp16
 #                safetensors, written here) against the GGUF engine on F16 and Q8_0 files of the same shape, each
 #                served alone (32 slots, ctx CTX), 1 and 32 streams over HTTP; /v1/status (planned vs measured
-#                memory) saved per model
+#                memory, graph_steps) and the serve log's lines on CUDA graphs (graphs-LABEL.txt) saved per run.
+#                TORCH_RUNS picks the runs, in order (default "torch-f16 gguf-f16 engine-torch"): torch-f16 (decode
+#                steps as CUDA graphs, the default), torch-f16-eager (--cuda-graphs off), gguf-f16, gguf-q8_0 (HTTP),
+#                engine-torch (in-process `bench engine`, 32 requests x 128 tokens, graphs then eager, side by side)
 #   rerank       (not in the default list) /v1/rerank of 64 documents x 200 tokens on the host's CPU (GPUs hidden),
 #                llamafleet against the llama-server of the build phase (scripts/rerank-bench.sh), rounds interleaved
 #
@@ -267,23 +272,39 @@ fi
 if has torch; then
   vocab=$SRC/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf
   HF7=$WORK/models/llama2-7b-hf
+  TORCH_RUNS=${TORCH_RUNS:-torch-f16 gguf-f16 engine-torch}
   for q in f16 q8_0; do
     g=$WORK/models/llama2-7b-$q.gguf
-    [ -f "$g" ] || { log "synth 7B $q"; "$PY" -m llamafleet.cli synth --shape llama2-7b --quant $q --vocab "$vocab" -q -o "$g"; }
+    case " $TORCH_RUNS " in *" gguf-$q "*) [ -f "$g" ] || { log "synth 7B $q"
+      "$PY" -m llamafleet.cli synth --shape llama2-7b --quant $q --vocab "$vocab" -q -o "$g"; };; esac
   done
   [ -f "$HF7/config.json" ] || { log "synth 7B fp16 checkpoint folder"; "$PY" -m llamafleet.cli synth --shape llama2-7b \
     --hf --quant f16 --vocab "$vocab" -o "$HF7" >>"$REPORT/run.log" 2>&1; }
-  for entry in "torch-f16:$HF7" "gguf-f16:$WORK/models/llama2-7b-f16.gguf" "gguf-q8_0:$WORK/models/llama2-7b-q8_0.gguf"; do
-    label=${entry%%:*}; path=${entry#*:}
+  for label in $TORCH_RUNS; do
+    case $label in
+      torch-f16) path=$HF7; extra=();; torch-f16-eager) path=$HF7; extra=(--cuda-graphs off);;
+      gguf-f16|gguf-q8_0) path=$WORK/models/llama2-7b-${label#gguf-}.gguf; extra=();;
+      engine-torch)
+        for graphs in auto off; do
+          log "bench engine: torch 7B fp16 in-process, 32 requests x 128 tokens, cuda_graphs $graphs"
+          CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli bench engine --model "$HF7" --requests 32 --max-tokens 128 \
+            --cuda-graphs $graphs --json >"$REPORT/engine-torch-$graphs.json" 2>"$REPORT/engine-torch-$graphs.log" \
+            || log "bench engine (cuda_graphs $graphs) failed (see engine-torch-$graphs.log)"
+          grep -i "graph\|eager" "$REPORT/engine-torch-$graphs.log" | tee "$REPORT/graphs-engine-torch-$graphs.txt" || true
+        done
+        continue;;
+      *) log "TORCH_RUNS: unknown run $label"; continue;;
+    esac
     log "llamafleet serve $label on GPU 0 (32 slots, ctx $CTX)"
     CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli plan --model "$path" --parallel 32 --ctx $CTX \
       >"$REPORT/plan-$label.txt" 2>&1 || true
     CUDA_VISIBLE_DEVICES=0 "$PY" -m llamafleet.cli serve --model "$path" --port $PORT --replicas 1 --parallel 32 \
-      --ctx $CTX >"$REPORT/serve-$label.log" 2>&1 & pid=$!
+      --ctx $CTX "${extra[@]}" >"$REPORT/serve-$label.log" 2>&1 & pid=$!
     wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-$label.log"; stop $pid; continue; }
     d=$(dmon $label); bench_http "$label" "http://127.0.0.1:$PORT" 1,32; kill $d
     curl -s "http://127.0.0.1:$PORT/v1/status" >"$REPORT/status-$label.json" || true
     stop $pid
+    grep -i "cuda graph\|run eagerly" "$REPORT/serve-$label.log" | tee "$REPORT/graphs-$label.txt" || true
   done
 fi
 

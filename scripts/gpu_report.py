@@ -1,7 +1,8 @@
 """Summarise a scripts/gpu-bench.sh run folder into one markdown report (printed to stdout).
 
 Reads what the phases left: llama-bench.json, batched-bench.jsonl, engine-*.json, decode-probe.txt, <label>/bench.json
-(sweeps, one per batch size with BATCHES, and multi-turn replays), dmon-*.log, plan-*.txt, mem-*.csv and consistency/.
+(sweeps, one per batch size with BATCHES, multi-turn replays and the torch phase's runs), dmon-*.log, plan-*.txt,
+mem-*.csv, status-*.json, graphs-*.txt and consistency/.
 Missing pieces are skipped, so a partial run still reports.
 """
 
@@ -103,6 +104,43 @@ def batch_sweep(d: Path, ls: dict[int, dict[str, Any]]) -> None:
                 print(f"| {c} | {name} | {num(lv.get('output_tok_s'))} | {num(lv.get('steady_tok_s'))} | "
                       f"{num(t.get('p50'), '.0f')}/{num(t.get('p90'), '.0f')} | "
                       f"{num(i.get('p50'))}/{num(i.get('p90'))} |")
+
+
+TORCH_LABELS = (("torch-f16", "torch, fp16 checkpoint, CUDA graphs"),
+                ("torch-f16-eager", "torch, fp16 checkpoint, eager"),
+                ("gguf-f16", "llama.cpp, F16 GGUF"), ("gguf-q8_0", "llama.cpp, Q8_0 GGUF"))
+
+
+def torch_engine(d: Path) -> None:
+    """The torch phase: each run at 1 and 32 streams over HTTP (with its replica's graph_steps from /v1/status), then
+    the in-process runs with CUDA graphs and without."""
+    runs = [(label, name, http(d, label)) for label, name in TORCH_LABELS]
+    engines = [(g, load(d / f"engine-torch-{g}.json")) for g in ("auto", "off")]
+    if not any(r for _, _, r in runs) and not any(e for _, e in engines):
+        return
+    base = http(d, "gguf-f16").get(32, {}).get("output_tok_s")
+    print("\n## The torch engine against the GGUF engine (7B shape, one GPU, 32 slots)\n")
+    print("| run | 1 stream tok/s | ITL p50 ms | 32 streams tok/s (steady) | ITL p50 ms | vs F16 GGUF | graph steps |\n"
+          "|---|---:|---:|---:|---:|---:|---:|")
+    for label, name, r in runs:
+        if r:
+            one, many = r.get(1, {}), r.get(32, {})
+            status = load(d / f"status-{label}.json") or {}
+            steps = sum(x.get("graph_steps", 0) for x in status.get("replicas", []))
+            print(f"| {name} | {num(one.get('output_tok_s'))} | {num((one.get('itl_ms') or {}).get('p50'))} | "
+                  f"{num(many.get('output_tok_s'))} ({num(many.get('steady_tok_s'))}) | "
+                  f"{num((many.get('itl_ms') or {}).get('p50'))} | {ratio(many.get('output_tok_s'), base)} | "
+                  f"{steps if status else '—'} |")
+    for g, e in engines:
+        if e:
+            for p in e["phases"]:
+                print(f"\nin-process, cuda_graphs {g}, {p['name']}: {num(p['tokens_per_s'])} tok/s, "
+                      f"{p['steps']} steps ({p['graph_steps']} from graphs), "
+                      f"{num(1000 * p['step_seconds'] / max(1, p['steps']), '.2f')} ms/step")
+    for label, _ in TORCH_LABELS:
+        p = d / f"graphs-{label}.txt"
+        if p.exists() and p.read_text().strip():
+            print(f"\n`graphs-{label}.txt`:\n```\n{p.read_text().strip()[:1500]}\n```")
 
 
 def multiturn(d: Path) -> None:
@@ -211,6 +249,7 @@ def main(d: Path) -> None:
 
     batch_sweep(d, ls)
     multiturn(d)
+    torch_engine(d)
 
     multi = sorted(d.glob("llamafleet-[2-8]gpu"))
     for m in multi:

@@ -4,71 +4,16 @@ raw model outputs and what must be read from them, and the conformance matrix of
 Outputs marked ``test-chat.cpp`` are the raw outputs of llama.cpp's own chat tests (tests/test-chat.cpp) for the
 same template, with the message expected from them; the others are written here in the family's format. The unit
 tests (tests/unit/api/test_families.py) read every case whole and streamed in every split; the server tests
-(tests/integration/test_families_server.py) force each output with the request's ``grammar`` on a synthetic model
-carrying the family's template and tokenizer, and check what the OpenAI and Anthropic SDKs receive.
+(tests/integration/test_families_server.py) force the output of each cell of the matrix (and each malformed call)
+with the request's ``grammar`` on a synthetic model carrying the family's template and tokenizer, and check what the
+OpenAI and Anthropic SDKs receive.
 ``python tests/family_matrix.py`` writes docs/MODELS.md from :data:`FAMILIES` (a unit test checks it is current).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-SPECIAL = {"type": "function", "function": {
-    "name": "special_function", "description": "I'm special",
-    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer", "description": "The arg."}},
-                   "required": ["arg1"]}}}
-OPTIONAL = {"type": "function", "function": {
-    "name": "special_function_with_opt", "description": "I'm special but have optional stuff",
-    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer"}, "arg2": {"type": "integer"}},
-                   "required": ["arg1"]}}}
-TOOLS = [SPECIAL, OPTIONAL]
-HELLO = "Hello, world!\nWhat's up?"
-THINKING = "I'm\nthinking"
-CALL = ("special_function", {"arg1": 1})
-CALL2 = ("special_function_with_opt", {"arg1": 1, "arg2": 2})
-
-
-@dataclass(frozen=True)
-class Case:
-    """One raw output and the message read from it."""
-
-    what: str  # the feature it shows (a column of the matrix)
-    output: str
-    content: str = ""
-    reasoning: str = ""
-    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
-    ids: tuple[str, ...] = ()  # the calls' ids, where the family writes them
-    source: str = "own"
-    # streamed, where a call went out before its arguments broke: (name, arguments as written) and no content
-    streamed: tuple[tuple[str, str], ...] | None = None
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str  # as llamafleet.engine.families names it (None: not recognised)
-    label: str  # the models, as people know them
-    template: str  # models/templates/<template>.jinja in llama.cpp's source
-    vocab: str  # models/ggml-vocab-<vocab>.gguf: the family's own where llama.cpp's source has it (qwen2, qwen35,
-    # llama-bpe), else LLaMA-2's small one (the family's markers are then text, as the parser reads them anyway);
-    # Gemma 4's and Command R's (262k and 256k tokens) are there, but sampling under a grammar over them made the
-    # server test minutes longer, so these two families use LLaMA-2's too
-    opens_think: bool = False  # its template opens the think block at the end of the prompt
-    cases: tuple[Case, ...] = ()
-    not_supported: dict[str, str] = field(default_factory=dict)  # feature -> why not
-
-
-FEATURES = {  # column -> title
-    "chat": "plain chat",
-    "tools": "tools",
-    "parallel": "parallel calls",
-    "forced": "forced call",
-    "reasoning": "reasoning split",
-    "budget": "reasoning budget",
-    "schema": "schema after reasoning",
-}
-NO_THINK = "the family does not think"
-OPENED = "the template opens the think block: a plain answer is a reasoning case"
+from family_cases_more import MORE
+from family_types import CALL, CALL2, HELLO, NO_THINK, OPENED, THINKING, Case, Family
 
 
 def _json_block(name: str, args: str) -> str:
@@ -348,26 +293,20 @@ FAMILIES += (
     ), not_supported={"reasoning": NO_THINK, "budget": NO_THINK, "schema": NO_THINK}),
 )
 _LFM = "<|tool_call_start|>[{}]<|tool_call_end|>"
+_LFM_CASES = (  # (llama.cpp's tests read all LFM2 templates alike)
+    Case("chat", HELLO, HELLO, source="test-chat.cpp"),
+    Case("tools", _LFM.format("special_function(arg1=1)"), calls=(CALL,), source="test-chat.cpp"),
+    Case("parallel", _LFM.format("special_function(arg1=1), special_function_with_opt(arg1=1, arg2=2)"),
+         calls=(CALL, CALL2), source="test-chat.cpp"),
+    Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+)
 FAMILIES += (
     Family("lfm2-think", "LFM2.5 (thinking), LFM2", "LFM2.5-8B-A1B", "llama-spm", cases=(
-        Case("chat", HELLO, HELLO, source="test-chat.cpp"),
-        Case("tools", _LFM.format("special_function(arg1=1)"), calls=(CALL,), source="test-chat.cpp"),
-        Case("parallel", _LFM.format("special_function(arg1=1), special_function_with_opt(arg1=1, arg2=2)"),
-             calls=(CALL, CALL2), source="test-chat.cpp"),
-        Case("reasoning", f"<think>{THINKING}</think>{HELLO}", HELLO, THINKING),
+        *_LFM_CASES,
         Case("text before a call", "Let me check." + _LFM.format("special_function(arg1=1)"), "Let me check.",
              calls=(CALL,)),
         Case("Python and JSON literals", _LFM.format('special_function(arg1="a\\nb", arg2=[True, null])'),
              calls=(("special_function", {"arg1": "a\nb", "arg2": [True, None]}),)),
     )),
 )
-UNRECOGNISED = {  # templates that take tools in a markup no family here reads, and why (they render, with tools)
-    "meetkai-functionary-medium-v3.2": "Functionary v3.2 writes to recipients (>>>name for a call, >>>all for "
-                                       "text), not read",
-    "LFM2.5-Instruct": "its template names none of LFM2's markers, so it is not told from other ChatML templates",
-    "MiniMax-M3": "MiniMax M3's namespaced tags (]<]minimax[>[<tool_call>, <mm:think>), not read",
-}
-
-
-def supported(family: Family, feature: str) -> bool:
-    return feature not in family.not_supported
+FAMILIES += (Family("lfm2.5", "LFM2.5 Instruct", "LFM2.5-Instruct", "llama-spm", cases=_LFM_CASES), *MORE)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from family_cases import FAMILIES, FEATURES, UNRECOGNISED, supported
+from family_cases import FAMILIES
+from family_types import FEATURES, supported
 
 
 def matrix() -> str:
@@ -19,7 +20,8 @@ def matrix() -> str:
             "`llamafleet synth --vocab NAME --chat-template NAME`), forces the raw outputs below with the request's "
             "`grammar` (llama.cpp's own test outputs where it has them, `tests/family_cases.py`), and checks what the "
             "OpenAI SDK (chat, Responses) and the Anthropic SDK (Messages) receive, streamed and whole. This file is "
-            "written by `python tests/family_cases.py` from that table.\n\n"
+            "written by `python tests/family_matrix.py` from that table. Every template in llama.cpp's source that "
+            "lists tools is read as one of these families (a test checks it).\n\n"
             "- **tools**: a call is read into `tool_calls` (`function_call` items, `tool_use` blocks), none of its "
             "markup in the content; text before it stays content; a malformed call stays text (streamed, once a call "
             "went out it stays a call: see below). Streamed, a call goes out as soon as the model has named its "
@@ -51,9 +53,6 @@ def matrix() -> str:
                 notes.append(f"{f.name}, {FEATURES[c]}: {f.not_supported[c]}")
                 cells.append(f"❌ ({len(notes)})")
         rows.append(f"| {f.name} | {f.label} | `{f.template}` | " + " | ".join(cells) + " |")
-    for template, why in UNRECOGNISED.items():
-        notes.append(f"{template}: {why}")
-        rows.append(f"| — | | `{template}` | " + " | ".join([f"❌ ({len(notes)})"] * len(cols)) + " |")
     return head + "\n".join(rows) + "\n\n" + "\n".join(f"{i}. {n}" for i, n in enumerate(notes, 1)) + "\n"
 
 

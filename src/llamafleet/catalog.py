@@ -94,7 +94,7 @@ def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel
     elif fleet.replicas is not None:
         data["replicas"] = fleet.replicas
     try:
-        cfg = fetched_draft(FleetConfig.model_validate(data))
+        cfg = fetched_extras(FleetConfig.model_validate(data))
     except ValidationError as e:
         raise ConfigError(describe_errors(e, f"invalid settings for model '{entry.name}':")) from None
     ttl = entry.idle_ttl_s if entry.idle_ttl_s is not None else fleet.idle_ttl_s
@@ -105,19 +105,22 @@ def _served(fleet: FleetConfig, entry: ModelEntry, several: bool) -> ServedModel
                        tuple(entry.remote), hub)
 
 
-def fetched_draft(cfg: FleetConfig) -> FleetConfig:
-    """``cfg`` with a speculative draft model named on the hub fetched now and named by its file (the planner and the
-    workers read the draft's file; drafts are small). Raises ``HubError``."""
+def fetched_extras(cfg: FleetConfig) -> FleetConfig:
+    """``cfg`` with a speculative draft model and LoRA adapters named on the hub fetched now and named by their files
+    (the planner and the workers read those files; drafts and adapters are small). Raises ``HubError``."""
     from llamafleet.model.hub import fetch
 
     source = cfg.speculative.draft_model
-    if source is None:
-        return cfg
-    path, hub = _located(source, "speculative.draft_model")
-    if hub is None:
-        return cfg
-    fetch(hub)
-    return cfg.model_copy(update={"speculative": cfg.speculative.model_copy(update={"draft_model": str(path)})})
+    if source is not None and (hub := _located(source, "speculative.draft_model")[1]) is not None:
+        fetch(hub)
+        cfg = cfg.model_copy(update={"speculative": cfg.speculative.model_copy(update={"draft_model": str(hub.path)})})
+    adapters = []
+    for i, entry in enumerate(cfg.lora):
+        if (hub := _located(entry.path, f"lora[{i}].path")[1]) is not None:
+            fetch(hub)
+            entry = entry.model_copy(update={"path": str(hub.path), "name": entry.adapter_name})
+        adapters.append(entry)
+    return cfg.model_copy(update={"lora": adapters}) if adapters else cfg
 
 
 def _located(source: str, key: str) -> tuple[Path, Resolved | None]:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamafleet.config_sections import PrioritySettings, RemoteEntry, SpeculativeSettings
+from llamafleet.config_sections import LoraEntry, PrioritySettings, RemoteEntry, SpeculativeSettings
 from llamafleet.model.hub_ref import model_stem
 from llamafleet.rpc import INSECURE, parse_endpoint
 
@@ -33,7 +33,8 @@ class ConfigError(ValueError):
 
 # The keys a `models:` entry may set for its model alone; the others are the fleet's (one server, one port, ...).
 PER_MODEL_KEYS = ("context_length", "parallel", "batch_size", "ubatch_size", "kv_cache_type", "flash_attn",
-                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer", "speculative", "engine")
+                  "gpus", "split_mode", "split_ratio", "main_gpu", "n_gpu_layers", "prefer", "speculative", "engine",
+                  "cuda_graphs", "lora")
 
 
 class ModelEntry(BaseModel):
@@ -97,6 +98,9 @@ class FleetConfig(BaseModel):
     engine: Literal["auto", "llama.cpp", "torch"] = Field(
         "auto", description="what serves the model: llama.cpp (a GGUF file) or torch (a Hugging Face checkpoint "
         "folder, the torch extra); auto = torch for a folder, llama.cpp for a file")
+    cuda_graphs: Literal["auto", "off"] = Field(
+        "auto", description="torch engine: replay each decode step as a CUDA graph (auto: where the model is on one "
+        "GPU); off = eager steps (see docs/TORCH.md)")
 
     models: list[ModelEntry] | None = Field(
         None, description="several models, loaded on demand and placed together (see docs/OPERATIONS.md, "
@@ -140,9 +144,11 @@ class FleetConfig(BaseModel):
     speculative: SpeculativeSettings = Field(
         default_factory=lambda: SpeculativeSettings.model_validate({}), description="speculative decoding: mode, "
         "draft_model, max_draft, ngram_min, ngram_max, max_batch (see docs/OPERATIONS.md, Speculative decoding)")
+    lora: list[LoraEntry] = Field(default_factory=list, description="LoRA adapters served with the model: each a "
+                                  "path (or hf: reference), an optional name and scale (see docs/MODELS.md, LoRA)")
     priorities: PrioritySettings = Field(
         default_factory=lambda: PrioritySettings.model_validate({}), description="priority classes in each replica's "
-        "scheduler: reserve_s, batch_share (see docs/OPERATIONS.md, Tenants)")
+        "scheduler: reserve_s, batch_share, batch_alone_cost (see docs/OPERATIONS.md, Tenants)")
     cache_ram_mib: int | None = Field(None, ge=0, description="RAM tier of the KV cache per replica: slots' KV kept "
                                       "when their slot is reused (0 = off; default: a quarter of the "
                                       "RAM the plan leaves, at most 8192)")
@@ -298,6 +304,12 @@ class FleetConfig(BaseModel):
             out.append(f"ray serves one model for now, but {' and '.join(several)} "
                        f"{'names' if len(several) == 1 else 'name'} several: serve one model (model_path) with ray, "
                        "or leave ray unset")
+        adapters = [e.adapter_name for e in self.lora]
+        if dup := sorted({n for n in adapters if adapters.count(n) > 1}):
+            out.append(f"lora: the name {', '.join(map(repr, dup))} is given to two adapters; give each its own name")
+        if self.lora and self.engine == "torch":
+            out.append("lora: adapters are served by the llama.cpp engine (a GGUF model); remove lora or the torch "
+                       "engine")
         names: dict[str, str] = {}
         for entry in self.models or ():
             for name in (entry.name, *entry.aliases):

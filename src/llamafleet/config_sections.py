@@ -1,4 +1,5 @@
-"""Sections of the fleet's configuration that stand on their own: a remote member, speculative decoding, priorities.
+"""Sections of the fleet's configuration that stand on their own: a remote member, speculative decoding, a LoRA
+adapter, priorities.
 
 :mod:`llamafleet.config` puts them together; a new group of settings that needs nothing from the rest of the file
 belongs here (or beside the code it configures), one field in :class:`llamafleet.config.FleetConfig` naming it.
@@ -6,13 +7,17 @@ belongs here (or beside the code it configures), one field in :class:`llamafleet
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llamafleet.engine.speculative.settings import MAX_DRAFT_LIMIT, MAX_NGRAM
-from llamafleet.model.hub_ref import is_ref, parse_ref
+from llamafleet.engine.types import LoraSpec
+from llamafleet.model.hub_ref import is_ref, model_stem, parse_ref
+
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # it follows "MODEL:" in a model name
 
 
 class RemoteEntry(BaseModel):
@@ -85,6 +90,43 @@ class SpeculativeSettings(BaseModel):
         return self
 
 
+class LoraEntry(BaseModel):
+    """One LoRA adapter served with a model (see docs/MODELS.md, LoRA adapters): loaded once per replica, applied to
+    the requests that pick it. A bare string is its path."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(min_length=1, description="the adapter's GGUF file, or a hub reference (hf:ORG/REPO/FILE.gguf)")
+    name: str | None = Field(None, description="what clients pick it by: the model name MODEL:NAME, or 'id' in a "
+                             "request's lora list; default: the file's stem")
+    scale: float = Field(1.0, allow_inf_nan=False, description="its scale when a request picks it by name or gives "
+                         "no scale (0 = the base model)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_path(cls, v: Any) -> Any:
+        return {"path": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _checked(self) -> LoraEntry:
+        if self.name is not None and not ADAPTER_NAME.match(self.name):
+            raise ValueError(f"name {self.name!r}: use letters, digits, '.', '_' and '-' (it follows 'MODEL:' in a "
+                             "model name)")
+        if is_ref(self.path):
+            parse_ref(self.path)  # its form checked now; it is fetched before planning (its file: by the planner)
+        elif self.name is None and not ADAPTER_NAME.match(model_stem(Path(self.path).name)):
+            raise ValueError(f"path: the file's stem {model_stem(Path(self.path).name)!r} is no adapter name; give "
+                             "the adapter a name (letters, digits, '.', '_', '-')")
+        return self
+
+    @property
+    def adapter_name(self) -> str:
+        return self.name or model_stem(Path(self.path).name)
+
+    def spec(self) -> LoraSpec:
+        return LoraSpec(self.adapter_name, self.path, self.scale)
+
+
 class PrioritySettings(BaseModel):
     """How each replica's scheduler favours requests of a better priority class than ``batch`` (an API key's class:
     see docs/OPERATIONS.md, Tenants, and engine/scheduler.py). Nothing here acts unless keys of both kinds are used."""
@@ -94,7 +136,8 @@ class PrioritySettings(BaseModel):
     reserve_s: float = Field(30.0, ge=0, description="a replica's last free slot is kept from batch work this long "
                              "after a request of a better class last arrived (0 = never kept)")
     batch_share: float | None = Field(0.1, ge=0, description="beside a better request's prompt, the most batch work "
-                                      "adds to the time of the pass (0.1: 10%; at least one batch token per pass); "
+                                      "adds to the time of the pass (0.1: 10%; at least one token while that prompt "
+                                      "goes on after the pass); "
                                       "unset (null) = no limit, and batch passes are not kept short either")
     batch_alone_cost: float = Field(0.1, ge=0, lt=1, description="while better work is about (it arrived in the last "
                                     "reserve_s), passes of batch work alone are kept short: a pass's fixed time is "

@@ -54,6 +54,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("prefer", "--prefer", "what automatic placement optimises"),
     Flag("backend_sampling", "--backend-sampling",
          "sample greedy requests inside llama.cpp's graph (on the GPU) instead of on the host"),
+    Flag("cuda_graphs", "--cuda-graphs", "torch engine: replay each decode step as a CUDA graph where the model is "
+         "on one GPU (off: eager steps)"),
     Flag("cache_ram_mib", "--cache-ram", "RAM tier of the KV cache per replica (0 = off): a slot's KV is kept "
          "there when the slot is reused, and restored for a prompt that starts with it", "MIB",
          unset="CPU plans: a quarter of the RAM the plan leaves, at most 8192; GPU plans: off"),
@@ -77,7 +79,7 @@ COMMAND_KEYS: dict[str, tuple[str, ...]] = {
     "plan": ("model_path", "models_dir", "replicas", "parallel", "context_length", "batch_size", "split_mode",
              "prefer"),
     "consistency": ("model_path", "context_length", "batch_size", "threads", "log_level"),
-    "bench engine": ("model_path", "batch_size", "threads", "backend_sampling"),
+    "bench engine": ("model_path", "batch_size", "threads", "backend_sampling", "cuda_graphs"),
 }
 
 

@@ -116,3 +116,16 @@ def test_engine_form_on_the_real_model(model_path: Path, capsys: pytest.CaptureF
     # sized in llama.cpp's steps, the context divides evenly between the sequences: llama.cpp has nothing to say
     assert not [r for r in caplog.records if "not divisible" in r.getMessage()]
     assert result["model"] == model_path.name
+
+
+def test_engine_form_with_speculation_prefills_both_sides_of_each_pair(model_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Each pair sends the same prompts with speculation off, then on: without the prefix cache the second side
+    would find them computed by the first and skip its prefill, which made a GPU run's pairs incomparable."""
+    rc, out, _ = bench(capsys, "engine", "--model", str(model_path), "--requests", "2", "--max-tokens", "2",
+                       "--threads", "1", "--speculative", "ngram", "--workload", "edit", "--json")
+    assert rc == 0
+    phases = json.loads(out)["phases"]
+    assert [p["name"] for p in phases] == ["sequential", "sequential+spec", "concurrent", "concurrent+spec"]
+    prefilled = [p["prefilled_tokens"] for p in phases]
+    assert prefilled[0] > 100 and len(set(prefilled)) == 1, prefilled

@@ -1,10 +1,13 @@
 """The conformance matrix (docs/MODELS.md), on a real server: one synthetic model per family, carrying the family's
 real chat template and tokenizer from llama.cpp's source (``llamafleet synth --vocab --chat-template``), all behind
-one ``llamafleet serve`` that loads each on demand. Every case of tests/family_cases.py is forced with the request's
-``grammar`` (the model's weights are random: the grammar makes it write exactly the family's raw output), and what
+one ``llamafleet serve`` that loads each on demand. The case of each cell of the matrix in tests/family_cases.py (and
+each malformed call) is forced with the request's ``grammar`` (the model's weights are random: the grammar makes it
+write exactly the family's raw output), and what
 the OpenAI SDK (chat, whole and streamed; Responses) and the Anthropic SDK (Messages) receive is checked: reasoning
 apart, calls with their indices and ids, no markup in the content. Then what the server itself constrains: forced
 calls in the family's own format, the reasoning budget closing the think block, a JSON schema after reasoning.
+The families' other cases (text before calls, calls in reasoning, ...) are read by the unit tests alone
+(tests/unit/api/test_families.py: whole and streamed in every split), as the server adds nothing to them.
 
 Tests run family by family (one model loaded at a time, once, the last one unloaded when idle)."""
 
@@ -20,7 +23,8 @@ import pytest
 from openai import OpenAI
 
 from conftest import FleetServer
-from family_cases import FAMILIES, HELLO, TOOLS, Case, Family, supported
+from family_cases import FAMILIES
+from family_types import HELLO, TOOLS, Case, Family, supported
 from llamafleet.api import call_stream
 from llamafleet.engine import families
 from llamafleet.model.synth import SHAPES, find_template, find_vocab, write_model
@@ -156,11 +160,12 @@ def check_messages(claude: anthropic.Anthropic, family: Family, case: Case) -> N
 
 def check_forced(client: OpenAI, family: Family) -> None:
     """``tool_choice: "required"``: the model writes one call in its own format (the grammar), after at most a short
-    think block (a budget of 3), and stops there."""
+    think block (a budget of 3), and stops there (under 300 tokens: Hunyuan 3's tags spelled out by LLaMA-2's
+    tokenizer take 200)."""
     known = families.FAMILIES[family.name]
     extra = {"reasoning_budget": 3} if known.think else {}
     for stream in (False, True):
-        args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200,
+        args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 300,
                                 "tool_choice": "required", "parallel_tool_calls": False, "extra_body": extra,
                                 "temperature": 0}
         if stream:
@@ -179,23 +184,24 @@ def check_forced(client: OpenAI, family: Family) -> None:
         assert content.strip() == ""
 
 
-def check_budget(client: OpenAI, family: Family) -> None:
-    """A think block that would run on (the grammar allows 300 characters in it) is closed by the budget with the
-    family's own marker: the answer is as long as one whose block holds a single letter, plus the budget and a few."""
+def check_budget(client: OpenAI, family: Family, control: dict[str, Any] | None = None, limit: int = 200) -> None:
+    """A think block that would run on (the grammar allows 300 characters in it) is closed by a budget of 4 (or the
+    request's other ``control`` of it, under a token ``limit``) with the family's own marker: the answer is as long
+    as one whose block holds a single letter, plus the budget and a few."""
     known = families.FAMILIES[family.name]
     assert known.think is not None
     opened = "" if family.opens_think else json.dumps(known.think[0])
 
-    def answer(body: str, budget: int | None) -> tuple[str, str, int]:
+    def answer(body: str, extra: dict[str, Any]) -> tuple[str, str, int]:
         grammar = f'root ::= {opened} {body} {json.dumps(known.think[1])} "ok"'
-        r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=200,  # type: ignore
-                                           temperature=0, extra_body={"grammar": grammar, "reasoning_budget": budget})
+        r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=limit,  # type: ignore
+                                           temperature=0, extra_body={"grammar": grammar, **extra})
         msg = r.choices[0].message
         assert r.usage is not None
         return msg.content or "", (msg.model_extra or {}).get("reasoning_content") or "", r.usage.completion_tokens
 
-    content, thought, used = answer("[a-z ]{1,300}", 4)
-    _, _, least = answer('"a"', None)
+    content, thought, used = answer("[a-z ]{1,300}", control or {"reasoning_budget": 4})
+    _, _, least = answer('"a"', {})
     assert content == "ok" and thought and used <= least - 1 + 4 + 2
 
 
@@ -248,18 +254,23 @@ def check(feature: str, family: Family, client: OpenAI, claude: anthropic.Anthro
             check_messages(claude, family, case)
 
 
-HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2")  # templates that replay reasoning
-# each family's checks one after the other, so its model is loaded once: the matrix's cells, its other cases (text
-# before calls, calls in reasoning, malformed calls), a second turn through its template
+HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2", "minimax-m3")  # replay reasoning
+# each family's checks one after the other, so its model is loaded once: the matrix's cells, its malformed calls (a
+# stream must not break on them), a second turn through its template
 CHECKS = [(f, x) for f in FAMILIES for x in (
     *(x for x in ("chat", "tools", "parallel", "reasoning", "forced", "budget", "schema") if supported(f, x)),
-    *(c.what for c in f.cases if c.what not in ("chat", "tools", "parallel", "reasoning")),
+    *(c.what for c in f.cases if c.what == "malformed call"),
     *(("history",) if f.name in HISTORY else ()))]
 
 
 @pytest.mark.parametrize(("family", "feature"), CHECKS, ids=[f"{f.name}-{x}" for f, x in CHECKS])
 def test_each_family(family: Family, feature: str, client: OpenAI, claude: anthropic.Anthropic) -> None:
     check(feature, family, client, claude)
+
+
+def test_a_reasoning_effort_is_a_budget(client: OpenAI) -> None:
+    """``reasoning_effort: "minimal"`` under a limit of 40 tokens: a budget of 10% of them, 4."""
+    check_budget(client, next(f for f in FAMILIES if f.name == "qwen3"), {"reasoning_effort": "minimal"}, 40)
 
 
 def test_bad_reasoning_controls_are_400s_naming_the_parameter(client: OpenAI) -> None:
@@ -271,3 +282,7 @@ def test_bad_reasoning_controls_are_400s_naming_the_parameter(client: OpenAI) ->
         client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
                                        extra_body={"reasoning_budget": 10})
     assert "reasoning_budget" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
+                                       extra_body={"reasoning_effort": "extreme"})
+    assert "reasoning_effort" in str(e.value)

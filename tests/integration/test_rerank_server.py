@@ -5,6 +5,7 @@ can), a reranker asked for embeddings or text, bad bodies, a pair past the model
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -135,3 +136,21 @@ def test_concurrent_requests_beside_embeddings(server: FleetServer) -> None:
     for got in answers:
         assert [got[i] for i in range(len(DOCS) * 3)] == pytest.approx([alone[i % len(DOCS)]
                                                                         for i in range(len(DOCS) * 3)], rel=1e-4)
+
+
+def counters(server: FleetServer) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    names = ("llamafleet_rerank_pairs_total", "llamafleet_rerank_tokens_total", "llamafleet_embedding_inputs_total")
+    return {n: sum(float(v) for v in re.findall(rf"^{n}(?:{{[^}}]*}})? (\S+)$", text, re.M)) for n in names}
+
+
+def test_pairs_are_counted_apart_from_embeddings(server: FleetServer) -> None:
+    before = counters(server)
+    body = post(server, {"query": QUERY, "documents": DOCS}).json()
+    assert httpx.post(f"{server.url}/v1/embeddings", json={"model": "embedder", "input": DOCS[:3]},
+                      timeout=60).status_code == 200
+    after = counters(server)
+    assert after["llamafleet_rerank_pairs_total"] - before["llamafleet_rerank_pairs_total"] == len(DOCS)
+    assert after["llamafleet_rerank_tokens_total"] - before["llamafleet_rerank_tokens_total"] == \
+        body["usage"]["prompt_tokens"]
+    assert after["llamafleet_embedding_inputs_total"] - before["llamafleet_embedding_inputs_total"] == 3

@@ -4,6 +4,7 @@ OpenAI SDK's Responses API."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,15 @@ def test_llama_server_fields_on_the_openai_routes(served: tuple[OpenAI, str]) ->
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=model, messages=QUESTION, extra_body={"mirostat": 2})
     assert caught.value.param == "mirostat"
+    several = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=3, extra_body={"n_cmpl": 2})
+    assert [c.index for c in several.choices] == [0, 1]  # llama-server's n
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+    for kind in ("chat", "text"):
+        body = {"max_tokens": 40, "temperature": 0, "extra_body": {"json_schema": schema}}
+        out = (client.chat.completions.create(model=model, messages=QUESTION, **body).choices[0].message.content
+               if kind == "chat" else client.completions.create(model=model, prompt="Q: Is it? A:", **body)
+               .choices[0].text)
+        assert json.loads(out or "")["answer"] in ("yes", "no"), out
 
 
 def test_context_overflow_in_openai_words(served: tuple[OpenAI, str]) -> None:

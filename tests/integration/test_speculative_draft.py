@@ -109,7 +109,8 @@ def test_answers_with_a_draft_model_equal_answers_without_token_for_token(
     acceptance = sum(g.accepted_tokens for g in greedy) / max(1, sum(g.drafted_tokens for g in greedy))
     if noisy:
         assert stats.draft_tokens_total > stats.draft_accepted_total > 0  # some kept, some rejected and rolled back
-        assert 0.2 < acceptance < 0.95, acceptance
+        # (free drafts: always max_draft long, so a rejection early in one leaves most of it unkept)
+        assert 0.1 < acceptance < 0.95, acceptance
     else:
         assert acceptance == 1.0  # the draft is the target: greedy drafts are all kept
 

@@ -139,7 +139,8 @@ def test_every_native_call_is_in_the_engines_llama_bindings() -> None:
     place to audit what llamafleet asks of llama.cpp (and what can crash the process)."""
     native = {str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
               if {n.split(".")[0] for n in _imports(path)} & {"ctypes", "llama_cpp"}}
-    assert native == {"engine/llama.py", "engine/llama_backend.py", "engine/llama_sampler.py", "engine/llama_lora.py"}
+    assert native == {"engine/llama.py", "engine/llama_backend.py", "engine/llama_sampler.py", "engine/llama_lora.py",
+                      "engine/llama_memory.py"}
 
 
 @pytest.mark.parametrize("folder", ["fleet", "engine", "placement", "model", "consistency", "envcheck", "bench"])

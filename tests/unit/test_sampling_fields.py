@@ -27,10 +27,12 @@ NON_DEFAULT: dict[str, Any] = {
     "repeat_penalty": 1.3,
     "presence_penalty": 0.5, "frequency_penalty": -0.5, "penalty_last_n": 16, "seed": 3, "stop": ("x",),
     "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "prompt_logprobs": True, "grammar": 'root ::= "a"',
-    "logit_bias": ((5, 2.0),), "think_budget": 3, "speculative": False,
+    "logit_bias": ((5, 2.0),), "think_budget": 3, "speculative": False, "lora": (("a", 1.0),),
 }
 NEEDS: dict[str, dict[str, Any]] = {"top_logprobs": {"logprobs": True}}  # what a value needs beside it
 WIRE: dict[str, Any] = {"stop": ["x"], "logit_bias": {"5": 2.0}}  # the JSON of a value, where it differs
+# set by the service from the model's adapters (the name MODEL:ADAPTER, llama-server's lora list), not by a route
+BY_SERVICE = {"lora"}
 NOT_RELAYED = {"speculative"}  # how an answer is computed, not what: a remote member speculates as it is set up to
 LLAMA = RemoteMember(url="http://llama", model=None)
 PROVIDER = RemoteMember(url="https://provider", model="m", llama_cpp=False)
@@ -94,7 +96,7 @@ def body_of(name: str) -> dict[str, Any]:
 
 
 def test_the_openai_routes_set_every_field() -> None:
-    for name in NAMES:
+    for name in set(NAMES) - BY_SERVICE:
         routes = [r for r in OPENAI_SHAPES if OPENAI_SHAPES[r].get(name, {}) is not None]
         assert routes, f"no OpenAI route sets {name}"
         for route in routes:
@@ -105,12 +107,12 @@ def test_the_openai_routes_set_every_field() -> None:
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_a_routes_parameter_named_as_a_field_reaches_it_and_the_rest_start_from_the_defaults(route: str) -> None:
     to_params, model = ROUTES[route]
-    named = [n for n in NAMES if n in model.model_fields and n not in OPENAI_SHAPES.get(route, {})]
+    named = [n for n in NAMES if n in model.model_fields and n not in {*OPENAI_SHAPES.get(route, {}), *BY_SERVICE}]
     assert named, route
     for name in named:
         assert getattr(to_params(body_of(name)), name) == NON_DEFAULT[name], f"{route} drops {name}"
     plain = to_params({})
-    taken = {n for n in NAMES if n in model.model_fields}
+    taken = {n for n in NAMES if n in model.model_fields} | BY_SERVICE
     for name in set(NAMES) - taken - {"max_tokens"}:
         assert getattr(plain, name) == getattr(DEFAULTS, name), f"{route}'s {name} does not start at the default"
     for name in taken & set(OPENAI_KNOBS + LLAMA_CPP_KNOBS) - {n for r, n in OWN_DEFAULTS if r == route}:

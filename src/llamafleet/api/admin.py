@@ -14,6 +14,7 @@ from llamafleet.api.errors import ApiError
 from llamafleet.api.protocol import ModelCard
 from llamafleet.api.pulls import Pull, PullRefused
 from llamafleet.api.service import Service, ServiceDep
+from llamafleet.fleet.adapters import adapters_of
 from llamafleet.fleet.models import ModelUnavailable, NotUnloadable
 from llamafleet.fleet.snapshot import ModelView
 from llamafleet.model.header import GgufError
@@ -45,6 +46,7 @@ class FleetModelCard(ModelCard):
     load_progress: float | None = None  # while loading: the fraction of its replicas' weights loaded
     last_error: str | None = None
     download: Download | None = None  # while it is pulled from the hub (state "downloading")
+    parent: str | None = None  # a LoRA adapter's card (id MODEL:ADAPTER): its base model, as vLLM lists adapters
 
 
 class FleetModelList(BaseModel):
@@ -59,6 +61,14 @@ def card(service: Service, m: ModelView) -> FleetModelCard:
                           last_error=m.last_error)
 
 
+def adapter_cards(service: Service, m: ModelView) -> list[FleetModelCard]:
+    """A card per LoRA adapter of ``m``, named ``MODEL:ADAPTER`` (what a plain OpenAI client sends to pick it)."""
+    base = card(service, m)
+    managed = service.models.find(m.name)
+    return [base.model_copy(update={"id": f"{m.name}:{a.name}", "aliases": [], "parent": m.name})
+            for a in (adapters_of(managed) if managed is not None else ())]
+
+
 def pull_card(service: Service, p: Pull) -> FleetModelCard:
     return FleetModelCard(id=p.name, created=service.created, aliases=[], state=p.state, pinned=False, where=[],
                           context_length=0, waiting=0, last_error=p.error,
@@ -71,8 +81,8 @@ def pull_card(service: Service, p: Pull) -> FleetModelCard:
 async def list_models(service: ServiceDep) -> FleetModelList:
     """Every configured model (those the request's key may use), and the models being pulled."""
     tenant = service.tenant
-    return FleetModelList(data=[card(service, m) for m in service.snapshot().models
-                                if tenant is None or tenant.may_use(m.name)]
+    return FleetModelList(data=[c for m in service.snapshot().models if tenant is None or tenant.may_use(m.name)
+                                for c in (card(service, m), *adapter_cards(service, m))]
                           + [pull_card(service, p) for p in service.pulls.active.values()
                              if tenant is None or tenant.may_use(p.name)])
 
@@ -110,7 +120,10 @@ async def pull(body: PullRequest, service: ServiceDep) -> FleetModelCard:
 
 @routes.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, service: ServiceDep) -> FleetModelCard:
-    return card(service, service.snapshot().model(service.find_model(model_id).name))
+    m, adapter = service.find_choice(model_id)
+    view = service.snapshot().model(m.name)
+    return card(service, view) if adapter is None else next(c for c in adapter_cards(service, view)
+                                                             if c.id.endswith(f":{adapter}"))
 
 
 @routes.post("/admin/models/{name}/load")

@@ -65,11 +65,12 @@ def _partial(text: str, markers: Sequence[str]) -> int:
 
 
 def _first(text: str, markers: Sequence[str]) -> tuple[int, str]:
-    """Where the first of ``markers`` starts in ``text`` and which it is; (-1, "") if none does."""
+    """Where the first of ``markers`` starts in ``text`` and which it is (the longest of those starting there);
+    (-1, "") if none does."""
     best, which = -1, ""
     for m in markers:
         at = text.find(m)
-        if at >= 0 and (best < 0 or at < best):
+        if at >= 0 and (best < 0 or at < best or (at == best and len(m) > len(which))):
             best, which = at, m
     return best, which
 
@@ -98,6 +99,7 @@ class AnswerSplitter:
         self.fmt = f.calls if f is not None else "json"
         self.json_start = bool(self.tools) and self.fmt in ("json", "mistral", "granite")
         self.reader = CallReader(self.fmt if self.stream else "", self.tools)
+        self.held = f.lead if f is not None else ""  # (the prompt wrote it: the answer goes on from it)
 
     def _enter(self, state: str) -> None:
         self.state, self.trim = ("calls" if state == "content" and self.forced else state), True
@@ -121,11 +123,12 @@ class AnswerSplitter:
         if not head:
             return False
         if self.think is not None:
-            if head.startswith(self.think[0]):
-                self.held = head[len(self.think[0]):]
+            opener = self.think[0].lstrip()  # (blanks before the answer are dropped, Muse's " to=self" too)
+            if head.startswith(opener):
+                self.held = head[len(opener):]
                 self._enter("reasoning")
                 return True
-            if self.think[0].startswith(head):
+            if opener.startswith(head):
                 return False
         if self.json_start:
             if PYTHON_TAG.startswith(head):
@@ -143,6 +146,8 @@ class AnswerSplitter:
         ends = (self.think[1],) if part == "reasoning" and self.think else ()
         markers = (*ends, *self.openers, *(self.drop if part == "content" else ()))
         at, marker = _first(self.held, markers)
+        if at >= 0 and any(len(m) > len(self.held) - at and m.startswith(self.held[at:]) for m in markers):
+            at = -1  # a longer marker may be starting there (Functionary v3.2's ">>>all" after its ">>>")
         if at < 0:
             cut = len(self.held) - _partial(self.held, markers)
             self._out(out, self.held[:cut], part)
@@ -241,7 +246,7 @@ class AnswerStreams:
     def over(cls, family: Family | None, tools: Sequence[Tool], forced: bool) -> AnswerStreams | None:
         """The splitters for answers of a model of ``family`` that may call ``tools``; None when there is nothing to
         split (no tools, no reasoning, no framing markup): the text is the content."""
-        if not tools and (family is None or not (family.think or family.drop)):
+        if not tools and (family is None or not (family.think or family.drop or family.lead)):
             return None
         return cls(family, schemas(tools), forced)
 

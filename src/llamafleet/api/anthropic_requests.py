@@ -6,7 +6,7 @@ to :mod:`~llamafleet.api.tools`' objects rather than rebuilt: ``tools`` (``input
 shown as chat's are (the model's own template, or the generic system-prompt section), ``tool_choice`` ``any`` /
 ``tool`` force a call under the same grammar as ``"required"`` / a named function, and earlier ``tool_use`` /
 ``tool_result`` blocks become OpenAI's assistant tool calls and ``role: "tool"`` messages
-(:class:`~llamafleet.api.openai_requests.ChatMessage`), rendered as chat's are.
+(:class:`~llamafleet.api.chat_messages.ChatMessage`), rendered as chat's are.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from llamafleet.api.chat_messages import ChatMessage, chat_turns, tool_chat
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.openai_requests import ChatMessage, chat_turns, constrained, tool_chat
 from llamafleet.api.protocol import DEFAULTS, Block, check_stops, check_unicode
 from llamafleet.api.protocol import Request as Body
+from llamafleet.api.structured import constrained
 from llamafleet.api.tools import (
     MAX_TOOLS,
     NAME,
@@ -195,11 +196,10 @@ class CountTokensRequest(ToolRequest):
 
     def tool_chat(self) -> ToolChat | None:
         """The same conversation for a model whose own template shows tools or is of a known family, as chat's;
-        ``thinking`` sets the template's ``enable_thinking``."""
-        kwargs = self.template_kwargs(self.chat_template_kwargs, None, "chat_template_kwargs")
+        ``thinking`` turns the template's thinking on or off (``enable_thinking``, or the family's own switch)."""
         kind = (self.thinking or {}).get("type")
-        if kind in ("enabled", "disabled"):
-            kwargs.setdefault("enable_thinking", kind == "enabled")
+        kwargs = self.template_kwargs(self.chat_template_kwargs, None, "chat_template_kwargs",
+                                      kind == "enabled" if kind in ("enabled", "disabled") else None)
         return tool_chat(self.conversation, self.callable, self.family, kwargs)
 
     def not_yet(self) -> NotYet:

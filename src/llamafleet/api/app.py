@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException
 
 from llamafleet import __version__
 from llamafleet.api import (
+    adapters,
     admin,
     anthropic,
     embeddings,
@@ -151,6 +152,7 @@ def create_app(service: Service, on_ready: Callable[[], None], on_fatal: Callabl
     app.include_router(responses.routes)
     app.include_router(generate.routes)
     app.include_router(admin.routes)
+    app.include_router(adapters.routes)
     app.include_router(embeddings.routes)
     app.include_router(tokens.routes)
     app.include_router(props.routes)

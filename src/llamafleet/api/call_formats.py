@@ -12,19 +12,36 @@ The formats (:attr:`~llamafleet.engine.families.Family.calls`):
   shapes a stream is read with (values are text, read as JSON where the tool's schema wants no string): ``xml``
   ``<tool_call><function=name><parameter=key>value</parameter></function></tool_call>`` (Qwen3-Coder, Qwen 3.5),
   ``seed`` the same in ``<seed:tool_call>`` (Seed-OSS), ``glm`` ``<tool_call>name<arg_key>key</arg_key>
-  <arg_value>value</arg_value></tool_call>`` (GLM 4.5+), ``minimax`` ``<minimax:tool_call><invoke name="name">
+  <arg_value>value</arg_value></tool_call>`` (GLM 4.5+; ``hy3`` the same tags with ``:opensource`` and
+  ``<tool_sep:opensource>`` after the name, in a ``<tool_calls:opensource>`` section: Hunyuan 3),
+  ``minimax`` ``<minimax:tool_call><invoke name="name">
   <parameter name="key">value</parameter></invoke>`` (MiniMax M2), ``dsml`` the same with ``｜DSML｜`` tags
   (DeepSeek V3.2), ``kimi3`` ``<|open|>call tool="name"<|sep|><|open|>argument key="key"<|sep|>value
-  <|close|>argument<|sep|><|close|>call<|sep|>`` (Kimi K3), and ``gemma`` ``<|tool_call>call:name{key:value}
-  <tool_call|>`` (Gemma 4: bare keys, strings between ``<|"|>`` marks);
+  <|close|>argument<|sep|><|close|>call<|sep|>`` (Kimi K3), ``minimax3`` ``]<]minimax[>[<invoke name="name">
+  ]<]minimax[>[<key>value]<]minimax[>[</key>]<]minimax[>[</invoke>`` in a ``]<]minimax[>[<tool_call>`` section
+  (MiniMax M3: objects and arrays as nested elements, an array's as ``<item>``), and ``gemma``
+  ``<|tool_call>call:name{key:value}<tool_call|>`` (Gemma 4: bare keys, strings between ``<|"|>`` marks);
 * ``cohere``: ``<|START_ACTION|>`` then a JSON list of ``{"tool_call_id", "tool_name", "parameters"}``
-  (Command R7B);
+  (Command R7B); ``cohere-plus``: ``Action:`` and the list, without ids, in a fenced JSON block (Command R+);
+* ``gigachat``: a ``{"name", "arguments"}`` object after ``<|function_call|>`` (GigaChat 3.1) or the
+  ``function call`` role (GigaChat 3); ``apertus``: ``<|tools_prefix|>[{"name": {...}}]<|tools_suffix|>``;
+  ``apriel``: ``<tool_calls>[{"name", "arguments"}, ...]</tool_calls>`` (Apriel 1.6), ``minimax-m1`` the same
+  objects a line each (MiniMax M1), ``toolcall`` the list in ``<TOOLCALL>`` (Nemotron Nano v2);
+* ``minicpm``: ``<function name="name"><param name="key">value</param></function>``, a value in CDATA where it
+  holds markup (MiniCPM 5);
 * ``deepseek``: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>`` with
   ``function<｜tool▁sep｜>name`` and a fenced JSON block (R1) or ``name<｜tool▁sep｜>{...}`` (V3.1);
 * ``kimi``: ``<|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}<|tool_call_end|>`` in a
   section; the ``functions.name:0`` is the call's id;
 * ``granite``: ``<|tool_call|>`` then a JSON list (Granite 3.x); ``firefunction``: `` functools`` then a JSON list
   (FireFunction v2); ``functionary``: ``<function=name>{...}</function>`` (Functionary v3.1, read by the reader);
+* ``atem``: ``to=name<|message|><atem:function_calls><atem:invoke name="name"><atem:parameter name="key">value
+  </atem:parameter></atem:invoke></atem:function_calls>``, a message to the function (Muse Glimmer; its messages
+  part by ``<|eom|><|start|>assistant``);
+* ``solar``: ``<|tool_calls|>`` then ``<|tool_call:begin|>id<|tool_call:name|>name<|tool_call:args|>{...}
+  <|tool_call:end|>`` for each call (Solar Open; read by the reader);
+* ``recipient``: ``>>>name\n{...}`` for each call, ``>>>all\n`` before text (Functionary v3.2, whose prompt ends
+  with the first ``>>>``; read by the reader);
 * ``pythonic``: ``<|tool_call_start|>[name(key=value, ...), ...]<|tool_call_end|>`` (LFM2): Python's syntax, parsed
   (never run) and only literals read, ``true``/``false``/``null`` as well as Python's names;
 * ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}<|call|>``, the
@@ -158,12 +175,22 @@ def _harmony(section: str, tools: Schemas) -> Found | None:
     return _blocks(_HARMONY_CALL, section, lambda m: _call(m.group(1), m.group(2).strip(), tools))
 
 
-def _granite(section: str, tools: Schemas) -> Found | None:
-    return _mistral(section.replace("<|tool_call|>", " "), tools)
+def _after(*marks: str) -> Callable[[str, Schemas], Found | None]:
+    """The reader of ``{"name", "arguments"}`` objects (or lists of them) after any of ``marks``."""
+    def read(section: str, tools: Schemas) -> Found | None:
+        for mark in marks:
+            section = section.replace(mark, " ")
+        return _mistral(section, tools)
+    return read
 
 
-def _firefunction(section: str, tools: Schemas) -> Found | None:
-    return _mistral(section.replace("functools", " ", 1), tools)
+def _apertus(section: str, tools: Schemas) -> Found | None:
+    body, _, rest = section.removeprefix("<|tools_prefix|>").partition("<|tools_suffix|>")
+    values = json_values(body)
+    items = [i for v in values or [] for i in (v if isinstance(v, list) else [v])]
+    found = _all([_call(*next(iter(i.items())), tools) if isinstance(i, dict) and len(i) == 1 else None
+                  for i in items])
+    return None if found is None else (found[0], rest.strip())
 
 
 class _Literals(ast.NodeTransformer):
@@ -206,6 +233,17 @@ def _pythonic(section: str, tools: Schemas) -> Found | None:
 
 def _cohere(section: str, tools: Schemas) -> Found | None:
     body, _, rest = section.removeprefix("<|START_ACTION|>").partition("<|END_ACTION|>")
+    return _cohere_list(body, rest, tools)
+
+
+def _cohere_plus(section: str, tools: Schemas) -> Found | None:
+    """Command R+: ``Action:`` then a fenced JSON list of ``{"tool_name", "parameters"}``."""
+    body = section.removeprefix("Action:").strip().removeprefix("```json").removeprefix("```")
+    body, _, rest = body.partition("```")
+    return _cohere_list(body, rest, tools)
+
+
+def _cohere_list(body: str, rest: str, tools: Schemas) -> Found | None:
     values = json_values(body)
     items = [i for v in values or [] for i in (v if isinstance(v, list) else [v])]
     found = _all([_call(i["tool_name"], i.get("parameters"), tools, str(i.get("tool_call_id", "")) or None)
@@ -215,8 +253,11 @@ def _cohere(section: str, tools: Schemas) -> Found | None:
 
 FORMATS: dict[str, Callable[[str, Schemas], Found | None]] = {
     "json": _json, "mistral": _mistral, "mistral-args": _mistral_args, "deepseek": _deepseek,
-    "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _granite, "harmony": _harmony, "cohere": _cohere,
-    "firefunction": _firefunction, "pythonic": _pythonic,
+    "deepseek-r1": _deepseek, "kimi": _kimi, "granite": _after("<|tool_call|>"), "harmony": _harmony,
+    "cohere": _cohere, "cohere-plus": _cohere_plus, "firefunction": _after("functools"), "pythonic": _pythonic,
+    "gigachat": _after("<|function_call|>", "<|message_sep|>", "function call<|role_sep|>"), "apertus": _apertus,
+    "apriel": _after("<tool_calls>", "</tool_calls>"), "minimax-m1": _after("<tool_calls>", "</tool_calls>"),
+    "toolcall": _after("<TOOLCALL>", "</TOOLCALL>"),
 }
 
 

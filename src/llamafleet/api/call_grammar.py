@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from llamafleet.api.errors import ApiError
-from llamafleet.engine.families import Family
+from llamafleet.engine.families import M3, Family
 from llamafleet.engine.grammar import json_schema_grammar
 
 _ROOT = re.compile(r"^root ::= ", re.MULTILINE)
@@ -48,6 +48,16 @@ PARAMS: dict[str, tuple[str, str, str]] = {
     "gemma": ('"<|tool_call>call:" {n} "{{" {a} "}}<tool_call|>"', '{key} ":" {value}',
               '"<|\\"|>" tag-text "<|\\"|>"'),
     "pythonic": ('{n} "(" {a} ")"', '{key} "=" {value}', "py-text"),
+    "hy3": ('"<tool_call:opensource>" {n} "<tool_sep:opensource>\\n" {a} "</tool_call:opensource>\\n"',
+            '"<arg_key:opensource>" {key} "</arg_key:opensource>\\n<arg_value:opensource>" {value} '
+            '"</arg_value:opensource>\\n"', "text-value"),
+    "atem": ('" to=" {n} "<|message|><atem:function_calls>\\n<atem:invoke name=\\"" {n} "\\">\\n" {a} '
+             '"</atem:invoke>\\n</atem:function_calls>"',
+             '"<atem:parameter name=\\"" {key} "\\">" {value} "</atem:parameter>\\n"', "text-value"),
+    "minicpm": ('"<function name=\\"" {n} "\\">" {a} "</function>"',
+                '"<param name=\\"" {key} "\\">" {value} "</param>"', "text-value"),
+    "minimax3": (f'"{M3}<invoke name=\\"" {{n}} "\\">" {{a}} "{M3}</invoke>\\n"',
+                 f'"{M3}<" {{key}} ">" {{value}} "{M3}</" {{key}} ">"', "text-value"),
 }
 SEPARATED = {"gemma": '","', "pythonic": '", "'}  # what goes between two arguments, where the format has it
 SECTIONS = {  # what opens and closes the calls
@@ -57,6 +67,26 @@ SECTIONS = {  # what opens and closes the calls
     "minimax": ('"<minimax:tool_call>\\n"', '"\\n</minimax:tool_call>"'),
     "kimi3": ('"<|open|>tools<|sep|>"', '"<|close|>tools<|sep|>"'),
     "pythonic": ('"<|tool_call_start|>["', '"]<|tool_call_end|>"'),
+    "minimax3": (f'"{M3}<tool_call>\\n"', f'"{M3}</tool_call>"'),
+    "hy3": ('"<tool_calls:opensource>\\n"', '"</tool_calls:opensource>"'),
+    "solar": ('"<|tool_calls|>"', ""),
+}
+
+
+LISTED = {  # the formats that write a JSON list of calls: what opens and closes it
+    "cohere": ('"<|START_ACTION|>["', '"]<|END_ACTION|>"'),
+    "cohere-plus": ('"Action:\\n```json\\n["', '"]\\n```"'),
+    "apertus": ('"<|tools_prefix|>["', '"]<|tools_suffix|>"'),
+}
+
+
+NAMED = {  # the formats that write {"name", "arguments"} objects in a section: what opens it, goes between, closes it
+    "mistral": ('"[TOOL_CALLS]["', '", "', '"]"'),
+    "granite": ('"<|tool_call|>["', '", "', '"]"'),
+    "firefunction": ('" functools["', '", "', '"]"'),
+    "apriel": ('"<tool_calls>["', '", "', '"]</tool_calls>"'),
+    "minimax-m1": ('"<tool_calls>\\n"', '"\\n"', '"\\n</tool_calls>"'),
+    "toolcall": ('"<TOOLCALL>["', '", "', '"]</TOOLCALL>"'),
 }
 
 
@@ -107,23 +137,27 @@ def _text_args(index: int, args: dict[str, Any], one: str, text: str, sep: str =
 def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tuple[str, str, str, str]:
     """(the rules defining ``call``, what opens the calls, what goes between two calls, what closes them)."""
     fmt = family.calls
-    if fmt == "cohere":
-        ids = {"enum": [str(i) for i in range(10)]}
-        schema = {"anyOf": [{"type": "object", "properties": {"tool_call_id": ids, "tool_name": {"const": name},
-                                                               "parameters": args},
-                             "required": ["tool_call_id", "tool_name", "parameters"], "additionalProperties": False}
-                            for name, args in tools]}
-        return f"call ::= c-root\n{_schema(schema, 'c-')}", '"<|START_ACTION|>["', '", "', '"]<|END_ACTION|>"'
-    if fmt in ("json", "mistral", "granite", "firefunction"):
+    if fmt in LISTED:  # a JSON list of objects whose properties are these, in order
+        def props(name: str, args: dict[str, Any]) -> dict[str, Any]:
+            shapes: dict[str, dict[str, Any]] = {
+                "cohere": {"tool_call_id": {"enum": [str(i) for i in range(10)]}, "tool_name": {"const": name},
+                           "parameters": args},
+                "cohere-plus": {"tool_name": {"const": name}, "parameters": args}}
+            return shapes.get(fmt, {name: args})
+        schema = {"anyOf": [{"type": "object", "properties": props(name, args), "required": list(props(name, args)),
+                             "additionalProperties": False} for name, args in tools]}
+        opener, closer = LISTED[fmt]
+        return f"call ::= c-root\n{_schema(schema, 'c-')}", opener, '", "', closer
+    if fmt in ("json", "gigachat", *NAMED):
         key = "parameters" if family.name == "llama3" else "arguments"
         rules = _json_calls(tools, key)
-        call = {"json": 'call ::= "<tool_call>\\n" c-root "\\n</tool_call>"'}.get(fmt, "call ::= c-root")
         if family.name == "llama3":
             return f"call ::= c-root\n{rules}", "", '"; "', ""
         if fmt == "json":
-            return f"{call}\n{rules}", "", '"\\n"', ""
-        opener = {"mistral": '"[TOOL_CALLS]["', "granite": '"<|tool_call|>["'}.get(fmt, '" functools["')
-        return f"{call}\n{rules}", opener, '", "', '"]"'
+            return f'call ::= "<tool_call>\\n" c-root "\\n</tool_call>"\n{rules}', "", '"\\n"', ""
+        if fmt == "gigachat":  # its marker before each call
+            return f"call ::= {literal(family.openers[0])} c-root\n{rules}", "", "", ""
+        return f"call ::= c-root\n{rules}", *NAMED[fmt]
     alternatives: list[str] = []
     parts: list[str] = []
     for i, (name, args) in enumerate(tools):
@@ -144,6 +178,9 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
             "harmony": f'"<|start|>assistant"? "<|channel|>commentary to=functions." {n} '
                        f'" <|constrain|>json<|message|>" a{i}-root "<|call|>"',
             "functionary": f'"<function=" {n} ">" a{i}-root "</function>"',
+            "recipient": f'{n} "\\n" a{i}-root',  # (after the ">>>" the prompt ends with)
+            "solar": f'"<|tool_call:begin|>" [a-zA-Z0-9]{{9}} "<|tool_call:name|>" {n} "<|tool_call:args|>" a{i}-root '
+                     '"<|tool_call:end|>"',
         }[fmt])
     if fmt in PARAMS:
         parts += [rule for name, rule in TEXTS.items() if name in PARAMS[fmt][2]]
@@ -152,7 +189,8 @@ def _call_rules(family: Family, tools: list[tuple[str, dict[str, Any]]]) -> tupl
     if fmt == "dsml":  # DeepSeek V3.2's function_calls, V4's tool_calls
         opener, closer = literal(family.openers[0] + "\n"), literal("\n" + family.openers[0].replace("<", "</", 1))
     between = {"xml": '"\\n"', "glm": '"\\n"', "seed": '"\\n"', "minimax": '"\\n"', "dsml": '"\\n"',
-               "pythonic": '", "'}
+               "pythonic": '", "', "recipient": '">>>"',
+               "atem": '"<|eom|><|start|>assistant"'}
     return body, opener, between.get(fmt, ""), closer
 
 

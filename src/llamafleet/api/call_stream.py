@@ -7,7 +7,8 @@ The reader walks the calls section (:mod:`~llamafleet.api.answer` holds it) with
 * ``json``: a JSON object, sent as the model writes it, character by character, to the end of the object (strings,
   escapes and nesting followed; a ``<`` outside a string breaks it: markup never goes out as arguments);
 * ``params``: the XML-like formats (Qwen3-Coder, GLM) write one parameter at a time; each goes out once its closing
-  tag is read, as the JSON member it becomes, so the arguments are the same text as a whole answer's.
+  tag is read, as the JSON member it becomes (its text read as its schema wants: :func:`typed`, or MiniMax M3's
+  nested elements: :func:`m3_value`), so the arguments are the same text as a whole answer's.
 
 Between calls, the *gap* skips what closes one call and opens the next. Whatever else the section holds (a call
 whose arguments come before its name, a list of calls, a format without a shape here, such as Mistral Nemo's whose
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from llamafleet.api.protocol import FunctionDelta, ToolCallDelta
 from llamafleet.api.tool_calls import ParsedCall, call_id
+from llamafleet.engine.families import M3
 
 _NAME = r'\{\s*"name"\s*:\s*"(?P<name>[^"\\]+)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
 _DS_END = "<｜tool▁call▁end｜>"
@@ -42,13 +44,65 @@ class Shape:
     param: re.Pattern[str] | None = None  # params: one parameter (``key``, ``value``), complete with its closing tag
     close: re.Pattern[str] | None = None  # params: what ends the call (group ``args``: its arguments, whole)
     ends: tuple[str, ...] = ()  # params: the tags that end a parameter or the call (only they can complete one)
+    value: Callable[[str, Any], Any] | None = None  # params: a parameter's text as its value (default: typed)
 
 
-def _shape(gap: str, header: str, param: str = "", close: str = "", ends: tuple[str, ...] = ()) -> Shape:
+def _shape(gap: str, header: str, param: str = "", close: str = "", ends: tuple[str, ...] = (),
+           value: Callable[[str, Any], Any] | None = None) -> Shape:
     """``gap``: blanks and the markup that closes a call or opens or closes the section."""
     return Shape(re.compile(f"(?:{gap})*(?:{header})", re.DOTALL), re.compile(f"(?:{gap})*"),
                  re.compile(param, re.DOTALL) if param else None, re.compile(close, re.DOTALL) if close else None,
-                 ends)
+                 ends, value)
+
+
+def kinds(schema: Any) -> set[str]:
+    """The JSON types a schema allows (its ``type``, or those of its ``anyOf`` / ``oneOf`` alternatives); empty
+    when it says none."""
+    if not isinstance(schema, dict):
+        return set()
+    kind = schema.get("type")
+    found = {kind} if isinstance(kind, str) else {k for k in kind if isinstance(k, str)} if isinstance(kind, list) \
+        else set()
+    for key in ("anyOf", "oneOf"):
+        for alt in schema.get(key) or []:
+            found |= kinds(alt)
+    return found
+
+
+def typed(value: str, schema: Any) -> Any:
+    """A parameter's text as the value its schema wants: text for strings (or no schema), JSON otherwise."""
+    allowed = kinds(schema)
+    if not allowed or "string" in allowed:
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+_CDATA = re.compile(r"^<!\[CDATA\[(.*)\]\]>$", re.DOTALL)
+_M3 = re.escape(M3)
+_M3_ELEMENT = re.compile(f"{_M3}<(?P<key>[^>/]+)>(?P<value>.*?){_M3}</(?P=key)>", re.DOTALL)
+
+
+def _alternative(schema: Any, kind: str) -> Any:
+    """The part of ``schema`` (or of one of its alternatives) for values of JSON type ``kind``."""
+    if not isinstance(schema, dict) or schema.get("type") == kind:
+        return schema
+    return next((alt for key in ("anyOf", "oneOf") for alt in schema.get(key) or [] if kind in kinds(alt)), {})
+
+
+def m3_value(text: str, schema: Any) -> Any:
+    """A MiniMax M3 parameter's text as its value: objects and arrays are written as nested elements (an array's as
+    ``<item>`` elements), read as such unless the schema wants a string; scalars as :func:`typed` reads them."""
+    elements = list(_M3_ELEMENT.finditer(text))
+    if "string" in kinds(schema) or not elements or "".join(m.group() for m in elements) != text.strip():
+        return typed(text, schema)
+    if all(m.group("key") == "item" for m in elements) and "object" not in kinds(schema):
+        items = _alternative(schema, "array").get("items") if isinstance(schema, dict) else None
+        return [m3_value(m.group("value"), items) for m in elements]
+    props = (_alternative(schema, "object").get("properties") or {}) if isinstance(schema, dict) else {}
+    return {m.group("key"): m3_value(m.group("value"), props.get(m.group("key"))) for m in elements}
 
 
 _DSML = "｜DSML｜"
@@ -59,6 +113,17 @@ SHAPES: dict[str, Shape] = {
     "granite": _shape(r"\s|[\[,\}]|<\|tool_call\|>", _NAME),
     "firefunction": _shape(r"\s|[\[,\}]|functools", _NAME),
     "functionary": _shape(r"\s|</function>", r"<function=(?P<name>[^>\s]+)>\s*(?=\{)"),
+    "gigachat": _shape(r"\s|[\[,\}]|<\|function_call\|>|<\|message_sep\|>|function call<\|role_sep\|>", _NAME),
+    "apriel": _shape(r"\s|[\[,\}]|</?tool_calls>", _NAME),
+    "minimax-m1": _shape(r"\s|[\[,\}]|</?tool_calls>", _NAME),
+    "toolcall": _shape(r"\s|[\[,\}]|</?TOOLCALL>", _NAME),
+    "minicpm": _shape(r"\s", r'<function name="(?P<name>[^"]+)">',
+                      r'\s*<param name="(?P<key>[^"]+)">(?P<value><!\[CDATA\[.*?\]\]>|(?!<!\[CDATA\[).*?)</param>',
+                      r"\s*</function>", ("</param>", "</function>"),
+                      lambda text, schema: typed(_CDATA.sub(r"\1", text), schema)),
+    "apertus": _shape(r"\s|[\[,\}]|<\|tools_prefix\|>", r'\{\s*"(?P<name>[^"\\]+)"\s*:\s*(?=\{)'),
+    "cohere-plus": _shape(r"\s|[\[,\}]|Action:|```(?:json)?",
+                          r'\{\s*"tool_name"\s*:\s*"(?P<name>[^"\\]+)"\s*,\s*"parameters"\s*:\s*(?=\{)'),
     "cohere": _shape(r"\s|[\[,\}]|<\|START_ACTION\|>|<\|END_ACTION\|>",
                      r'\{\s*"tool_call_id"\s*:\s*"(?P<id>[^"\\]*)"\s*,\s*"tool_name"\s*:\s*"(?P<name>[^"\\]+)"\s*,'
                      r'\s*"parameters"\s*:\s*(?=\{)'),
@@ -85,6 +150,22 @@ SHAPES: dict[str, Shape] = {
                     _K3.format("close", "call"), ("<|close|>argument<|sep|>", "<|close|>call<|sep|>")),
     "gemma": _shape(r"\s", r"<\|tool_call>call:(?P<name>[^{\s]+)(?=\{)", "", r"(?P<args>\{.*?\})<tool_call\|>",
                     ("<tool_call|>",)),
+    "minimax3": _shape(f"\\s|{_M3}</?tool_call>", f'{_M3}<invoke name="(?P<name>[^"]+)">',
+                       f"{_M3}<(?P<key>[^>/]+)>(?P<value>.*?){_M3}</(?P=key)>", f"{_M3}</invoke>",
+                       (f"{M3}</",), m3_value),
+    "hy3": _shape(r"\s|</?tool_calls:opensource>",
+                  r"<tool_call:opensource>\s*(?P<name>[^\s<]+)\s*<tool_sep:opensource>",
+                  r"\s*<arg_key:opensource>(?P<key>.*?)</arg_key:opensource>\s*<arg_value:opensource>(?P<value>.*?)"
+                  r"</arg_value:opensource>", r"\s*</tool_call:opensource>",
+                  ("</arg_value:opensource>", "</tool_call:opensource>")),
+    "solar": _shape(r"\s|<\|tool_calls\|>|<\|tool_call:end\|>|<\|end\|>",
+                    r"<\|tool_call:begin\|>(?P<id>[^<\s]*)<\|tool_call:name\|>(?P<name>[^<\s]+)<\|tool_call:args\|>"
+                    r"\s*(?=\{)"),
+    "atem": _shape(r"\s|<\|eom\|>|<\|start\|>assistant|</atem:function_calls>",
+                   r'to=[^<\s]+<\|message\|>\s*<atem:function_calls>\s*<atem:invoke name="(?P<name>[^"]+)">',
+                   r'\s*<atem:parameter name="(?P<key>[^"]+)">(?P<value>.*?)</atem:parameter>', r"\s*</atem:invoke>",
+                   ("</atem:parameter>", "</atem:invoke>")),
+    "recipient": _shape(r"\s|>>>all\n", r">>>(?P<name>[^\s>]+)\s*(?=\{)"),
     "deepseek": _shape(f"\\s|<｜tool▁calls▁begin｜>|{_DS_END}",
                        r"<｜tool▁call▁begin｜>\s*(?P<name>[^\s<]+)\s*<｜tool▁sep｜>\s*(?=\{)"),
     "deepseek-r1": _shape(f"\\s|```|<｜tool▁calls▁begin｜>|{_DS_END}",
@@ -96,7 +177,7 @@ SHAPES: dict[str, Shape] = {
                       r"(?:<\|channel\|>\w+\s*)?(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>\s*(?=\{)"),
 }
 # the formats whose whole answers are read by the reader too (the others: api/call_formats.py)
-WHOLE = frozenset({"functionary", *(f for f, shape in SHAPES.items() if shape.close is not None)})
+WHOLE = frozenset({"functionary", "recipient", "solar", *(f for f, shape in SHAPES.items() if shape.close is not None)})
 LOOKAHEAD = 400  # characters a header may take before the reader stops looking for it
 
 
@@ -209,7 +290,7 @@ class CallReader:
             schema = self.tools[self.call.name].get("properties") or {}
             key = one.group("key").strip()
             member = f"{json.dumps(key, ensure_ascii=False)}: " + json.dumps(
-                typed(one.group("value"), schema.get(key)), ensure_ascii=False)
+                (self.shape.value or typed)(one.group("value"), schema.get(key)), ensure_ascii=False)
             self._send(("{" if not self.members else ", ") + member, pieces)
             self.members += 1
             self.at = one.end()
@@ -250,17 +331,6 @@ def call_deltas(pieces: list[CallPiece]) -> list[ToolCallDelta] | None:
             ToolCallDelta(index=p.index, id=p.id or call_id(), type="function",
                           function=FunctionDelta(name=p.name, arguments=p.arguments))
             for p in pieces] or None
-
-
-def typed(value: str, schema: Any) -> Any:
-    """A parameter's text as the value its schema wants: text for strings (or no schema), JSON otherwise."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
 
 
 def read_whole(fmt: str, section: str, tools: Mapping[str, dict[str, Any]]) -> tuple[list[ParsedCall], str] | None:

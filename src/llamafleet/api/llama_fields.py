@@ -4,7 +4,9 @@ agents, its Python examples): what each means here.
 * honoured (:class:`LlamaServerFields`, the OpenAI routes): ``n_predict`` (the token limit, -1 = until the context
   ends; it must agree with ``max_tokens`` when both are sent), ``n_probs`` (top alternatives per token: logprobs with
   that many, unless the OpenAI fields ask already), ``repeat_last_n`` (the repeat penalties' window, -1 = the whole
-  context, 0 = off);
+  context, 0 = off), ``lora`` (LoRA adapters with their scales, :mod:`llamafleet.fleet.adapters`), ``n_cmpl``
+  (completions per prompt: OpenAI's ``n``, which it must agree with when both are sent) and ``json_schema`` (the
+  answer is JSON that the schema admits: OpenAI's ``response_format`` of type ``json_schema``);
 * accepted, no effect (:class:`LlamaServerNoOps`, every llama-server-shaped route): ``cache_prompt`` (the prefix cache
   is always on, and reusing it changes no answer), ``id_slot`` (the router picks the replica and slot), ``samplers``
   (the engine's sampler order applies), time limits (``t_max_predict_ms``, ``t_max_prompt_ms``), context shifting
@@ -14,7 +16,7 @@ agents, its Python examples): what each means here.
 * refused unless at their neutral values, because their samplers are not in this server's chain and an answer
   sampled without them would pass for one sampled with them: ``mirostat``, ``dynatemp_range``, ``xtc_probability``,
   ``dry_multiplier``, ``top_n_sigma`` (their companion fields, such as ``mirostat_tau``, are accepted: they do
-  nothing while the sampler is off); and ``lora`` (per-request adapters) unless empty: none are served.
+  nothing while the sampler is off).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from llamafleet.api.errors import ApiError, NotYet
-from llamafleet.api.protocol import DEFAULTS, Request
+from llamafleet.api.protocol import DEFAULTS, MAX_CHOICES, Request
 from llamafleet.engine.types import MAX_TOP_LOGPROBS
 
 NOT_IN_CHAIN = "this server's sampler chain has no such sampler; leave it at its default ({})"
@@ -34,6 +36,18 @@ def checked_n_predict(v: int | None) -> int | None:
     if v == 0:
         raise ValueError("n_predict must be -1 (until the context ends) or at least 1")
     return v
+
+
+class LoraChoice(Request):
+    """One entry of llama-server's ``lora`` list: an adapter by its position in ``GET /lora-adapters`` (or its
+    name), and its scale (default: the adapter's configured scale; 0: off)."""
+
+    id: int | str
+    scale: float | None = Field(None, allow_inf_nan=False)
+
+    @property
+    def pair(self) -> tuple[int | str, float | None]:
+        return self.id, self.scale
 
 
 class LlamaServerNoOps(Request):
@@ -76,7 +90,9 @@ class LlamaServerFields(LlamaServerNoOps):
     dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str] | None = None
     top_n_sigma: float = -1.0
-    lora: list[dict[str, Any]] | None = None  # per-request adapters: refused while none are served
+    lora: list[LoraChoice] | None = None  # LoRA adapters with their scales (fleet/adapters.py)
+    n_cmpl: int | None = Field(None, ge=1, le=MAX_CHOICES)  # OpenAI's n
+    json_schema: dict[str, Any] | None = None  # OpenAI's response_format json_schema
 
     @field_validator("n_predict")
     @classmethod
@@ -96,6 +112,18 @@ class LlamaServerFields(LlamaServerNoOps):
         setattr(self, "max_tokens", limit)  # noqa: B010 - every request model with these fields has max_tokens
         return self
 
+    @model_validator(mode="after")
+    def _n_cmpl(self) -> Any:
+        """``n_cmpl`` becomes ``n``, which it must agree with if sent."""
+        if self.n_cmpl is None:
+            return self
+        n = self.__dict__["n"]  # every request model with these fields has n
+        if "n" in self.model_fields_set and n != self.n_cmpl:
+            raise ApiError(400, f"invalid 'n_cmpl': n_cmpl ({self.n_cmpl}) and n ({n}) disagree; send one of them",
+                           param="n_cmpl")
+        setattr(self, "n", self.n_cmpl)  # noqa: B010 - every request model with these fields has n
+        return self
+
     def samplers_off(self) -> NotYet:
         """The samplers this server does not have, as ``not_yet`` entries: refused unless at their defaults."""
         return [
@@ -104,5 +132,4 @@ class LlamaServerFields(LlamaServerNoOps):
             ("xtc_probability", self.xtc_probability != 0, NOT_IN_CHAIN.format(0)),
             ("dry_multiplier", self.dry_multiplier != 0, NOT_IN_CHAIN.format(0)),
             ("top_n_sigma", self.top_n_sigma not in (-1.0, 0.0), NOT_IN_CHAIN.format(-1)),
-            ("lora", bool(self.lora), "LoRA adapters are not served here; send [] or leave it out"),
         ]

@@ -10,9 +10,10 @@ gets 401 with the error body of the route's dialect. ``/health`` and
 and so do the dashboard's static files under ``/ui`` (the page asks for the key and sends it with every call to
 ``/v1/status`` and the API, which stay closed).
 
-Each route needs a scope (:func:`scope_of`): ``/admin/`` and ``/v1/usage`` ``admin``, ``/metrics`` ``metrics``,
-``/v1/embeddings`` ``embeddings``, everything else ``inference``; a key without it gets 403 (a plain key on an admin
-route: 401, as before tenants). Admin keys (``LLAMAFLEET_ADMIN_API_KEYS``, ``admin_api_keys_file``) have every scope.
+Each route needs a scope (:func:`scope_of`): ``/admin/``, ``/v1/usage`` and vLLM's LoRA loading routes ``admin``,
+``/metrics`` ``metrics``, ``/v1/embeddings`` ``embeddings``, everything else ``inference``; a key without it gets 403
+(a plain key on an admin route: 401, as before tenants). Admin keys (``LLAMAFLEET_ADMIN_API_KEYS``,
+``admin_api_keys_file``) have every scope.
 Without any key with the ``admin`` scope, the admin routes answer 403.
 
 A POST outside the admin routes by a key with limits takes its place in the key's limits here (429 with
@@ -38,7 +39,7 @@ from llamafleet.tenants.keys import Scope as KeyScope
 from llamafleet.tenants.tenancy import Tenancy
 
 ADMIN_PREFIX = "/admin/"
-ADMIN_PATHS = frozenset({"/v1/usage"})
+ADMIN_PATHS = frozenset({"/v1/usage", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"})  # (vLLM's)
 OPEN_PATHS = frozenset({"/health", "/ready", "/ui"})
 OPEN_PREFIX = "/ui/"  # the dashboard's files: the same bytes as in the package; its data needs a key
 DRAIN_FACTOR = 16  # an oversize body is read (and dropped) up to this many times the limit, so the client sees 413

@@ -190,7 +190,7 @@ class TextRenderer(_Renderer):
 
 @routes.post("/v1/chat/completions", response_model=ChatCompletion)
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep) -> Response:
-    service = await service.for_model(body.model)
+    service = await service.for_model(body.model, body.lora)
     refuse_unbuilt(body.not_yet())
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     body.served_by(service.model_serving)
@@ -206,7 +206,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, servic
 
 @routes.post("/v1/completions", response_model=Completion)
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep) -> Response:
-    service = await service.for_model(body.model)
+    service = await service.for_model(body.model, body.lora)
     refuse_unbuilt(body.not_yet())
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     want_logprobs = body.logprobs is not None

@@ -8,9 +8,10 @@ The kinds of parameters, as docs/API.md lists them:
 * ignored: standard parameters that mean nothing to this server (``user``, ``store``, ``metadata``, ...), and
   any parameter sent as ``null`` or with its "off" value (``echo: false``, ``tools: []``);
 * structured output: ``response_format`` (``json_object``, ``json_schema``) and llama.cpp's ``grammar`` (GBNF)
-  become one grammar the engine samples under (:func:`format_grammar`);
-* tools: ``tools``, ``tool_choice`` and tool messages, shown to the model and forced by :mod:`~llamafleet.api.tools`
-  (:meth:`ChatCompletionRequest.turns`, :attr:`ChatCompletionRequest.constraint`);
+  become one grammar the engine samples under (:mod:`~llamafleet.api.structured`);
+* messages and tools: chat's messages (:mod:`~llamafleet.api.chat_messages`), ``tools``, ``tool_choice`` and tool
+  messages, shown to the model and forced by :mod:`~llamafleet.api.tools` (:meth:`ChatCompletionRequest.turns`,
+  :attr:`ChatCompletionRequest.constraint`);
 * llama-server's own fields (``n_predict``, ``n_probs``, ``cache_prompt``, ...): :mod:`~llamafleet.api.llama_fields`;
 * not built yet: each request type lists them in ``not_yet()`` (``modalities`` beyond text, ...),
   and the route refuses the first one used with a 400 naming the parameter
@@ -21,160 +22,39 @@ The kinds of parameters, as docs/API.md lists them:
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from llamafleet.api.chat_messages import ChatMessage, chat_turns, tool_chat
 from llamafleet.api.errors import ApiError, NotYet
 from llamafleet.api.llama_fields import LlamaServerFields
 from llamafleet.api.protocol import (
     DEFAULTS,
+    MAX_CHOICES,
     SEED_LIMIT,
     Request,
-    TextPart,
     check_stops,
     check_unicode,
     checked_grammar,
 )
+from llamafleet.api.structured import ResponseFormat, constrained, format_grammar
 from llamafleet.api.tools import (
     MAX_TOOLS,
     Tool,
-    ToolCall,
     ToolChoice,
     ToolRequest,
-    assistant_text,
     calls_grammar,
     offered,
-    tool_result_text,
-    with_tools,
 )
 from llamafleet.engine.families import Family
-from llamafleet.engine.grammar import after_thinking, json_object_grammar, json_schema_grammar
 from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
-MAX_CHOICES = 16  # n
 MAX_PROMPTS = 64  # a batch of prompts in one /v1/completions request
 
 FUNCTIONS_OLD = "the deprecated functions API is not served; send the functions as 'tools' (and 'tool_choice')"
 OFF_TOOL_CHOICES = ("none", "auto")
-
-
-class ChatMessage(Request):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # null only in an assistant's turn that made tool calls
-    name: str | None = None
-    tool_calls: list[ToolCall] = []  # an assistant's earlier calls
-    tool_call_id: str | None = None  # which call a tool's result answers
-    reasoning_content: str | None = None  # an assistant's earlier thinking (either name), for templates that show it
-    reasoning: str | None = None
-
-    @field_validator("content")
-    @classmethod
-    def _content(cls, v: str | list[TextPart] | None) -> str | list[TextPart] | None:
-        if isinstance(v, str):
-            check_unicode([v])
-        return v
-
-    @model_validator(mode="after")
-    def _complete(self) -> ChatMessage:
-        if self.content is None and not self.tool_calls:
-            raise ValueError("'content' is required (it may be null only in an assistant message with tool_calls)")
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages carry 'tool_calls'")
-        if self.role == "tool" and self.tool_call_id is None:
-            raise ValueError("a tool message needs the 'tool_call_id' of the call it answers")
-        return self
-
-    def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        return "".join(p.text for p in self.content)
-
-    def template_message(self, call_names: dict[str, str]) -> dict[str, Any]:
-        """The message as chat templates read it (HF's shape): calls as ``tool_calls``, a tool result with the
-        ``tool_call_id`` it answers and that call's function ``name`` (from ``call_names``) when known."""
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
-        if self.tool_calls:
-            out["tool_calls"] = [c.template_call() for c in self.tool_calls]
-        if thought := self.reasoning_content or self.reasoning:
-            out["reasoning_content"] = thought  # the template keeps or drops it, as its model expects
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-            if self.tool_call_id in call_names:
-                out["name"] = call_names[self.tool_call_id]
-        return out
-
-    def turn(self) -> tuple[str, str]:
-        """(role, content) for the model's chat template; OpenAI's "developer" role is the older "system", and tool
-        calls and results are written out as text (:mod:`~llamafleet.api.tools`)."""
-        if self.role == "tool":
-            return "user", tool_result_text(self.text())
-        if self.tool_calls:
-            return "assistant", assistant_text(self.text(), self.tool_calls)
-        return ("system" if self.role == "developer" else self.role), self.text()
-
-
-def chat_turns(messages: list[ChatMessage], tools: list[Tool]) -> tuple[tuple[str, str], ...]:
-    """The (role, content) turns of ``messages`` for the model's chat template, ``tools`` listed in the system
-    prompt (:func:`~llamafleet.api.tools.with_tools`)."""
-    return with_tools([m.turn() for m in messages], tools)
-
-
-def tool_chat(messages: list[ChatMessage], tools: list[Tool], family: Family | None = None,
-              kwargs: dict[str, Any] | None = None) -> ToolChat | None:
-    """The conversation for a model whose own template shows tools or is of a known ``family``, with the template
-    variables ``kwargs``; None when the model has no family and the conversation holds no tools, calls, results or
-    variables (it is then rendered as any chat)."""
-    if family is None and not tools and not kwargs and not any(m.tool_calls or m.role == "tool" for m in messages):
-        return None
-    names = {c.id: c.function.name for m in messages for c in m.tool_calls}
-    return ToolChat(tuple(m.template_message(names) for m in messages), tuple(t.spec() for t in tools),
-                    tuple(sorted((kwargs or {}).items())))
-
-
-FormatType = Literal["text", "json_object", "json_schema"]
-
-
-class JsonSchemaFormat(Request):
-    name: str
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None  # the schema is always enforced, strict or not
-    description: str | None = None
-
-
-class ResponseFormat(Request):
-    type: FormatType
-    json_schema: JsonSchemaFormat | None = None
-
-
-def format_grammar(kind: FormatType, schema: dict[str, Any] | None, where: str,
-                   family: Family | None = None) -> str | None:
-    """The GBNF for a structured-output format (None for plain text), after ``family``'s optional think block;
-    ``where`` names the schema's parameter, which a ``json_schema`` format needs, in the 400 when it is missing or
-    cannot be enforced."""
-    if kind == "text":
-        return None
-    think = None if family is None else family.think
-    if kind == "json_object":
-        return after_thinking(json_object_grammar(), think)
-    if schema is None:
-        raise ApiError(400, f"missing required parameter '{where}'", param=where)
-    try:
-        return after_thinking(json_schema_grammar(schema), think)
-    except ValueError as e:
-        raise ApiError(400, f"invalid '{where}': {e}", param=where) from None
-
-
-def constrained(structured: str | None, grammar: str | None, ignore_eos: bool, param: str) -> str | None:
-    """The one grammar a request samples under: its structured output format's (``param``) or its GBNF
-    ``grammar``, not both; neither goes with ``ignore_eos``, since the grammar ends the answer."""
-    if structured is not None and grammar is not None:
-        raise ApiError(400, f"send '{param}' or 'grammar', not both", param="grammar")
-    if (structured or grammar) and ignore_eos:
-        raise ApiError(400, f"'ignore_eos' cannot be combined with '{param}' or 'grammar': the grammar ends the "
-                            "answer; send false or null", param="ignore_eos")
-    return structured or grammar
 
 
 class StreamOptions(Request):
@@ -241,7 +121,13 @@ class SamplingRequest(LlamaServerFields):
     @cached_property
     def constraint(self) -> str | None:
         """The grammar every choice samples under (see :func:`constrained`)."""
-        return constrained(None, self.grammar, self.ignore_eos, "grammar")
+        return constrained(self.schema_grammar(), self.grammar, self.ignore_eos, "json_schema")
+
+    def schema_grammar(self, family: Family | None = None) -> str | None:
+        """llama-server's top-level ``json_schema`` as a ``response_format`` of type ``json_schema`` gives it (None
+        when not sent)."""
+        return None if self.json_schema is None else format_grammar("json_schema", self.json_schema, "json_schema",
+                                                                     family)
 
     @property
     def include_usage(self) -> bool:
@@ -338,15 +224,19 @@ class ChatCompletionRequest(SamplingRequest, ToolRequest):
     def constraint(self) -> str | None:
         structured = None
         if (fmt := self.response_format) is not None:
+            if self.json_schema is not None:
+                raise ApiError(400, "send 'response_format' or 'json_schema', not both", param="json_schema")
             spec = fmt.json_schema
             where = "response_format.json_schema" if spec is None else "response_format.json_schema.schema"
             structured = format_grammar(fmt.type, None if spec is None else spec.schema_, where, self.family)
+        structured = structured or self.schema_grammar(self.family)
         tool = calls_grammar(self.callable, self.tool_choice == "required" and self.parallel_tool_calls,
                              self.family) if self.forced else None
         if tool is not None and (structured or self.grammar):
             raise ApiError(400, "a forced tool call ('tool_choice' \"required\" or a named function) cannot be "
                                 "combined with 'response_format' or 'grammar'; send one", param="tool_choice")
-        return constrained(structured or tool, self.grammar, self.ignore_eos, "response_format")
+        return constrained(structured or tool, self.grammar, self.ignore_eos,
+                           "json_schema" if self.json_schema is not None else "response_format")
 
     @cached_property
     def callable(self) -> list[Tool]:
@@ -373,7 +263,7 @@ class ChatCompletionRequest(SamplingRequest, ToolRequest):
         return self.top_logprobs
 
     def think_budget(self) -> int | None:
-        return self.budget(self.reasoning_budget, self.token_limit(), "reasoning_budget")
+        return self.budget(self.reasoning_budget, self.token_limit(), "reasoning_budget", self.reasoning_effort)
 
     def token_limit(self) -> int | None:
         """The answer's token limit, None if the client set none (the rest of the context)."""

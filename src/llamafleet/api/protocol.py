@@ -56,6 +56,8 @@ def check_stops(stops: list[str]) -> None:
     check_unicode(stops)
 
 
+MAX_CHOICES = 16  # n: completions of one prompt
+
 class Request(BaseModel):
     """A request body (or a part of one): strict types, no unknown keys, and ``null`` the same as leaving a key out,
     so wrapper code that sends every parameter, most of them ``null``, is served."""

@@ -35,7 +35,8 @@ from llamafleet.api.errors import ApiError, refuse_unbuilt
 from llamafleet.api.logprobs import chat_logprobs
 from llamafleet.api.protocol import Event, NamedEvents, TokenLogprob, Usage, sse_event
 from llamafleet.api.response_store import owner_of
-from llamafleet.api.responses_requests import ResponsesRequest, Status
+from llamafleet.api.responses_items import Status
+from llamafleet.api.responses_requests import ResponsesRequest
 from llamafleet.api.service import ServiceDep
 from llamafleet.api.tool_calls import ParsedCall, call_id
 from llamafleet.engine.types import ContextOverflow, FinishReason

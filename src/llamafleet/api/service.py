@@ -4,7 +4,9 @@ One :class:`Service` lives on the FastAPI app (``app.state.service``); handlers 
 ``Depends(get_service)`` and, for a request that names a model, ``await service.for_model(name)``: a view of the
 same service bound to that model (loaded first if it is not, see :mod:`llamafleet.fleet.models`). Everything that
 refuses work before it is queued lives in :meth:`Service.for_model` and :meth:`Service.submit`, so every route words
-it the same way: a wrong model name (404), ``max_tokens`` that cannot fit the context (400 with the numbers), a model
+it the same way: a wrong model or adapter name (404; a model name ``MODEL:ADAPTER`` picks a LoRA adapter, and a
+request's own ``lora`` list more: :mod:`llamafleet.fleet.adapters`), ``max_tokens`` that cannot fit the context (400
+with the numbers), a model
 that cannot load now, no replica up or GPU memory above the refuse watermark (503), full queues (429); 503 and 429
 carry ``Retry-After``.
 """
@@ -18,6 +20,7 @@ from typing import Annotated, cast
 from fastapi import Depends, Request
 
 from llamafleet.api.errors import ApiError
+from llamafleet.api.llama_fields import LoraChoice
 from llamafleet.api.middleware import tenant_of
 from llamafleet.api.pulls import Pulls
 from llamafleet.api.response_store import ResponseStore
@@ -25,6 +28,7 @@ from llamafleet.api.tools import Serving
 from llamafleet.config import FleetConfig
 from llamafleet.engine.families import FAMILIES, Family
 from llamafleet.engine.types import DEFAULT_PRIORITY
+from llamafleet.fleet.adapters import UnknownAdapter, adapters_of, chosen
 from llamafleet.fleet.dispatch import Group, Unservable
 from llamafleet.fleet.messages import Submit
 from llamafleet.fleet.models import LOAD_RETRY_S, ManagedModel, ModelManager, ModelUnavailable
@@ -62,6 +66,8 @@ class Service:
     one, unless :meth:`for_model` gave this view)."""
 
     tenant: Tenant | None = None  # whose request this view serves (None: authentication is off)
+    lora: tuple[tuple[str, float], ...] = ()  # the LoRA adapters its requests decode with (none: the base model)
+    adapter: str | None = None  # the adapter its model name picked (MODEL:ADAPTER), which answers name
 
     def __init__(self, models: ModelManager, keys: KeyRing | None = None,
                  keys_files: tuple[str | None, str | None] | None = None) -> None:
@@ -120,7 +126,8 @@ class Service:
     # -- the bound model -----------------------------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        return self.model.name
+        """The bound model's name, as answers give it (``MODEL:ADAPTER`` when the request picked an adapter so)."""
+        return self.model.name if self.adapter is None else f"{self.model.name}:{self.adapter}"
 
     @property
     def n_ctx_per_seq(self) -> int:
@@ -135,7 +142,8 @@ class Service:
     @property
     def model_serving(self) -> Serving:
         """What a chat request needs to know of the bound model (see :class:`~llamafleet.api.tools.ToolRequest`)."""
-        return Serving(self.family, self.config.reasoning_budget, tuple(self.config.chat_template_kwargs.items()))
+        return Serving(self.family, self.config.reasoning_budget, tuple(self.config.chat_template_kwargs.items()),
+                       self.n_ctx_per_seq)
 
     def for_tenant(self, tenant: Tenant | None) -> Service:
         """This service serving ``tenant``'s request."""
@@ -146,8 +154,20 @@ class Service:
         return view
 
     def find_model(self, name: str) -> ManagedModel:
-        """The configured model ``name`` names (or an alias of it); 404 if none, or if the tenant may not use it."""
-        model = self.models.find(name)
+        """The configured model ``name`` names (or an alias of it, or ``MODEL:ADAPTER``); 404 if none, or if the
+        tenant may not use it."""
+        return self.find_choice(name)[0]
+
+    def find_choice(self, name: str) -> tuple[ManagedModel, str | None]:
+        """:meth:`find_model`, and the LoRA adapter a name ``MODEL:ADAPTER`` picks (404 naming one it lacks)."""
+        model, adapter = self.models.find(name), None
+        if model is None and ":" in name:
+            base, _, adapter = name.rpartition(":")
+            model = self.models.find(base)
+            if model is not None and adapter not in (have := [a.name for a in adapters_of(model)]):
+                raise ApiError(404, f"model '{base}' has no LoRA adapter '{adapter}'; its adapters: "
+                                    f"{', '.join(have) or 'none'} (see GET /v1/models)", param="model",
+                               code="model_not_found")
         tenant = self.tenant
         if model is None or (tenant is not None and not tenant.may_use(model.name)):
             if model is not None and tenant is not None:
@@ -155,17 +175,24 @@ class Service:
             served = ", ".join(f"'{m.name}'" for m in self.models.models if tenant is None or tenant.may_use(m.name))
             raise ApiError(404, f"model '{name}' is not served here; this server serves {served} "
                                 "(see GET /v1/models)", param="model", code="model_not_found")
-        return model
+        return model, adapter
 
-    async def for_model(self, name: str) -> Service:
-        """This service bound to the model ``name``, once it is loaded (see :meth:`ModelManager.acquire`)."""
-        model = self.find_model(name)
+    async def for_model(self, name: str, lora: list[LoraChoice] | None = None) -> Service:
+        """This service bound to the model ``name``, once it is loaded (see :meth:`ModelManager.acquire`), with the
+        LoRA adapters its name and ``lora`` (llama-server's field) pick (400 naming one the model lacks)."""
+        model, adapter = self.find_choice(name)
         try:
             await self.models.acquire(model)
         except ModelUnavailable as e:
             raise self._refuse(503, "model_unavailable", str(e), LOAD_RETRY_S) from None
         view = Service.__new__(Service)
         view._shared, view.model, view.tenant = self._shared, model, self.tenant
+        view.adapter = adapter
+        if adapter is not None or lora:
+            try:
+                view.lora = chosen(adapters_of(model), adapter, [c.pair for c in lora or ()])
+            except UnknownAdapter as e:
+                raise ApiError(400, str(e), param="lora" if lora else "model") from None
         return view
 
     def submit(self, msgs: list[Submit], priority: int | None = None) -> Group:
@@ -177,6 +204,11 @@ class Service:
                                     f"per sequence ({self.n_ctx_per_seq}); lower max_tokens", param="max_tokens")
         if self.overloaded is not None:
             raise self._refuse(503, "overloaded", f"the server is refusing new work: {self.overloaded}; retry shortly")
+        if self.lora:
+            if any(m.embed is not None or m.rerank is not None for m in msgs):
+                raise ApiError(400, f"model '{self.model_name}': LoRA adapters apply to generated text, not to "
+                                    f"embeddings or scores; send the model '{self.model.name}'", param="model")
+            msgs = [replace(m, params=replace(m.params, lora=self.lora)) for m in msgs]
         dispatcher = self.model.dispatcher
         try:
             if dispatcher is None or self.model.state == "unloading":

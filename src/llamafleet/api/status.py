@@ -109,6 +109,7 @@ def _replica(r: ReplicaView, svc: Service, latest: dict[str, Any] | None) -> dic
         "prompt_tokens_computed": computed, "prompt_tokens_cached": cached,
         "cache_hit_rate": _ratio(cached, cached + computed),
         "draft_tokens": drafted, "draft_accepted_tokens": accepted, "draft_acceptance": _ratio(accepted, drafted),
+        "graph_steps": stats.graph_steps_total if stats else 0,
         "tokens_per_s": sampled["tokens_per_s"] if sampled else 0.0,
         "ttft_s": mean_of(m.ttft, r.id), "itl_s": mean_of(m.token_gap, r.id),
         "memory_pss_bytes": _pss_bytes(r.pid), "last_error": r.last_error,

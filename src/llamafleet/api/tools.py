@@ -172,9 +172,13 @@ class Serving:
     family: Family | None = None
     reasoning_budget: int | None = None
     template_kwargs: tuple[tuple[str, Any], ...] = ()
+    context: int | None = None  # tokens of context per sequence (an answer's limit when the request sets none)
 
 
 RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+# a reasoning effort as the share of the answer's token limit its think block may take (OpenRouter's shares; "none":
+# the block closed after its first token)
+EFFORTS = {"none": 0.0, "minimal": 0.1, "low": 0.2, "medium": 0.5, "high": 0.8, "xhigh": 0.95, "max": 0.95}
 
 
 class ToolRequest(Request):
@@ -196,9 +200,12 @@ class ToolRequest(Request):
     def family(self) -> Family | None:
         return self._serving.family
 
-    def budget(self, given: int | None, max_tokens: int | None, param: str) -> int | None:
-        """The reasoning budget: ``given`` (the request's ``param``) or the server's; 400 when it is not from 1 to
-        ``max_tokens``."""
+    def budget(self, given: int | None, max_tokens: int | None, param: str, effort: str | None = None,
+               effort_param: str = "reasoning_effort") -> int | None:
+        """The reasoning budget: ``given`` (the request's ``param``), else that of its reasoning ``effort``
+        (``effort_param``: :meth:`effort_budget`), else the server's; 400 when it is not from 1 to ``max_tokens``."""
+        if given is None and effort is not None:
+            return self.effort_budget(effort, max_tokens, effort_param)
         if given is None:
             default = self._serving.reasoning_budget
             return None if default is None or (max_tokens is not None and default > max_tokens) else default
@@ -207,15 +214,31 @@ class ToolRequest(Request):
             raise ApiError(400, f"'{param}' must be at least 1{limit}, not {given}", param=param)
         return given
 
-    def template_kwargs(self, given: dict[str, Any] | None, effort: str | None, param: str) -> dict[str, Any]:
+    def effort_budget(self, effort: str, max_tokens: int | None, param: str) -> int | None:
+        """The budget of a reasoning ``effort`` (``param``): its share (:data:`EFFORTS`) of the answer's token limit
+        (the context's without one), at least 1; None for a model that does not think, or whose template takes the
+        effort itself (gpt-oss, Hunyuan 3). 400 for an effort not in :data:`EFFORTS`."""
+        if effort not in EFFORTS:
+            raise ApiError(400, f"'{param}' must be one of {', '.join(EFFORTS)}, not {effort!r}", param=param)
+        family, base = self.family, self._serving.context if max_tokens is None else max_tokens
+        if family is None or family.think is None or family.efforts or base is None:
+            return None
+        return max(1, int(base * EFFORTS[effort]))
+
+    def template_kwargs(self, given: dict[str, Any] | None, effort: str | None, param: str,
+                        thinking: bool | None = None) -> dict[str, Any]:
         """The variables the request gives the chat template: its ``chat_template_kwargs`` (``param``) over the
-        server's, and its reasoning effort as ``reasoning_effort`` (gpt-oss's) and, for ``"none"``,
-        ``enable_thinking: false`` (Qwen's, DeepSeek's, GLM's), unless the kwargs set those themselves."""
+        server's, and its reasoning effort as ``reasoning_effort`` (gpt-oss's); ``thinking`` on or off (off for the
+        effort ``"none"``) as the family's switch (:attr:`~llamafleet.engine.families.Family.switch`: Qwen's
+        ``enable_thinking``, MiniMax M3's ``thinking_mode``), unless the kwargs set those themselves."""
         if reserved := [k for k in given or {} if k in RESERVED_KWARGS]:
             raise ApiError(400, f"'{param}' may not set {reserved[0]!r}: the server sets it", param=param)
         kwargs = {**dict(self._serving.template_kwargs), **(given or {})}
-        if effort is not None:
-            kwargs.setdefault("reasoning_effort", effort)
-            if effort == "none":
-                kwargs.setdefault("enable_thinking", False)
+        if effort is not None:  # (as the template's own level, where it has its own)
+            kwargs.setdefault("reasoning_effort", dict(self.family.efforts if self.family else ()).get(effort, effort))
+        if thinking is None and effort == "none":
+            thinking = False
+        if thinking is not None:
+            name, on, off = (self.family or FAMILIES["think"]).switch
+            kwargs.setdefault(name, on if thinking else off)
         return kwargs

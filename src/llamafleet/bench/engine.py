@@ -7,7 +7,9 @@ engine's overlap on (the default) a GPU runs the next decode while Python detoke
 hidden rather than added to each step. Run it with ``llamafleet bench engine``.
 
 With speculative decoding on in ``cfg``, each phase runs twice, in turn, in the same engine: with the requests
-opted out of speculation, then not, so the ratios compare runs made side by side under the same machine load.
+opted out of speculation, then not, so the ratios compare runs made side by side under the same machine load. The
+prefix cache is off then: both phases of a pair send the same prompts, and the second would otherwise find them
+computed by the first (128 prompts prefilled by one side only made a GPU run's pairs incomparable).
 ``workload`` picks the prompts (:mod:`llamafleet.bench.workloads`; default: the short questions below).
 """
 
@@ -17,7 +19,7 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from llamafleet.bench.workloads import Workload, workload_prompts
@@ -56,6 +58,8 @@ class Phase:
     steady_seconds: float
     drafted_tokens: int = 0  # speculative decoding: drafted and verified, and of those kept
     accepted_tokens: int = 0
+    graph_steps: int = 0  # torch engine: decode steps replayed from CUDA graphs
+    prefilled_tokens: int = 0  # prompt tokens computed (not taken from the prefix cache)
 
     @property
     def tokens_per_s(self) -> float:
@@ -105,7 +109,9 @@ def _phase(eng: Engine | TorchEngine, name: str, batches: list[list[Request]]) -
                  after.sample_seconds_total - before.sample_seconds_total,
                  after.step_seconds_total - before.step_seconds_total, steady, steady_s,
                  after.draft_tokens_total - before.draft_tokens_total,
-                 after.draft_accepted_total - before.draft_accepted_total)
+                 after.draft_accepted_total - before.draft_accepted_total,
+                 after.graph_steps_total - before.graph_steps_total,
+                 after.prompt_tokens_total - before.prompt_tokens_total)
 
 
 def prompt_texts(workload: Workload | None, n: int) -> list[str]:
@@ -132,6 +138,8 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
     the pairs', so a shared machine's swings hit both sides of each pair alike)."""
     texts = prompt_texts(workload, n_requests)
     modes = (False, True) if cfg.speculative.on else (False,)
+    if cfg.speculative.on:
+        cfg = replace(cfg, prefix_cache=False)
     with _engine(cfg) as eng:
         def reqs(tag: str, spec: bool = False) -> list[Request]:
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=spec)
@@ -150,6 +158,7 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
         "gpu_layers": cfg.n_gpu_layers,
         "overlap": cfg.overlap,
         "backend_sampling": cfg.backend_sampling,
+        "cuda_graphs": cfg.cuda_graphs if cfg.engine == "torch" else None,
         "speculative": asdict(cfg.speculative) | {"draft_model": cfg.speculative.draft_model and
                                                   cfg.speculative.draft_model.rsplit("/", 1)[-1]},
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -178,6 +187,9 @@ def markdown(result: dict[str, object]) -> str:
                     f"{p['overhead_ms_per_step']:.3f} ms | "
                     f"{100 * p['overhead_share']:.1f}% | {p['sample_ms_per_step']:.3f} ms |")
     rows.append(f"\nconcurrent / sequential aggregate tokens/s: **{result['speedup']:.2f}x**")
+    if result.get("cuda_graphs") is not None:
+        graphed = [f"{p['name']} {p['graph_steps']} of {p['steps']}" for p in result["phases"]]  # type: ignore[attr-defined]
+        rows.append("decode steps replayed from CUDA graphs: " + ", ".join(graphed))
     for name, ratio in dict(result.get("speculative_speedup") or {}).items():  # type: ignore[call-overload]
         rows.append(f"{name}: speculative / off tokens/s: **{ratio:.2f}x**")
     return "\n".join(rows)

@@ -28,9 +28,11 @@ def table(rows: list[list[str]]) -> list[str]:
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
-    """The plan as a few readable sections: verdict, replicas, context, memory per device, reasons, warnings."""
+def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory, cuda_graphs: bool) -> str:
+    """The plan as a few readable sections: verdict, replicas, context, memory per device, reasons, warnings
+    (``cuda_graphs``: the key's setting, for a checkpoint folder's decode steps)."""
     from llamafleet.placement.gpus import describe_inventory
+    from llamafleet.placement.torch_plan import torch_context
 
     lines = [
         f"model: {model.path}",
@@ -49,8 +51,9 @@ def format_plan(plan: Plan, model: ModelInfo, inventory: Inventory) -> str:
                          ",".join(f"{x:.4g}" for x in r.tensor_split) or "-", str(r.main_gpu) if r.gpus else "-"])
         lines += table(rows)
     fa = {None: "auto", True: "on", False: "off"}[plan.flash_attn]
-    lines.append(f"context: {plan.n_seq} slots x {plan.n_ctx_per_seq} tokens per replica; n_batch {plan.n_batch}, "
-                 f"n_ubatch {plan.n_ubatch}; KV cache {plan.kv_type}; flash attention {fa}")
+    engine = (torch_context(plan, cuda_graphs) if model.engine == "torch" else
+              f"n_batch {plan.n_batch}, n_ubatch {plan.n_ubatch}; KV cache {plan.kv_type}; flash attention {fa}")
+    lines.append(f"context: {plan.n_seq} slots x {plan.n_ctx_per_seq} tokens per replica; {engine}")
     if plan.budgets:
         lines.append("memory (MiB):")
         rows = [["device", "replica", "weights", "kv", "compute", "margin", "total", "free", "left"]]
@@ -163,7 +166,7 @@ def _run_fleet(args: argparse.Namespace, cfg: FleetConfig, inventory: Inventory)
 
 def run(args: argparse.Namespace) -> int:
     # the GGUF reader and the planner (numpy) load here, not when the parser is built for another command
-    from llamafleet.catalog import fetched_draft
+    from llamafleet.catalog import fetched_extras
     from llamafleet.model.demo import ModelFetchError, default_model_path
     from llamafleet.model.header import GgufError
     from llamafleet.model.hub import HubError, model_header
@@ -186,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{', '.join(remote)}; each places it on its own machine")
             return Exit.OK
         model, _ = model_header(cfg.model_path or default_model_path())
-        cfg = fetched_draft(cfg)
+        cfg = fetched_extras(cfg)
     except (ConfigError, InventoryError, RefError) as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.USAGE
@@ -201,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**plan.to_json(), "model_path": model.path, "inventory": inventory.source,
                           "remote": [e.url for e in cfg.remote]}, indent=2))
     else:
-        print(format_plan(plan, model, inventory))
+        print(format_plan(plan, model, inventory, cfg.cuda_graphs == "auto"))
         if remote:
             print(f"remote members beside these replicas: {', '.join(remote)}")
     return Exit.OK if plan.fits else Exit.NO

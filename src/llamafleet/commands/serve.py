@@ -193,7 +193,7 @@ def _fleet_models(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics)
 
 def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) -> list[ManagedModel] | None:
     """Plan the one model (printing why): a pinned model placed now; None if it does not fit."""
-    from llamafleet.catalog import fetched_draft
+    from llamafleet.catalog import fetched_extras
     from llamafleet.fleet.models import placed_model
     from llamafleet.fleet.remote import member_specs, members, remote_context
     from llamafleet.model.demo import default_model_path
@@ -201,7 +201,7 @@ def _one_model(cfg: FleetConfig, inventory: Inventory, metrics: FleetMetrics) ->
     from llamafleet.model.hub import model_header
     from llamafleet.model.hub_ref import is_ref
 
-    remote, launcher, cfg = members(cfg.remote), None, fetched_draft(cfg)
+    remote, launcher, cfg = members(cfg.remote), None, fetched_extras(cfg)
     if remote and cfg.model_path is None:  # remote members only: nothing loads here
         model_name = cfg.model_name or remote[0].model
         if model_name is None:

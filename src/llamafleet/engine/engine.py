@@ -31,6 +31,7 @@ from llamafleet.engine.kv_tiers import KvTiers, first_origin
 from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
 from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.loop import EngineLoop
+from llamafleet.engine.lora import Adapters
 from llamafleet.engine.prefix import Placement, SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts
 from llamafleet.engine.scheduler import Waiting, schedule
@@ -90,8 +91,9 @@ class Engine(EngineLoop, TextSide[Model]):
         self._rows: Rows | None = None  # where the in-flight pass's logits rows are, when it scores prompts
         self._deferred: list[Sequence] = []  # ended while a pass ran: slots freed once it is collected
         self._passes = PassCost()  # what a pass costs by its tokens: whether prompts share one (engine/scheduler.py)
-        try:  # (a draft model is loaded here, and may be refused)
+        try:  # (a draft model and LoRA adapters are loaded here, and may be refused)
             self.spec = Speculator.create(ctx_cfg, self.model)
+            self.lora = Adapters(self.model, cfg.lora)
         except BaseException:
             self.close()
             raise
@@ -110,10 +112,13 @@ class Engine(EngineLoop, TextSide[Model]):
             self.ctx.close()
         if (spec := getattr(self, "spec", None)) is not None:
             spec.close()
+        if (lora := getattr(self, "lora", None)) is not None:
+            lora.close()
         self.model.close()
 
     def add_request(self, req: Request) -> None:
         self.check_request(req)
+        self.lora.check(req.params.lora)
         self._incoming.append(req)
 
     def add_embedding(self, req: EmbeddingRequest) -> None:
@@ -161,6 +166,7 @@ class Engine(EngineLoop, TextSide[Model]):
             self._waiting.append(self._incoming.popleft())
         self._apply_aborts(outs)
         fresh = self._collect() if self._inflight is not None else []
+        self.lora.reap(self.ctx, self._running, self._waiting)
         self._admit()
         ready = [s for s in self._running if s.wait_for is None]
         if self.spec is not None:
@@ -169,7 +175,13 @@ class Engine(EngineLoop, TextSide[Model]):
                         self._waiting.shares())
         error = None
         if plan:
-            error = self._launch(plan)
+            for adapters, part in self.lora.groups(plan):  # one decode per LoRA adapter set (engine/lora.py)
+                if self._inflight is not None:  # the step's previous part: sampled before the next decode
+                    fresh += self._collect()
+                self.lora.apply(self.ctx, adapters)
+                if (error := self._launch(part)) is not None:
+                    plan = part
+                    break
             self._steps += 1
             if not self.cfg.overlap and self._inflight is not None:
                 fresh += self._collect()
@@ -217,15 +229,16 @@ class Engine(EngineLoop, TextSide[Model]):
                 chain = SamplerChain(p, self.model, seed)
                 if p.penalty_last_n:
                     chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
-            place = self._slots.place(req.prompt_tokens, reuse=not p.prompt_logprobs)  # scoring computes it all
+            lora = self.lora.resolve(p.lora)  # adapters' KV is neither reused nor shared (engine/lora.py)
+            place = self._slots.place(req.prompt_tokens, reuse=not p.prompt_logprobs and not lora)  # scoring: all
             in_graph = (self.ctx.backend_sampling and chain is None and not p.logprobs and not p.prompt_logprobs
                         and p.think_budget is None)
             if self.ctx.backend_sampling and not in_graph:
                 self.ctx.use_backend_greedy(place.slot, False)
-            s = Sequence(req, place.slot, chain, in_graph)
+            s = Sequence(req, place.slot, chain, in_graph, lora=lora)
             s.budget = ThinkBudget.of(p.think_budget, self.family, lambda t: self.tokenize(t, False, True),
                                       bool(self.opened_think(req.prompt_tokens)))
-            self._slots.take(s)
+            self._slots.take(s, shared=not lora)
             self._running.append(s)
             self._start(s, place)
             if self.spec is not None:

@@ -21,6 +21,13 @@ class Family:
     think: tuple[str, str] | None = None  # the markers around the thinking (open, close)
     openers: tuple[str, ...] = ()  # text that starts the calls (held from there on while streaming)
     drop: tuple[str, ...] = ()  # markup around the answer that is not part of it
+    lead: str = ""  # what the template's generation prompt ends with and the answer goes on from (Functionary v3.2's
+    # ">>>": the answer's text is read as starting with it)
+    text: str = ""  # what the answer writes before plain text, after the lead (Functionary v3.2's "all\n")
+    efforts: tuple[tuple[str, str], ...] = ()  # its template takes ``reasoning_effort`` itself: the value it takes
+    # for each effort a request may give (gpt-oss's low, medium, high; Hunyuan 3's no_think, low, high)
+    switch: tuple[str, object, object] = ("enable_thinking", True, False)  # the template's variable that turns
+    # thinking on and off, and its two values (Qwen's, DeepSeek's, GLM's enable_thinking; MiniMax M3's thinking_mode)
 
     @property
     def reasons(self) -> bool:
@@ -31,6 +38,18 @@ THINK = ("<think>", "</think>")
 _DEEPSEEK_OPEN = "<｜tool▁calls▁begin｜>"
 _KIMI_OPEN = "<|tool_calls_section_begin|>"
 _DSML = "｜DSML｜"
+M3 = "]<]minimax[>["  # MiniMax M3's namespace, before each of its call tags
+
+
+def _levels(none: str, low: str, medium: str, high: str) -> tuple[tuple[str, str], ...]:
+    """A template's own effort levels for the efforts a request may give."""
+    return (("none", none), ("minimal", low), ("low", low), ("medium", medium), ("high", high), ("xhigh", high),
+            ("max", high))
+
+
+def _hy(tag: str) -> str:
+    """Hunyuan 3's tags, named with its ``:opensource`` suffix."""
+    return f"<{tag}:opensource>"
 
 
 def _k3(tag: str, close: bool = False) -> str:
@@ -67,11 +86,34 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("firefunction", "firefunction", openers=("functools[",)),
     Family("lfm2", "pythonic", openers=("<|tool_call_start|>",)),
     Family("lfm2-think", "pythonic", THINK, openers=("<|tool_call_start|>",)),
+    Family("lfm2.5", "pythonic", THINK, openers=("<|tool_call_start|>",)),  # its template names no marker of them
+    Family("functionary-v3.2", "recipient", openers=(">>>",), drop=(">>>all\n",), lead=">>>", text="all\n"),
+    Family("gigachat3", "gigachat", openers=("<|message_sep|>\n\nfunction call<|role_sep|>\n",),
+           drop=("<|message_sep|>",)),  # (it ends each message)
+    Family("gigachat3.1", "gigachat", openers=("<|function_call|>",)),
+    Family("command-r-plus", "cohere-plus", openers=("Action:",), drop=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
+    Family("apertus", "apertus", openers=("<|tools_prefix|>",)),
+    Family("apriel", "apriel", ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"), openers=("<tool_calls>",)),
+    Family("hy3", "hy3", (_hy("think"), _hy("/think")), openers=(_hy("tool_calls"),),
+           efforts=_levels("no_think", "low", "high", "high")),
+    Family("solar-open", "solar", ("<|think|>", "<|end|>"), openers=("<|tool_calls|>",),
+           drop=("<|begin|>assistant", "<|content|>", "<|end|>")),
+    # Muse Glimmer: each message names its recipient (self: reasoning; user: the answer; a function: a call)
+    Family("muse", "atem", (" to=self<|message|>", "<|eom|><|start|>assistant"), openers=(" to=",),
+           drop=("<|start|>assistant", " to=user<|message|>", "<|eot|>", "<|eom|>"), text=" to=user<|message|>"),
+    Family("apriel-1.5", "apriel", openers=("<tool_calls>",)),  # (its reasoning: plain text before its answer)
+    Family("nemotron-v2", "toolcall", THINK, openers=("<TOOLCALL>",)),
+    Family("minicpm5", "minicpm", THINK, openers=('<function name="',)),
+    Family("minimax-m1", "minimax-m1", THINK, openers=("<tool_calls>",)),  # (its template shows no thinking; it thinks)
+    Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
+           drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
+    # opens with a bare close marker)
     # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
            drop=("<|start|>assistant", "<|channel|>final<|message|>", "<|channel|>commentary<|message|>",
-                 "<|channel|>final <|constrain|>json<|message|>", "<|return|>")),
+                 "<|channel|>final <|constrain|>json<|message|>", "<|return|>"),
+           efforts=_levels("low", "low", "medium", "high")),
 )}
 
 
@@ -89,6 +131,20 @@ MARKUP: dict[str, tuple[str, ...]] = {  # what each call format writes besides i
     "functionary": ("</function>",),
     "firefunction": (),
     "pythonic": ("<|tool_call_end|>",),
+    "recipient": (),
+    "gigachat": ("<|role_sep|>",),
+    "cohere-plus": ("```json", "```"),
+    "apertus": ("<|tools_suffix|>",),
+    "apriel": ("</tool_calls>",),
+    "minimax-m1": ("</tool_calls>",),
+    "toolcall": ("</TOOLCALL>",),
+    "minicpm": ("</function>", "<param name=", "</param>"),
+    "atem": ("<|message|>", "<atem:function_calls>", "</atem:function_calls>", "<atem:invoke name=", "</atem:invoke>",
+             "<atem:parameter name=", "</atem:parameter>"),
+    "solar": ("<|tool_call:begin|>", "<|tool_call:name|>", "<|tool_call:args|>", "<|tool_call:end|>"),
+    "hy3": tuple(_hy(t) for t in ("/tool_calls", "tool_call", "/tool_call", "tool_sep", "arg_key", "/arg_key",
+                                  "arg_value", "/arg_value")),
+    "minimax3": (f"{M3}</tool_call>", f"{M3}<invoke name=", f"{M3}</invoke>"),
     "gemma": ("<tool_call|>", '<|"|>'),
     "cohere": ("<|END_ACTION|>",),
     "minimax": ("</minimax:tool_call>", "<invoke name=", "</invoke>", "<parameter name=", "</parameter>"),
@@ -113,22 +169,44 @@ def detect(source: str | None) -> Family | None:
     think = has("<think>")
     if has("<|channel|>"):
         return FAMILIES["gpt-oss"]
-    if has("]<]minimax[>["):
-        return None  # MiniMax M3's namespaced tags: not read here
+    if has(M3):
+        return FAMILIES["minimax-m3"]
     if has(_DSML):  # the calls section: V3.2's function_calls, V4's tool_calls
         return FAMILIES["deepseek-v4" if has("'tool_calls>") else "deepseek-v3.2"]
     for marker, name in (("<|tool_call>", "gemma4"), ("<|START_ACTION|>", "command-r7b"),
                          ("<minimax:tool_call>", "minimax-m2"), ("<seed:tool_call>", "seed-oss")):
         if has(marker):
             return FAMILIES[name]
+    if has("<|role_sep|>") and has("function call"):  # GigaChat 3.1 writes its own token before a call, 3 a role
+        return FAMILIES["gigachat3.1" if has("<|function_call|>") else "gigachat3"]
+    if has("<|CHATBOT_TOKEN|>") and has("Action:"):  # Command R+ (R7B's <|START_ACTION|> is read above)
+        return FAMILIES["command-r-plus"]
+    if has("<|tools_prefix|>"):
+        return FAMILIES["apertus"]
+    if has("[BEGIN FINAL RESPONSE]") and has("<tool_calls>"):  # Apriel 1.6: the prompt opens the reasoning
+        return FAMILIES["apriel" if has("Here are my reasoning steps") else "apriel-1.5"]
+    if has("<TOOLCALL>"):
+        return FAMILIES["nemotron-v2"]
+    if has('<function name="') and has('<param name="'):
+        return FAMILIES["minicpm5"]
+    if has("<tool_calls{}>") and has(":opensource"):  # Hunyuan 3: its tags named as '<tool_calls{}>'.format(...)
+        return FAMILIES["hy3"]
+    if has("<atem:function_calls>"):
+        return FAMILIES["muse"]
+    if has("<|tool_call:begin|>"):
+        return FAMILIES["solar-open"]
+    if has("<tool_calls>") and has("<beginning_of_sentence>"):
+        return FAMILIES["minimax-m1"]
     if has("<|open|>") and has("<|close|>") and has("<|sep|>"):
         return FAMILIES["kimi-k3"]
     if has("functools["):
         return FAMILIES["firefunction"]
     if has("<|tool_call_start|>") or has("<|tool_list_start|>"):  # LFM2 (the model writes the calls' markers)
         return FAMILIES["lfm2-think" if think else "lfm2"]
-    if has("<|start_header_id|>") and has("'>>>'"):
-        return None  # Functionary v3.2: calls to ">>>name" recipients, text to ">>>all": not read here
+    if has("List of tools: ["):  # LFM2.5 Instruct: the tools listed plainly, the calls in LFM2's markers
+        return FAMILIES["lfm2.5"]
+    if has("<|start_header_id|>") and has("'>>>'"):  # Functionary v3.2: ">>>name" opens a call, ">>>all" text
+        return FAMILIES["functionary-v3.2"]
     if has("<|start_header_id|>") and has("'<function='"):
         return FAMILIES["functionary"]
     if has(_DEEPSEEK_OPEN):

@@ -140,10 +140,13 @@ THINK_ROOT = "root ::= (think-open think-body think-close)? answer\n"
 OPENED_ROOT = "root ::= think-body think-close answer\n"
 
 
-def after_thinking(grammar: str, think: tuple[str, str] | None) -> str:
+def after_thinking(grammar: str, think: tuple[str, str] | None, text: str = "") -> str:
     """``grammar`` with an optional think block (``think``: its open and close markers) before its sentences
-    (unchanged when ``think`` is None). The block's text may not hold the first two characters of its close marker
-    in a row. When the prompt opened the block, the worker makes it required and unopened (:func:`inside_think`)."""
+    (unchanged when ``think`` is None), and ``text`` (what a family writes before plain text, such as Functionary
+    v3.2's ``all\n``) before them. The block's text may not hold the first two characters of its close marker in a
+    row. When the prompt opened the block, the worker makes it required and unopened (:func:`inside_think`)."""
+    if text:
+        grammar = _ROOT.sub(lambda _: f"root ::= {json.dumps(text, ensure_ascii=False)} ", grammar, count=1)
     if think is None:
         return grammar
     open_, close = think

@@ -111,7 +111,7 @@ class KvTiers:
         kept = place.reuse if place.source is None and not place.wait else 0
         if self.enabled and lost is not None and lost.n_cached - kept >= self.min_reuse:
             self.save(ctx, s.slot, lost.tokens[:lost.n_cached])
-        if self.enabled and not place.wait and not s.req.params.prompt_logprobs:
+        if self.enabled and not place.wait and not s.req.params.prompt_logprobs and not s.lora:
             got = self.restore(ctx, s.slot, s.tokens, place.reuse)
         s.origin = CacheOrigin(ram=got.tokens if got.tier == "ram" else 0, disk=got.tokens if got.tier == "disk"
                                else 0, differs_at=max(place.best, got.candidate, place.reuse))

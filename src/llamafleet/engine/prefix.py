@@ -155,11 +155,12 @@ class SlotIndex(Generic[H]):
         held.sort(key=lambda x: -self._used[x[0]] if x[0] in self._free else -self._clock - 1)
         return [(slot, list(h.tokens[:h.n_cached])) for slot, h in held]
 
-    def take(self, h: H) -> None:
-        """``h`` now runs in its slot, which was free (that KV is ``h``'s from now on)."""
+    def take(self, h: H, shared: bool = True) -> None:
+        """``h`` now runs in its slot, which was free (that KV is ``h``'s from now on); ``shared=False``: its KV is
+        never offered to another prompt (it was computed with other weights: a LoRA adapter's)."""
         self._free.remove(h.slot)
         heapq.heapify(self._free)
-        self._held[h.slot] = h
+        self._held[h.slot] = h if shared else None
 
     def release(self, slot: int, keep: bool = True) -> None:
         """``slot`` is free again; its KV stays reusable unless ``keep`` is False (its content is unknown)."""

@@ -12,6 +12,7 @@ from llamafleet.engine.types import CacheOrigin, PromptLogprobs, Request
 
 if TYPE_CHECKING:  # only a type here: the scheduler and its tests import this module without loading llama.cpp
     from llamafleet.engine.budget import ThinkBudget
+    from llamafleet.engine.llama_lora import LoraAdapter
     from llamafleet.engine.llama_sampler import SamplerChain
 
 
@@ -35,6 +36,7 @@ class Sequence:
     budget: ThinkBudget | None = None  # a reasoning budget to enforce (engine/budget.py)
     spec: Track | None = None  # speculative decoding's state, when it speculates (engine/speculative/)
     origin: CacheOrigin | None = None  # what the KV tiers gave it (engine/kv_tiers.py), until its first output
+    lora: tuple[tuple[LoraAdapter, float], ...] = ()  # the LoRA adapters it decodes with (engine/lora.py)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.req.prompt_tokens)

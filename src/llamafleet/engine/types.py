@@ -5,6 +5,7 @@ These are the engine's whole public vocabulary; the worker, consistency checker 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Literal
 
@@ -62,6 +63,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans it, +100 forces it
     think_budget: int | None = None  # tokens a thinking model may spend in its think block (engine/budget.py)
     speculative: bool = True  # False: never draft for this request, whatever the engine's speculative settings
+    lora: tuple[tuple[str, float], ...] = ()  # LoRA adapters by name, each with its scale (none: the base model)
 
     def __post_init__(self) -> None:
         checks = [
@@ -229,6 +231,22 @@ class EmbeddingUnavailable(RuntimeError):
     """The embedding context cannot be created (memory): embeddings are refused with 503, generation goes on."""
 
 
+def canonical_lora(chosen: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """LoRA adapters with their scales in one order, scale-0 ones left out (they change nothing): the form of
+    :attr:`SamplingParams.lora`, so that requests asking for the same set share a decode (engine/lora.py)."""
+    return tuple(sorted((name, float(scale)) for name, scale in chosen if scale != 0.0))
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A LoRA adapter a replica loads beside its model: its name (clients pick it as ``model:name``), its GGUF
+    file, and the scale it gets when picked by name (engine/lora.py)."""
+
+    name: str
+    path: str
+    scale: float = 1.0
+
+
 @dataclass(frozen=True)
 class PriorityConfig:
     """How the scheduler favours work of a better class than batch (engine/scheduler.py; the fleet's ``priorities``
@@ -271,7 +289,9 @@ class EngineConfig:
     cache_disk_bytes: int = 0
     copy_budget_s: float | None = None  # tier copies per step before prompts wait (None: the last pass's time)
     priorities: PriorityConfig = PriorityConfig()  # better classes over batch work (engine/scheduler.py)
+    cuda_graphs: bool = True  # torch engine: decode steps replayed as CUDA graphs on one GPU (False: eager)
     llama_log_level: str = "warning"
+    lora: tuple[LoraSpec, ...] = ()  # LoRA adapters loaded beside the model, applied per request (engine/lora.py)
 
 
 @dataclass(frozen=True)
@@ -317,6 +337,7 @@ class EngineStats:
     prompt_tokens_cached_total: int = 0  # prompt tokens whose KV came from the prefix cache
     draft_tokens_total: int = 0  # speculative decoding: tokens drafted and verified
     draft_accepted_total: int = 0  # of those, tokens the model kept
+    graph_steps_total: int = 0  # torch engine: decode steps replayed from CUDA graphs (engine/pytorch/graphs.py)
     tiers: TierStats | None = None  # the KV tiers beyond the slots, when on
 
 

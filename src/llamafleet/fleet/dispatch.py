@@ -283,6 +283,7 @@ class Dispatcher:
         if out.prompt_ids is not None:  # a request only tokenized: nothing was computed or generated
             return
         route = self._routes.get(out.request_id)
+        ranked = route is not None and route.msg is not None and route.msg.rerank is not None
         if route is not None:
             route.msg = None  # started: it stays where it is
             if route.group.meter is not None:
@@ -302,9 +303,11 @@ class Dispatcher:
         if out.finished:
             timed_out = out.request_id in self._timed_out
             self._timed_out.discard(out.request_id)
-            if out.embeddings is not None:  # an embedding request's whole answer: not a generated sequence
-                self.metrics.embedded_inputs.inc(amount=len(out.embeddings))
-                self.metrics.embedded_tokens.inc(amount=out.prompt_tokens)
+            if out.embeddings is not None:  # an embedding or rerank request's whole answer: not a generated sequence
+                inputs, tokens = ((self.metrics.ranked_pairs, self.metrics.ranked_tokens) if ranked
+                                  else (self.metrics.embedded_inputs, self.metrics.embedded_tokens))
+                inputs.inc(amount=len(out.embeddings))
+                tokens.inc(amount=out.prompt_tokens)
                 return
             self.metrics.sequences.inc("timeout" if timed_out and out.finish_reason == "cancelled"
                                        else out.finish_reason or "unknown")

@@ -3,7 +3,7 @@
 Messages are frozen dataclasses sent whole, pickled in length-prefixed frames, over one duplex pipe per worker (see
 :mod:`llamafleet.fleet.pipe`; a message may be of any size). Direction:
 
-* API -> worker: :class:`Submit`, :class:`Abort`, :class:`Shutdown`.
+* API -> worker: :class:`Submit`, :class:`Abort`, :class:`Shutdown`, :class:`SetAdapters`.
 * worker -> API: :class:`LoadProgress` and then :class:`Ready` or :class:`LoadFailed` while loading (the readiness
   handshake), then one :class:`StepOutputs` per engine step that produced anything: every sequence's new tokens of
   that step travel together, with the engine's stats riding along (never one message per token per request), and a
@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from llamafleet.engine.infill import Infill
 from llamafleet.engine.template import ToolChat
-from llamafleet.engine.types import DEFAULT_PRIORITY, ContextOverflow, EngineStats, RequestOutput, SamplingParams
+from llamafleet.engine.types import (
+    DEFAULT_PRIORITY,
+    ContextOverflow,
+    EngineStats,
+    LoraSpec,
+    RequestOutput,
+    SamplingParams,
+)
 
 ChatTurn = tuple[str, str]  # (role, content)
 
@@ -86,7 +93,15 @@ class Shutdown:
     """Cancel everything in flight, report it, free the engine and exit."""
 
 
-ToWorker = Submit | Abort | Shutdown
+@dataclass(frozen=True)
+class SetAdapters:
+    """Make ``adapters`` the replica's LoRA adapters: new ones loaded, the others unloaded once no request uses them
+    (:mod:`llamafleet.engine.lora`). Sent before the requests that name a new one, on the same pipe."""
+
+    adapters: tuple[LoraSpec, ...]
+
+
+ToWorker = Submit | Abort | Shutdown | SetAdapters
 
 
 # -- worker -> API process -------------------------------------------------------------------------------------

@@ -90,11 +90,11 @@ def member_specs(remote: list[RemoteMember], n_ctx_per_seq: int, prefix: str = "
 def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
     """Why ``member`` cannot serve ``msg`` as asked, worded for the client; None if it can.
 
-    What this relay does not carry: embeddings and reranking (they go to local replicas). What an OpenAI-compatible
-    upstream cannot express: tokenizing and fill-in-the-middle (they need the model's tokenizer), scoring the prompt
-    (echo with logprobs) and, for an upstream that is not a llama.cpp server, a grammar, ``ignore_eos`` and llama.cpp's
-    sampling fields set to other than their defaults (at their defaults they are left out: the upstream's own sampler
-    applies)."""
+    What this relay does not carry: embeddings, reranking and LoRA adapters (they go to local replicas). What an
+    OpenAI-compatible upstream cannot express: tokenizing and fill-in-the-middle (they need the model's tokenizer),
+    scoring the prompt (echo with logprobs) and, for an upstream that is not a llama.cpp server, a grammar,
+    ``ignore_eos`` and llama.cpp's sampling fields set to other than their defaults (at their defaults they are left
+    out: the upstream's own sampler applies)."""
     p = msg.params
     if msg.embed is not None:
         return "embeddings are not relayed to remote members"
@@ -106,6 +106,8 @@ def unrelayable(msg: Submit, member: RemoteMember) -> str | None:
         return "tokenizing needs the model's tokenizer, which a remote member does not expose"
     if p.prompt_logprobs:
         return "prompt logprobs (echo with logprobs) are not relayed to remote members"
+    if p.lora:
+        return "LoRA adapters are applied by this server's own replicas, not relayed to remote members"
     if p.think_budget is not None and (msg.chat is None or not member.llama_cpp):
         return "a reasoning budget is relayed with chats to llamafleet members only (set llama_cpp: true)"
     if member.llama_cpp:

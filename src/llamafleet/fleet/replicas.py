@@ -153,6 +153,12 @@ class ReplicaSet:
             return
         worker.pipe.send(msg)
 
+    def send_running(self, replica: int, msg: ToWorker) -> None:
+        """Queue ``msg`` for ``replica``'s worker if one runs (loading or serving); none: nothing (one started later
+        reads its spec)."""
+        if replica in self._workers:
+            self.send(replica, msg)
+
     def recycle(self, replica: int, why: str, status: ReplicaStatus = "down") -> None:
         """Kill ``replica``'s worker and load it again, as after a crash (its in-flight work fails with 503);
         ``status`` shows until it loads again."""

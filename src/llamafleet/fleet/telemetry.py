@@ -71,6 +71,9 @@ class FleetMetrics:
         self.embedded_inputs = r.add(Counter("llamafleet_embedding_inputs_total",
                                              "inputs embedded (/v1/embeddings), in requests that succeeded"))
         self.embedded_tokens = r.add(Counter("llamafleet_embedding_tokens_total", "tokens of those inputs"))
+        self.ranked_pairs = r.add(Counter("llamafleet_rerank_pairs_total",
+                                          "query-document pairs scored (/v1/rerank), in requests that succeeded"))
+        self.ranked_tokens = r.add(Counter("llamafleet_rerank_tokens_total", "tokens of those pairs"))
         self.refused = r.add(Counter("llamafleet_requests_refused_total",
                                      "requests refused before queueing, by reason", ("reason",)))
         self.routing = r.add(Counter("llamafleet_routing_decisions_total",
@@ -95,7 +98,8 @@ class FleetMetrics:
                                           "sequences inside the engine waiting for a slot", ("replica",)))
         self.kv_used = r.add(Gauge("llamafleet_kv_cache_tokens_used", "KV cache cells in use", ("replica",)))
         self.kv_total = r.add(Gauge("llamafleet_kv_cache_tokens", "KV cache cells", ("replica",)))
-        self.steps = r.add(Counter("llamafleet_engine_steps_total", "engine steps (one llama_decode each)",
+        self.steps = r.add(Counter("llamafleet_engine_steps_total",
+                                           "engine steps (one llama_decode each, or one per LoRA adapter set)",
                                    ("replica",)))
         self.gpu_used = r.add(Gauge("llamafleet_gpu_memory_used_bytes", "GPU memory in use", ("gpu", "name")))
         self.gpu_total = r.add(Gauge("llamafleet_gpu_memory_total_bytes", "GPU memory", ("gpu", "name")))

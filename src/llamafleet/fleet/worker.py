@@ -51,6 +51,7 @@ from llamafleet.fleet.messages import (
     Pulse,
     Ready,
     Rejected,
+    SetAdapters,
     Shutdown,
     StepOutputs,
     Submit,
@@ -173,6 +174,17 @@ def _admit(engine: Engine | TorchEngine, msg: Submit, opened: dict[str, str]) ->
     return None
 
 
+def _set_adapters(engine: Engine | TorchEngine, msg: SetAdapters) -> None:
+    """Load and unload LoRA adapters as ``msg`` says; one llama.cpp refuses is logged (the API checked its header:
+    requests naming it are then refused by this replica with a 400 that names it)."""
+    lora = getattr(engine, "lora", None)  # (the torch engine serves no adapters: the API refuses them before)
+    try:
+        if lora is not None:
+            lora.sync(msg.adapters)
+    except ValueError:
+        log.exception("LoRA adapters could not all be loaded")
+
+
 def _messages(msg: Submit) -> list[dict[str, str]]:
     return [{"role": role, "content": content} for role, content in msg.chat or ()]
 
@@ -224,6 +236,8 @@ def _serve(engine: Engine | TorchEngine, pipe: WorkerPipe, inbox: _Inbox, beat_s
                     counted.append(answer)
             elif isinstance(msg, Abort):
                 engine.abort(msg.request_id)
+            elif isinstance(msg, SetAdapters):
+                _set_adapters(engine, msg)
             elif not stopping:  # Shutdown
                 stopping = True
                 for rid in active:

@@ -1,5 +1,6 @@
-"""A plan being drawn up, as both planners build it: the notes it collects, candidate replicas with balanced split
-ratios, and the finished :class:`~llamafleet.placement.plan.Plan` record.
+"""A plan being drawn up, as both planners build it: the notes it collects, the LoRA adapters folded into the
+model's weights, candidate replicas with balanced split ratios, and the finished
+:class:`~llamafleet.placement.plan.Plan` record.
 
 :mod:`llamafleet.placement.planner` (this host's devices) and :mod:`llamafleet.placement.rpc_plan` (with other hosts'
 devices) both build on it.
@@ -11,10 +12,11 @@ from dataclasses import dataclass, field
 
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import SplitModeName
-from llamafleet.model.header import ModelInfo
+from llamafleet.model.adapter import read_adapter_info
+from llamafleet.model.header import GgufError, ModelInfo
 from llamafleet.placement.advice import mib
 from llamafleet.placement.gpus import Gpu
-from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, replica_needs
+from llamafleet.placement.memory import MIB, ContextShape, DeviceNeed, replica_needs, torch_dtype, with_weights
 from llamafleet.placement.plan import Budget, Device, Plan, ReplicaPlan
 
 
@@ -49,8 +51,11 @@ def to_plan(*, model: ModelInfo, ctx: ContextShape, cfg: FleetConfig, notes: Not
             replicas: tuple[ReplicaPlan, ...] = (), budgets: tuple[Budget, ...] = (), host: int = 0) -> Plan:
     """The plan of ``model`` in shape ``ctx`` with ``notes``' reasons (``host`` bytes of host memory); left at the
     defaults, a refused one."""
+    torch = model.engine == "torch"  # its KV cache in the weights' dtype, its attention not llama.cpp's
     return Plan(fits=fits, device=device, replicas=replicas, n_ctx_per_seq=ctx.n_ctx_per_seq, n_seq=ctx.n_seq,
-                n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, kv_type=ctx.kv_type, flash_attn=cfg.flash_attn,
+                n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch,
+                kv_type=torch_dtype(model, device == "gpu") if torch else ctx.kv_type,
+                flash_attn=False if torch else cfg.flash_attn,
                 budgets=budgets, host_mib=mib(host), reasons=tuple(notes.reasons), warnings=tuple(notes.warnings),
                 model=cfg.served_name(model.path))
 
@@ -85,3 +90,22 @@ def balance(model: ModelInfo, members: tuple[Gpu, ...], mode: SplitModeName, cfg
         room = [r - max(o, 0) - (MIB if o > 0 else 0) for r, o in zip(room, over, strict=True)]
     assert best is not None
     return best
+
+
+def with_adapters(model: ModelInfo, cfg: FleetConfig, notes: Notes) -> ModelInfo:
+    """``model`` with the LoRA adapters of ``cfg`` folded in: llama.cpp loads each adapter's tensors beside the
+    weights they adapt, on the same devices, so their bytes (what their files hold) are spread evenly over the
+    layers. An adapter that is not one, or adapts another architecture, refuses the plan with the reason."""
+    total = 0
+    for i, entry in enumerate(cfg.lora):
+        try:
+            total += read_adapter_info(entry.path, model.architecture).tensor_bytes
+        except (GgufError, OSError) as e:
+            notes.refuse(f"lora[{i}] ({entry.adapter_name}): {e}; give a LoRA adapter GGUF of this model")
+            return model
+    if model.engine == "torch":
+        notes.refuse("lora: adapters are served by the llama.cpp engine (a GGUF model), not the torch engine")
+        return model
+    notes.reasons.append(f"{len(cfg.lora)} LoRA adapter{'s' * (len(cfg.lora) > 1)} ({-(-total // MIB)} MiB of "
+                         "tensors, their files' size) beside the weights in each replica: counted with them")
+    return with_weights(model, total)

@@ -157,10 +157,17 @@ def _tensor_share(model: ModelInfo, whole: DeviceNeed, share: float) -> DeviceNe
     )
 
 
+def torch_dtype(model: ModelInfo, gpu: bool) -> str:
+    """The dtype of the torch engine's weights and KV cache (``engine/pytorch/forward.py``'s ``pick_dtype``): on a
+    GPU f16 or bf16 as stored (f32 -> bf16), on the CPU f32 or bf16 as stored (f16 -> bf16)."""
+    if gpu:
+        return "f16" if model.file_type == "F16" else "bf16"
+    return "f32" if model.file_type == "F32" else "bf16"
+
+
 def torch_element_bytes(model: ModelInfo, gpu: bool) -> int:
-    """Bytes per weight and KV element in the torch engine: fp16/bf16 on a GPU; on the CPU fp32 for an fp32
-    checkpoint, else bf16 (``engine/pytorch/forward.py``'s ``pick_dtype``)."""
-    return 4 if not gpu and model.file_type == "F32" else 2
+    """Bytes per weight and KV element in the torch engine."""
+    return 4 if torch_dtype(model, gpu) == "f32" else 2
 
 
 def torch_needs(model: ModelInfo, ctx: ContextShape, ratios: tuple[float, ...]
@@ -198,3 +205,12 @@ def with_draft(model: ModelInfo, draft: ModelInfo) -> ModelInfo:
     extra_w = -(-draft.weights_bytes // model.n_layer)
     return replace(model, layer_bytes=tuple(b + extra_w for b in model.layer_bytes),
                    head_dim_v=model.head_dim_v + extra_kv, weights_bytes=model.weights_bytes + draft.weights_bytes)
+
+
+
+def with_weights(model: ModelInfo, extra: int) -> ModelInfo:
+    """``model`` with ``extra`` bytes of weights loaded beside its own, spread evenly over its layers (LoRA
+    adapters: llama.cpp puts each adapter tensor beside the weight it adapts)."""
+    per_layer = -(-extra // model.n_layer)
+    return replace(model, layer_bytes=tuple(b + per_layer for b in model.layer_bytes),
+                   weights_bytes=model.weights_bytes + extra)

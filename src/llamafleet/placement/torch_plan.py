@@ -7,13 +7,23 @@ from __future__ import annotations
 
 from llamafleet.config import FleetConfig
 from llamafleet.model.header import ModelInfo
-from llamafleet.placement.memory import torch_element_bytes
+from llamafleet.placement.memory import torch_dtype
+from llamafleet.placement.plan import Plan
 
 
 def torch_engine_note(model: ModelInfo, gpu: bool) -> str:
     """How the torch engine holds a replica's KV cache (and weights), for the plan's reasons."""
-    kind = "fp32" if torch_element_bytes(model, gpu) == 4 else "16-bit (fp16/bf16)"
-    return f"in the weights' dtype, {kind} (torch engine: no flash attention, no prefix cache)"
+    return f"{torch_dtype(model, gpu)}, the weights' dtype (torch engine: no flash attention, no prefix cache)"
+
+
+def torch_context(plan: Plan, cuda_graphs: bool) -> str:
+    """What the torch engine does with a replica of ``plan``: its KV cache's dtype, its attention, its decode steps
+    (CUDA graphs where a replica is on one GPU and ``cuda_graphs`` is auto: engine/pytorch/graphs.py)."""
+    steps = ("eager (cuda_graphs: off)" if not cuda_graphs else "eager (on the CPU)" if plan.device != "gpu" else
+             "eager (a layer split over several GPUs)" if any(len(r.gpus) > 1 for r in plan.replicas) else
+             "replayed as CUDA graphs")
+    return (f"n_batch {plan.n_batch}; KV cache {plan.kv_type}, the weights' dtype; attention by PyTorch over the "
+            f"slots' KV buffers, no flash attention; decode steps {steps}")
 
 
 def engine_refusal(model: ModelInfo, cfg: FleetConfig) -> str | None:

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from family_cases import FAMILIES, TOOLS, UNRECOGNISED, Case, Family
+from family_cases import FAMILIES
 from family_matrix import matrix
+from family_types import TOOLS, Case, Family
 from llamafleet.api.answer import AnswerSplitter, Split, split
 from llamafleet.api.call_stream import SHAPES, CallPiece, CallReader, Shape
 from llamafleet.api.openai_requests import ChatCompletionRequest
@@ -45,10 +46,15 @@ def test_each_real_template_is_recognised_as_its_family(family: Family) -> None:
     assert found is not None and found.name == family.name
 
 
-@pytest.mark.parametrize("template", UNRECOGNISED)
-def test_templates_in_other_markup_are_no_family(template: str) -> None:
-    found = families.detect(vendored(f"models/templates/{template}.jinja").read_text(encoding="utf-8"))
-    assert found is None or found.name == "think"  # reasoning alone may be split; their calls are not read
+def test_every_template_in_llama_cpps_source_that_takes_tools_is_read_as_a_family() -> None:
+    """Each of llama.cpp's templates that lists tools is recognised as a family whose calls are read (not only a
+    think block), and each family of the matrix has a template there."""
+    folder = vendored(f"models/templates/{FAMILIES[0].template}.jinja").parent
+    sources = {path.stem: path.read_text(encoding="utf-8") for path in folder.glob("*.jinja")}
+    unread = [name for name, source in sources.items() if "tools" in source
+              and getattr(families.detect(source), "name", "think") == "think"]
+    assert unread == [] and len(sources) > 60
+    assert {f.template for f in FAMILIES} <= set(sources)
 
 
 def _expect(out: Split, case: Case) -> None:
@@ -167,7 +173,9 @@ def test_forced_call_grammars_are_valid_gbnf_in_the_family_format(name: str, man
     grammar = calls_grammar([Tool.model_validate(t) for t in TOOLS], many, family)
     check_gbnf(grammar)
     assert ("{0,7}" in grammar) == many
-    assert family.openers[0] in grammar or family.name == "llama3"  # written as the family writes calls
+    opener = json.dumps(family.openers[0], ensure_ascii=False)[1:-1]  # (as a GBNF literal spells it)
+    assert opener in grammar or family.name == "llama3" or (  # written as the family writes calls
+        family.lead and not many)  # (Functionary v3.2: its prompt wrote the opener of the first call)
     assert grammar.startswith("root ::= (think-open") == (family.think is not None)
 
 
@@ -294,3 +302,56 @@ def test_a_long_parameter_is_looked_at_once_not_at_every_piece() -> None:
     assert pieces == [] and len(tried) <= 2
     section += "\n</parameter>\n</function>"
     assert [p.arguments for p in reader.read(section)] == ['{"arg1": ' + "7" * 3000, "}"]
+
+
+_M3 = families.M3
+_NESTED = {"tags": {"type": "array", "items": {"type": "string"}},
+           "entries": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"},
+                                                                                  "label": {"type": "string"}}}},
+           "number": {"type": "object", "properties": {"real": {"type": "number"}, "imaginary": {"type": "number"}}},
+           "limit": {"oneOf": [{"type": "integer"}, {"type": "object", "properties": {"max": {"type": "integer"}}}]},
+           "label": {"anyOf": [{"type": "string"}, {"type": "object"}]},
+           "enabled": {"type": "boolean"}}
+
+
+def _el(key: str, inner: str) -> str:
+    return f"{_M3}<{key}>{inner}{_M3}</{key}>"
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    (_el("tags", _el("item", "alpha") + _el("item", "beta"))
+     + _el("entries", _el("item", _el("id", "1") + _el("label", "one"))),
+     {"tags": ["alpha", "beta"], "entries": [{"id": 1, "label": "one"}]}),
+    (_el("number", _el("real", "1.5") + _el("imaginary", "-2.5")), {"number": {"real": 1.5, "imaginary": -2.5}}),
+    (_el("limit", "5"), {"limit": 5}),
+    (_el("limit", _el("max", "10")), {"limit": {"max": 10}}),
+    (_el("label", _el("text", "hi")), {"label": _el("text", "hi")}),  # a string alternative: the text as written
+    (_el("enabled", "true"), {"enabled": True}),
+])
+def test_minimax_m3_writes_objects_and_arrays_as_nested_elements(params: str, expected: dict[str, Any]) -> None:
+    """MiniMax M3 (the cases of llama.cpp's tests, with tools of our own): a parameter's nested elements are read as
+    the object or array its schema wants (an array's as ``<item>`` elements), a union with a string as text; whole
+    and streamed alike."""
+    tools = {"nested": {"type": "object", "properties": _NESTED}}
+    text = f'</mm:think>{_M3}<tool_call>\n{_M3}<invoke name="nested">{params}{_M3}</invoke>\n{_M3}</tool_call>'
+    known = families.FAMILIES["minimax-m3"]
+    whole = split(text, known, tools)
+    assert [(c.name, json.loads(c.arguments)) for c in whole.calls] == [("nested", expected)] and not whole.content
+    splitter = AnswerSplitter(known, tools, stream=True)
+    out = Split()
+    for i in range(0, len(text), 5):
+        out += splitter.feed(text[i:i + 5])
+    out += splitter.finish()
+    assert [(name, json.loads(args)) for name, args, _ in _assembled(out.pieces)] == [("nested", expected)]
+
+
+def test_functionary_v32_answers_a_schema_as_text_to_all() -> None:
+    """Functionary v3.2 writes text to the recipient ``all``: a JSON schema's answer comes after ``all\\n`` (the
+    prompt wrote the ``>>>``), and reads as the content."""
+    family = families.FAMILIES["functionary-v3.2"]
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                                                "response_format": {"type": "json_object"}})
+    req.served_by(Serving(family))
+    grammar = req.constraint
+    assert grammar is not None and 'root ::= "all\\n" object' in grammar.splitlines()
+    assert split('all\n{"a": 1}', family, {}).content == '{"a": 1}'

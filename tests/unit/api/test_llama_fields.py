@@ -62,15 +62,50 @@ def test_no_op_fields_are_accepted_and_change_nothing(client: TestClient) -> Non
 
 
 @pytest.mark.parametrize(("field", "value"), [("mirostat", 2), ("dynatemp_range", 0.5), ("xtc_probability", 0.5),
-                                              ("dry_multiplier", 0.8), ("top_n_sigma", 1.0),
-                                              ("lora", [{"id": 0, "scale": 0.5}])])
-def test_samplers_and_adapters_this_server_lacks_are_refused_unless_off(client: TestClient, field: str,
-                                                                        value: Any) -> None:
+                                              ("dry_multiplier", 0.8), ("top_n_sigma", 1.0)])
+def test_samplers_this_server_lacks_are_refused_unless_off(client: TestClient, field: str, value: Any) -> None:
     for route, body in (("/v1/chat/completions", CHAT), ("/v1/completions", {"model": MODEL, "prompt": "hi"})):
         r = client.post(route, json={**body, field: value})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert err["param"] == field and ("no such sampler" in err["message"] or "LoRA" in err["message"])
+        assert err["param"] == field and "no such sampler" in err["message"]
+
+
+def test_an_adapter_the_model_lacks_is_refused_by_id(client: TestClient) -> None:
+    for route, body in (("/v1/chat/completions", CHAT), ("/v1/completions", {"model": MODEL, "prompt": "hi"})):
+        r = client.post(route, json={**body, "lora": [{"id": 0, "scale": 0.5}]})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "lora" and "lora[0].id: no adapter 0; this model's adapters are none" in err["message"]
+        assert client.post(route, json={**body, "lora": []}).status_code == 503  # none asked: only no replica up
+
+
+def test_n_cmpl_is_n_and_json_schema_is_a_response_format() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    for model, body in ((ChatCompletionRequest, CHAT), (CompletionRequest, {"model": MODEL, "prompt": "hi"})):
+        assert model.model_validate({**body, "n_cmpl": 3}).n == 3
+        assert model.model_validate({**body, "n_cmpl": 2, "n": 2}).n == 2
+        assert model.model_validate({**body, "json_schema": schema}).constraint is not None
+    assert ChatCompletionRequest.model_validate({**CHAT, "json_schema": schema}).constraint == \
+        ChatCompletionRequest.model_validate({**CHAT, "response_format": fmt}).constraint
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({"n_cmpl": 2, "n": 3}, "n_cmpl", "n_cmpl (2) and n (3) disagree"),
+    ({"n_cmpl": 0}, "n_cmpl", "greater than or equal to 1"),
+    ({"n_cmpl": 17}, "n_cmpl", "less than or equal to 16"),
+    ({"json_schema": {"type": "object"}, "response_format": {"type": "json_object"}}, "json_schema",
+     "send 'response_format' or 'json_schema', not both"),
+    ({"json_schema": {"type": "object"}, "grammar": "root ::= \"a\""}, "grammar", "send 'json_schema' or 'grammar'"),
+    ({"json_schema": {"type": "nonsense"}}, "json_schema", "invalid 'json_schema'"),
+])
+def test_n_cmpl_and_json_schema_refusals_name_the_field(client: TestClient, body: dict[str, Any], param: str,
+                                                        words: str) -> None:
+    r = client.post("/v1/chat/completions", json={**CHAT, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [

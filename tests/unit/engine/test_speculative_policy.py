@@ -10,7 +10,7 @@ from llamafleet.config import load_config
 from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.scheduler import schedule
 from llamafleet.engine.sequence import Sequence
-from llamafleet.engine.speculative.policy import MAX_PAUSE, PROBE, PassCost, Track
+from llamafleet.engine.speculative.policy import PROBE, PassCost, Track
 from llamafleet.engine.speculative.settings import MAX_DRAFT_LIMIT, SpeculativeConfig
 from llamafleet.engine.speculative.source import Ask, NgramIndex, NgramSource
 from llamafleet.engine.speculative.speculator import Speculator
@@ -53,31 +53,16 @@ def test_ngram_source_keeps_one_index_per_slot() -> None:
     assert src.propose([Ask(0, [7, 8, 7, 8], 3)]) == [[7, 8, 7]]
 
 
-def test_policy_grows_on_full_acceptance_trims_on_rejection_and_pauses_after_misses() -> None:
-    t = Track(8, k=2)
-    t.draft = [1, 2]
-    t.settle(2)
-    assert (t.k, t.drafted, t.accepted) == (4, 2, 2)
+def test_acceptance_is_counted_per_drafted_position() -> None:
+    t = Track(8, hits=0.0, trials=0.0)
     t.draft = [1, 2, 3, 4]
     t.settle(4)
-    assert t.k == 8
+    assert (t.drafted, t.accepted, t.draft) == (4, 4, [])
+    assert t.p == pytest.approx(1.0)  # four kept, none rejected
     t.draft = [1] * 8
-    t.settle(8)
-    assert t.k == 8  # capped at max_draft
-    t.draft = [1] * 8
-    t.settle(3)
-    assert (t.k, t.pause) == (4, 0)
-    pauses = []
-    for _ in range(6):
-        t.draft = [1]
-        t.settle(0)
-        pauses.append(t.pause)
-        while not t.ready():
-            pass
-    assert pauses == [1, 3, 7, MAX_PAUSE, MAX_PAUSE, MAX_PAUSE] and t.k == 1
-    t.draft = [1]
-    t.settle(1)
-    assert t.misses == 0 and t.k == 2
+    t.settle(3)  # three kept, then one rejected: 7 of 8 positions' verdicts, weighted toward the recent
+    assert (t.drafted, t.accepted) == (12, 7)
+    assert t.p == pytest.approx((0.9 * 4 + 3) / (0.9 * 4 + 4))
 
 
 def test_pass_cost_is_fitted_from_passes_of_different_sizes() -> None:
@@ -130,6 +115,30 @@ def test_step_rule_drafts_within_the_budget_and_not_when_many_decode() -> None:
     spec.admit(c)
     spec.draft([a, b, c], budget=64)  # 3 decoding > max_batch 2: nobody drafts
     assert a.n_draft == b.n_draft == c.n_draft == 0
+
+
+def test_a_rejection_neither_trims_the_next_draft_nor_pauses_drafting_where_drafts_are_cheap() -> None:
+    # copying work: a miss (a changed word) is followed by long runs again, so the next draft stays full length
+    spec = Speculator(SpeculativeConfig(mode="ngram", max_draft=5, draft_cost=0.02), n_ctx_per_seq=100)
+    a = seq("a", 0, (1, 2, 3, 4, 5, 6, 7, 1, 2))
+    spec.admit(a)
+    assert a.spec is not None
+    a.spec.hits, a.spec.trials = 19.0, 20.0  # it kept nearly all its drafts so far
+    for kept in (3, 0):  # three of five kept (the old rule then drafted 4), then a draft rejected outright
+        spec.draft([a], budget=64)
+        assert a.spec.draft == [3, 4, 5, 6, 7]
+        a.spec.settle(kept)
+    spec.draft([a], budget=64)
+    assert a.spec.draft == [3, 4, 5, 6, 7]
+
+
+def test_pass_cost_counts_only_the_passes_of_steps_where_drafts_are_decided() -> None:
+    spec = Speculator(CFG, n_ctx_per_seq=100)  # max_batch 2
+    many = [seq(x, i, (1, 2, 3)) for i, x in enumerate("abc")]
+    spec.observe([(s, 1) for s in many], 0.05)  # 3 answers decoding: nobody drafts in such a step
+    assert spec.cost.fit() is None
+    spec.observe([(many[0], 1)], 0.01)
+    assert spec.cost.fit() == pytest.approx((0.01, 0.0))
 
 
 def test_drafts_stop_short_of_max_tokens_and_the_context() -> None:

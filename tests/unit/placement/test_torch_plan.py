@@ -15,6 +15,7 @@ from llamafleet.model.header import ModelInfo
 from llamafleet.model.synth import Shape
 from llamafleet.model.synth_hf import write_weights
 from llamafleet.placement.gpus import Inventory, load_inventory
+from llamafleet.placement.plan import Plan
 from llamafleet.placement.planner import launch_spec, make_plan
 from synth_models import sparse_models
 
@@ -77,3 +78,32 @@ def test_cpu_replicas_each_hold_their_own_weights(tmp_path: Path) -> None:
     assert one.kv_tier_mib == 0  # no prefix cache in the torch engine, so no RAM tier of it
     _, engine = launch_spec(one, 0, FleetConfig(), str(folder))
     assert engine.engine == "torch"
+
+
+def test_the_plan_says_what_the_torch_engine_does(llama7b: ModelInfo) -> None:
+    """`plan`'s context line for a checkpoint folder: its KV cache's dtype, no flash attention or n_ubatch (both
+    llama.cpp's), and whether its decode steps replay CUDA graphs; the JSON's kv_type and flash_attn agree."""
+    from llamafleet.commands.plan import format_plan
+
+    def context(plan: Plan, model: ModelInfo, inv: Inventory, graphs: bool = True) -> str:
+        return next(ln for ln in format_plan(plan, model, inv, graphs).splitlines() if ln.startswith("context:"))
+
+    gpus = inventory("2x141gb-nvlink")
+    one = make_plan(llama7b, gpus, FleetConfig(parallel=8, context_length=4096))
+    line = context(one, llama7b, gpus)
+    assert "KV cache f16, the weights' dtype" in line and "no flash attention" in line
+    assert "flash attention auto" not in line and "n_ubatch" not in line
+    assert line.endswith("decode steps replayed as CUDA graphs")
+    assert context(one, llama7b, gpus, graphs=False).endswith("decode steps eager (cuda_graphs: off)")
+    assert (one.kv_type, one.flash_attn) == ("f16", False)
+    pcie = inventory("2x24gb-pcie")
+    split = make_plan(llama7b, pcie, FleetConfig(parallel=8, context_length=4096))
+    assert context(split, llama7b, pcie).endswith("decode steps eager (a layer split over several GPUs)")
+    fp32 = replace(llama7b, file_type="F32")
+    host = Inventory(gpus=(), links=(), source="none", host_mem_mib=1 << 20)
+    on_cpu, on_gpu = make_plan(fp32, host, FleetConfig(parallel=2)), make_plan(fp32, gpus, FleetConfig(parallel=2))
+    assert "KV cache f32" in context(on_cpu, fp32, host) and context(on_cpu, fp32, host).endswith("eager (on the CPU)")
+    assert "KV cache bf16" in context(on_gpu, fp32, gpus)
+    gguf = replace(llama7b, engine="llama.cpp")
+    plan = make_plan(gguf, gpus, FleetConfig(parallel=8, context_length=4096))
+    assert context(plan, gguf, gpus).endswith("n_batch 2048, n_ubatch 512; KV cache f16; flash attention auto")

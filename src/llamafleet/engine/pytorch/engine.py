@@ -26,6 +26,7 @@ import torch
 
 from llamafleet.engine.infill import Infill
 from llamafleet.engine.loop import EngineLoop
+from llamafleet.engine.pytorch import graphs
 from llamafleet.engine.pytorch.forward import Group, SlotModel
 from llamafleet.engine.pytorch.sampling import Draw, sample
 from llamafleet.engine.pytorch.vocab import GrammarUnsupported, HfVocab
@@ -61,6 +62,7 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             torch.set_num_threads(cfg.n_threads)
         self.model = HfVocab(cfg.model_path)
         self.net = SlotModel(cfg)
+        self.graphs = graphs.for_model(self.net, cfg.cuda_graphs)
         if progress is not None:
             progress(1.0)
         self.eog = self.model.end_ids(self.net.config.eos_token_id)
@@ -77,6 +79,8 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
     # -- lifetime and the worker's calls ------------------------------------------------------------------------
     def close(self) -> None:
         self._running.clear()
+        if (captured := getattr(self, "graphs", None)) is not None:
+            captured.close()
         if getattr(self, "net", None) is not None:
             self.net.close()
 
@@ -116,7 +120,7 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             kv_tokens_total=self.cfg.n_seq * self.cfg.n_ctx_per_seq, steps=self._steps,
             prompt_tokens_total=self._prompt_total, generated_tokens_total=self._gen_total,
             decode_seconds_total=self._decode_s, step_seconds_total=self._step_s,
-            sample_seconds_total=self._sample_s,
+            sample_seconds_total=self._sample_s, graph_steps_total=self.graphs.replays if self.graphs else 0,
         )
 
     def allocated_bytes(self) -> tuple[int, int]:
@@ -165,12 +169,13 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
         dev = self.net.device
         t0 = time.perf_counter()
         decoding = [s for s, k in plan if s.n_cached + k == len(s.tokens) and k == 1 and s.n_cached >= s.n_prompt]
-        rows: list[tuple[Sequence, torch.Tensor]] = []
+        ready: list[Sequence] = []  # those whose next token is sampled now, in the order of their logits' rows
+        blocks: list[torch.Tensor] = []
         if decoding:
-            g = Group.of([[s.tokens[s.n_cached]] for s in decoding], [s.slot for s in decoding],
-                         [s.n_cached for s in decoding], dev)
-            logits = self.net.forward(g)
-            rows += [(s, logits[i]) for i, s in enumerate(decoding)]
+            step = self.graphs or self.net.decode_eager
+            blocks.append(step([s.tokens[s.n_cached] for s in decoding], [s.slot for s in decoding],
+                               [s.n_cached for s in decoding]))
+            ready += decoding
             for s in decoding:
                 s.n_cached += 1
         chunks = [(s, k) for s, k in plan if s not in decoding]
@@ -181,19 +186,25 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
             g = Group.of([s.tokens[s.n_cached:s.n_cached + k] + [0] * (width - k) for s, k in part],
                          [s.slot for s, _ in part], [s.n_cached for s, _ in part], dev)
             logits = self.net.forward(g, last=[k - 1 for _, k in part])
+            ended = []
             for i, (s, k) in enumerate(part):
                 self._prompt_total += min(k, max(0, s.n_prompt - s.n_cached))
                 s.n_cached += k
                 if s.n_cached == len(s.tokens):
-                    rows.append((s, logits[i]))
+                    ended.append(i)
+                    ready.append(s)
+            if ended:
+                blocks.append(logits if len(ended) == len(part) else logits[ended])
+        if dev.type == "cuda":  # wait here: the passes' GPU time is decoding's, not the sampler's wait
+            torch.cuda.synchronize(self.net.devices[-1])
         t1 = time.perf_counter()
         self._decode_s += t1 - t0
-        if not rows:
+        if not ready:
             return []
-        draws = [self._draws[s.request_id] for s, _ in rows]
-        want = [s.req.params.top_logprobs if s.req.params.logprobs else -1 for s, _ in rows]
-        tokens, lps, tops = sample(torch.stack([r for _, r in rows]), draws, want)
-        outs = [self._emit(s, tok, lp, top) for (s, _), tok, lp, top in zip(rows, tokens, lps, tops, strict=True)]
+        draws = [self._draws[s.request_id] for s in ready]
+        want = [s.req.params.top_logprobs if s.req.params.logprobs else -1 for s in ready]
+        tokens, lps, tops = sample(blocks[0] if len(blocks) == 1 else torch.cat(blocks), draws, want)
+        outs = [self._emit(s, tok, lp, top) for s, tok, lp, top in zip(ready, tokens, lps, tops, strict=True)]
         self._sample_s += time.perf_counter() - t1
         return outs
 

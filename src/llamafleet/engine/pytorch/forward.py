@@ -6,6 +6,8 @@ layer (``[slots, kv_heads, n_ctx_per_seq, head_dim]``), sequences join and leave
 every running answer in one batched pass whatever their lengths: each row writes its new key and value at its own
 position and attends to its own slot's first positions only (a mask per row). A prompt is prefilled in chunks, one
 pass per chunk. Nothing is padded or copied when a sequence joins or leaves; a finished slot is simply overwritten.
+Each slot has one position more than its context, never attended to: where the padding rows of a decode step in
+fixed shapes write (:mod:`.graphs`).
 
 Devices: the whole model on one device (the CPU, or GPU 0 of those the worker sees), or, for a layer split, each
 layer on the GPU :func:`~llamafleet.engine.devices.layer_devices` gives it (the planner's rule for GGUF replicas),
@@ -36,19 +38,40 @@ def pick_dtype(stored: str | None, gpu: bool) -> torch.dtype:
 
 @dataclass
 class Group:
-    """One pass: ``tokens`` ``[B, T]`` of the sequences in ``slots`` at positions ``start[b]`` on (the same numbers
-    as tensors on the model's first device, and as lists: reading them back from a GPU would wait for it)."""
+    """One pass: ``tokens`` ``[B, T]`` of the sequences in ``slots`` at positions ``start[b]`` on, on the model's
+    first device; ``n_keys``: the positions the pass attends to (its last row's end at most), known without reading
+    anything back from the device."""
 
     tokens: torch.Tensor
     slots: torch.Tensor
     start: torch.Tensor
-    slot_list: list[int]
-    start_list: list[int]
+    n_keys: int
 
     @classmethod
     def of(cls, tokens: list[list[int]], slots: list[int], start: list[int], device: torch.device) -> Group:
-        return cls(torch.tensor(tokens, device=device), torch.tensor(slots, device=device),
-                   torch.tensor(start, device=device), slots, start)
+        packed = torch.tensor([[s, p, *t] for t, s, p in zip(tokens, slots, start, strict=True)], device=device)
+        return cls(packed[:, 2:], packed[:, 0], packed[:, 1], max(start) + len(tokens[0]))  # one copy to the device
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A decoder layer's modules, looked up once: ``nn.Module``'s attribute lookup costs microseconds each, some
+    ten per layer in every pass."""
+
+    norm1: Any
+    q: Any
+    k: Any
+    v: Any
+    o: Any
+    scaling: float
+    norm2: Any
+    mlp: Any
+
+    @classmethod
+    def of(cls, layer: Any) -> Parts:
+        a = layer.self_attn
+        return cls(layer.input_layernorm, a.q_proj, a.k_proj, a.v_proj, a.o_proj, a.scaling,
+                   layer.post_attention_layernorm, layer.mlp)
 
 
 class SlotModel:
@@ -74,6 +97,7 @@ class SlotModel:
         self.layers = list(net.model.layers)
         for layer, dev in zip(self.layers, self.devices, strict=False):
             layer.to(dev)
+        self.parts = [Parts.of(layer) for layer in self.layers]
         first, last = self.devices[0], self.devices[-1]
         self.inner.embed_tokens.to(first)
         self.inner.rotary_emb.to(first)
@@ -83,7 +107,7 @@ class SlotModel:
         self.n_slots, self.n_ctx = cfg.n_seq, cfg.n_ctx_per_seq
         self.head_dim = int(getattr(conf, "head_dim", None) or conf.hidden_size // conf.num_attention_heads)
         n_kv = conf.num_key_value_heads or conf.num_attention_heads
-        shape = (cfg.n_seq, n_kv, cfg.n_ctx_per_seq, self.head_dim)
+        shape = (cfg.n_seq, n_kv, cfg.n_ctx_per_seq + 1, self.head_dim)  # + the spare position
         self.k = [torch.zeros(shape, dtype=self.dtype, device=dev) for dev in self.devices[:n_layer]]
         self.v = [torch.zeros(shape, dtype=self.dtype, device=dev) for dev in self.devices[:n_layer]]
         self.device = first
@@ -104,6 +128,7 @@ class SlotModel:
         self.k.clear()
         self.v.clear()
         self.layers.clear()
+        self.parts.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -114,46 +139,63 @@ class SlotModel:
         padding writes into the slot lies past it, masked, and is overwritten by the slot's next token)."""
         b, t = g.tokens.shape
         pos = g.start[:, None] + torch.arange(t, device=g.start.device)[None, :]  # [B, T]
-        n_keys = max(g.start_list) + t
-        keys = torch.arange(n_keys, device=pos.device)
-        mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, L]: each row sees its own past
-        h = self.inner.embed_tokens(g.tokens.to(self.device))
-        cos, sin = self.inner.rotary_emb(h, pos.to(self.device))
-        here = self.device
-        for i, layer in enumerate(self.layers):
-            dev = self.devices[i]
-            if dev != here:
-                h, cos, sin, here = h.to(dev), cos.to(dev), sin.to(dev), dev
-            h = h + self._attention(i, layer, layer.input_layernorm(h), cos, sin, g, pos.to(dev), mask.to(dev),
-                                    n_keys)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self._layers(g.tokens, g.slots, pos, g.n_keys, False)
         h = h[:, -1] if last is None else h[torch.arange(b, device=h.device), torch.tensor(last, device=h.device)]
+        return self._logits(h)
+
+    def decode_eager(self, tokens: list[int], slots: list[int], pos: list[int]) -> torch.Tensor:
+        """One token per row, in the pass's own shapes: logits ``[B, vocab]``."""
+        return self.forward(Group.of([[t] for t in tokens], slots, pos, self.device))
+
+    def decode(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, n_keys: int,
+               every_slot: bool) -> torch.Tensor:
+        """One token per row (``tokens``, ``slots``, ``pos``: ``[B]``), attending to the first ``n_keys`` positions
+        of its slot: logits ``[B, vocab]``. Only tensor operations of shapes fixed by ``B`` and ``n_keys`` (what a
+        CUDA graph can capture). ``every_slot``: row ``i`` is slot ``i`` (``B`` is the slot count), and attention
+        reads the KV buffers in place instead of gathering the rows' slots."""
+        h = self._layers(tokens[:, None], slots, pos[:, None], n_keys, every_slot)
+        return self._logits(h[:, -1])
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = self.inner.norm(h.to(self.devices[-1]))
         out: torch.Tensor = self.head(h.to(self.head.weight.device)).float()
         return out
 
-    def _attention(self, i: int, layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, g: Group,
-                   pos: torch.Tensor, mask: torch.Tensor, n_keys: int) -> torch.Tensor:
+    def _layers(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, n_keys: int,
+                every_slot: bool) -> torch.Tensor:
+        """The hidden states ``[B, T, hidden]`` after the last layer."""
+        keys = torch.arange(n_keys, device=pos.device)
+        mask = keys[None, None, None, :] <= pos[:, None, :, None]  # [B, 1, T, L]: each row sees its own past
+        h = self.inner.embed_tokens(tokens.to(self.device))
+        cos, sin = self.inner.rotary_emb(h, pos.to(self.device))
+        slots, pos, mask = slots.to(self.device), pos.to(self.device), mask.to(self.device)
+        here = self.device
+        for i, (layer, dev) in enumerate(zip(self.parts, self.devices, strict=False)):
+            if dev != here:  # a layer split: the hidden state and the pass's indices move on
+                h, cos, sin, slots, pos, mask = (y.to(dev) for y in (h, cos, sin, slots, pos, mask))
+                here = dev
+            x = layer.norm1(h)
+            h = h + self._attention(i, layer, x, cos, sin, slots, pos, mask, n_keys, every_slot)
+            h = h + layer.mlp(layer.norm2(h))
+        out: torch.Tensor = h
+        return out
+
+    def _attention(self, i: int, layer: Parts, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   slots: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, n_keys: int,
+                   every_slot: bool) -> torch.Tensor:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        attn = layer.self_attn
         b, t, _ = x.shape
-        q = attn.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q = layer.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = layer.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = layer.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        slots = g.slots.to(x.device)
         kc, vc = self.k[i], self.v[i]
-        if t == 1:  # one token per row, each at its own position
-            p = pos[:, 0]
-            kc[slots, :, p] = k[:, :, 0]
-            vc[slots, :, p] = v[:, :, 0]
-        else:
-            for r, (slot, s0) in enumerate(zip(g.slot_list, g.start_list, strict=True)):
-                kc[slot, :, s0:s0 + t] = k[r]
-                vc[slot, :, s0:s0 + t] = v[r]
-        ks, vs = kc[slots, :, :n_keys], vc[slots, :, :n_keys]
+        kc[slots[:, None], :, pos] = k.transpose(1, 2)  # row b's T keys at its positions pos[b] in its slot
+        vc[slots[:, None], :, pos] = v.transpose(1, 2)
+        ks, vs = (kc[:, :, :n_keys], vc[:, :, :n_keys]) if every_slot else (kc[slots, :, :n_keys],
+                                                                              vc[slots, :, :n_keys])
         gqa = {"enable_gqa": True} if ks.shape[1] != q.shape[1] else {}  # (torch >= 2.5; asked only when needed)
-        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=attn.scaling, **gqa)
-        out: torch.Tensor = attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        o = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, scale=layer.scaling, **gqa)
+        out: torch.Tensor = layer.o(o.transpose(1, 2).reshape(b, t, -1))
         return out

@@ -98,7 +98,7 @@ def sample(logits: torch.Tensor, draws: list[Draw], want: list[int]) -> tuple[li
     tokens = [0] * len(draws)
     plain = [i for i, d in enumerate(draws) if d.plain]
     if plain:
-        best = torch.argmax(logits[plain], dim=-1).tolist()
+        best = torch.argmax(logits if len(plain) == len(draws) else logits[plain], dim=-1).tolist()
         for i, t in zip(plain, best, strict=True):
             tokens[i] = int(t)
     for i, d in enumerate(draws):

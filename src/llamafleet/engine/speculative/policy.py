@@ -1,58 +1,45 @@
 """How much to draft, per sequence and per step.
 
-A sequence drafts at most ``k`` tokens; ``k`` follows its recent acceptance: all accepted doubles it (up to
-``max_draft``), a rejection after ``a`` accepted sets it to ``a + 1``, and a draft rejected outright makes the
-sequence skip drafting for a while, longer after each such miss in a row (1, 3, 7, 15 steps). Finding no draft costs
-the n-gram source a few dictionary reads, so it pauses nothing.
-
-Whether drafting pays at all depends on the machine: on a GPU decoding a few streams, a pass of a few more tokens
-costs about what one costs; on a CPU each token costs nearly its own share. :class:`PassCost` fits the time of
-recent passes as ``a + b * tokens``; with ``r = b / (a + b * N)`` (one more token's share of a step of ``N``) and the
-sequence's estimated chance ``p`` that a draft token is right, ``k`` drafts are worth it when the step's expected
+A sequence drafts ``k`` tokens, at most ``max_draft``; ``k`` follows its recent acceptance and what a drafted token
+costs. Whether drafting pays at all depends on the machine: on a GPU decoding a few streams, a pass of a few more
+tokens costs about what one costs; on a CPU each token costs nearly its own share. :class:`PassCost` fits the time
+of recent passes as ``a + b * tokens``; with ``r = b / (a + b * N)`` (one more token's share of a step of ``N``) and
+the sequence's estimated chance ``p`` that a draft token is right given the ones before it were (its recent
+verifications: kept tokens over kept tokens plus rejections), ``k`` drafts are worth it when the step's expected
 tokens per unit of time grow: ``(R + p + p^2 + ... + p^k) / (1 + r k) > R`` for a step that yields ``R`` tokens
-without them. The ``k`` that gains most (up to the limit above) is drafted, or none; a sequence that gets none
-still probes with one token every :data:`PROBE` steps, so its estimate can recover. The step-wide rule (no drafts
-once more than ``max_batch`` sequences decode) is :meth:`Speculator.draft`'s.
+without them. The ``k`` that gains most is drafted, or none; a sequence that gets none still probes with one token
+every :data:`PROBE` steps, so its estimate can recover. So sustained acceptance lets ``k`` grow to ``max_draft``
+(long copied spans keep their full drafts) where tokens are cheap, and a rejection lowers ``p`` a little rather than
+cutting the next draft to the part kept: in copying work a miss (a changed word) is followed by long runs again,
+which a draft trimmed after each miss would give up (a replay of the demo model's edit answers:
+docs/BENCHMARKS.md). The step-wide rule (no drafts once more than ``max_batch`` sequences decode) is
+:meth:`Speculator.draft`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MAX_PAUSE = 15  # steps: the longest a sequence goes without drafting after drafts kept failing
 PROBE = 16  # steps: a sequence whose drafts do not pay drafts one token this often, to keep its estimate fresh
 KEEP = 0.9  # weight of the past in the running estimates (acceptance per verification, cost per pass)
 
 
 @dataclass
 class Track:
-    """One speculating sequence: the drafts in the pass now running, the next draft length, and its counts."""
+    """One speculating sequence: the drafts in the pass now running, and its counts."""
 
     max_draft: int
-    k: int = 0  # most tokens to draft next time (0: max_draft)
     draft: list[int] = field(default_factory=list)  # in the pass now running (empty: it drafted nothing)
     drafted: int = 0  # tokens drafted and verified over the request
     accepted: int = 0  # of those, tokens the target agreed with
-    misses: int = 0  # draft attempts in a row that gained nothing
-    pause: int = 0  # steps left before it drafts again
     hits: float = 1.0  # running counts behind the chance that a drafted token is right (a prior of 1 in 2)
     trials: float = 2.0
     idle: int = 0  # steps since it last drafted because drafting did not pay
-
-    def __post_init__(self) -> None:
-        self.k = self.k or self.max_draft
 
     @property
     def p(self) -> float:
         """The estimated chance that a drafted token is right, given the ones before it were."""
         return self.hits / self.trials
-
-    def ready(self) -> bool:
-        """Whether it drafts this step (a paused sequence counts down)."""
-        if self.pause:
-            self.pause -= 1
-            return False
-        return True
 
     def worth(self, limit: int, r: float, base: int) -> int:
         """How many tokens to draft (at most ``limit``) in a step of ``base`` tokens where one more token costs ``r``
@@ -74,22 +61,13 @@ class Track:
         return 0
 
     def settle(self, accepted: int) -> None:
-        """The target accepted the first ``accepted`` tokens of :attr:`draft`: update the counts and ``k``."""
+        """The target accepted the first ``accepted`` tokens of :attr:`draft`: update the counts and ``p``."""
         n = len(self.draft)
         self.drafted += n
         self.accepted += accepted
         self.draft = []
         self.hits = KEEP * self.hits + accepted
         self.trials = KEEP * self.trials + accepted + (accepted < n)
-        if accepted == n:
-            self.k = min(self.max_draft, 2 * self.k)
-        else:
-            self.k = max(1, accepted + 1)
-        if accepted:
-            self.misses = 0
-        else:
-            self.misses += 1
-            self.pause = min(MAX_PAUSE, 2 ** self.misses - 1)
 
 
 class PassCost:

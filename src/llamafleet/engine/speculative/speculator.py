@@ -75,9 +75,14 @@ class Speculator:
     def draft(self, ready: list[Sequence], budget: int) -> None:
         """Give each decoding sequence of ``ready`` that speculates its drafts for this step, within ``budget``
         tokens (the step's, the decoding sequences' own tokens included); none when more than ``max_batch`` decode."""
-        decoding = [s for s in ready if s.pending == 1]
+        decoding: list[Sequence] = []
+        for s in ready:
+            if s.pending == 1:
+                decoding.append(s)
+                if len(decoding) > self.cfg.max_batch:  # (many streams: known without looking at them all)
+                    return
         budget -= len(decoding)
-        if len(decoding) > self.cfg.max_batch or budget <= 0:
+        if budget <= 0:
             return
         c, n, dm = self.cfg.draft_cost, len(decoding), self.draft_model
         r = self.cost.share(n) if c is None else c / (1.0 + c * n)  # one more token's share of this step
@@ -89,13 +94,13 @@ class Speculator:
         asks: list[tuple[Sequence, Track, Ask]] = []
         for s in decoding:
             t = s.spec
-            if t is None or not t.ready():
+            if t is None:
                 continue
             p = s.req.params
             room = self.n_ctx_per_seq - len(s.tokens) - 1  # the last draft's position stays inside the context
             if p.max_tokens is not None:
                 room = min(room, p.max_tokens - s.n_generated - 1)  # the token after the drafts would be the last
-            n = t.worth(min(t.k, room, budget), r, len(decoding))
+            n = t.worth(min(t.max_draft, room, budget), r, len(decoding))
             if n > 0:
                 asks.append((s, t, Ask(s.slot, s.tokens, n)))
                 budget -= n
@@ -103,9 +108,11 @@ class Speculator:
             t.draft = d
 
     def observe(self, plan: list[Entry], seconds: float) -> None:
-        """A pass of ``plan`` took ``seconds``: a sample of the cost of decoding passes (one with prompt chunks in it
-        says little about a few more tokens, so it is left out)."""
-        if all(s.pending == 1 and k == 1 + s.n_draft for s, k in plan):
+        """A pass of ``plan`` took ``seconds``: a sample of the cost of decoding passes. Only passes of the steps where
+        drafts are decided count: one with prompt chunks in it says little about a few more tokens, and one of more
+        than ``max_batch`` answers lies where a GPU's cost per token is no longer that of a few (a line fitted
+        through both would overstate what a draft costs one stream)."""
+        if len(plan) <= self.cfg.max_batch and all(s.pending == 1 and k == 1 + s.n_draft for s, k in plan):
             self.cost.observe(sum(k for _, k in plan), seconds)
 
     @staticmethod
