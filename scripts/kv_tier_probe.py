@@ -1,19 +1,22 @@
 """What the KV tiers cost against what they save, in-process: a prompt's first token computed from scratch, and
-the same prompt's first token after its slot went to another prompt, its KV restored from the RAM tier or from the
-disk tier (engine/kv_tiers.py).
+the same prompt's first token after its slot went to another prompt, its KV restored from the park, RAM or disk tier
+(engine/kv_park.py, engine/kv_tiers.py).
 
-    python scripts/kv_tier_probe.py [MODEL.gguf] [--tokens 900] [--threads N] [--reps 3]     (default: the demo model)
+    python scripts/kv_tier_probe.py [MODEL.gguf] [--tokens 900] [--ctx 2048] [--threads N] [--reps 3] [--json OUT]
 
-One slot, so every other prompt evicts the one before: the engine saves its state to the tier first. Lines: the
-first token with the prompt prefilled whole; restored from RAM; restored from disk (the RAM tier off, the state read
-back from its file and checked); and the save, restore and prefill times alone (the engine's own counters: seconds in
-``llama_state_seq_get/set_data_ext``, and the prefill's decode time). Best of ``--reps`` (the machine may be
-shared). The numbers are in docs/BENCHMARKS.md ("Sessions that outnumber the slots").
+One slot, so every other prompt evicts the one before: the engine parks or saves its state first. Lines: the
+first token with the prompt prefilled whole; restored from the park (the other prompt parked and this one moved back:
+two stream copies of ``--ctx`` tokens each, inside the next pass, plus the last token's decode); restored from RAM;
+restored from disk (the RAM tier off, the state read back from its file and checked); and the save, restore and
+prefill times alone (the engine's own counters: seconds in ``llama_state_seq_get/set_data_ext``, and the prefill's
+decode time). Best of ``--reps`` (the machine may be shared). The numbers are in docs/BENCHMARKS.md ("Sessions that
+outnumber the slots").
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 
@@ -69,21 +72,31 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=900, help="tokens of the prompt")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=2048, help="tokens per slot (a parked stream's copy is all of them)")
+    ap.add_argument("--json", help="write the numbers to this file too")
     args = ap.parse_args()
-    base = EngineConfig(model_path=args.model or str(default_model_path()), n_seq=1, n_ctx_per_seq=2048,
+    base = EngineConfig(model_path=args.model or str(default_model_path()), n_seq=1, n_ctx_per_seq=args.ctx,
                         n_batch=512, n_threads=args.threads)
+    park = probe(EngineConfig(**{**base.__dict__, "n_park": 1}), args.tokens, args.reps)
     ram = probe(EngineConfig(**{**base.__dict__, "cache_ram_bytes": 1 << 30}), args.tokens, args.reps)
     with tempfile.TemporaryDirectory() as d:
         disk = probe(EngineConfig(**{**base.__dict__, "cache_ram_bytes": 0, "cache_dir": d,
                                      "cache_disk_bytes": 1 << 30}), args.tokens, args.reps)
-    print(f"prompt of {args.tokens} tokens, one slot, best of {args.reps}; a state is {ram['state_mib']:.1f} MiB")
+    print(f"prompt of {args.tokens} tokens, one slot of {args.ctx}, best of {args.reps}; a state is "
+          f"{ram['state_mib']:.1f} MiB")
     print(f"  first token, prefilled whole       {ram['cold'] * 1e3:9.1f} ms "
           f"(prefill decode {ram['prefill'] * 1e3:.1f} ms)")
+    print(f"  first token, restored from park    {park['warm'] * 1e3:9.1f} ms ({park['warm'] / park['prefill']:.2%} of "
+          "the prefill: two stream copies and the last token's decode)")
     print(f"  first token, restored from RAM     {ram['warm'] * 1e3:9.1f} ms (restore {ram['restore'] * 1e3:.2f} ms: "
           f"{ram['restore'] / ram['prefill']:.2%} of the prefill)")
     print(f"  first token, restored from disk    {disk['warm'] * 1e3:9.1f} ms (read, check and restore "
           f"{disk['restore'] * 1e3:.2f} ms: {disk['restore'] / disk['prefill']:.2%} of the prefill)")
     print(f"  saving a state before its slot is reused: {ram['save'] * 1e3:.2f} ms")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"tokens": args.tokens, "ctx": args.ctx, "reps": args.reps, "park": park, "ram": ram,
+                       "disk": disk}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # Sessions that outnumber the slots: conversations with private contexts, replayed turn by turn
 # (`llamafleet bench multiturn --private-tokens P --by-turn`), against three servers one after another, same model,
 # same slots and context per slot, in one run:
-#   llamafleet-tiers      llamafleet serve with its KV tiers (RAM --cache-ram, and a disk tier in OUT/kv-cache)
+#   llamafleet-tiers      llamafleet serve with its KV tiers (PARK parked sessions, RAM --cache-ram, and a disk tier
+#                         in OUT/kv-cache)
 #   llamafleet-no-tiers   llamafleet serve with --cache-ram 0 (slots only)
 #   llama-server          llama.cpp's server with its RAM prompt cache (--cache-ram)
 # then `llamafleet bench --compare` of the three. On CPU it is the workload of the KV-tiers issue; scripts/gpu-bench.sh
@@ -13,9 +14,10 @@
 # Environment (defaults: the CPU workload): SESSIONS 6, TURNS 3, PRIVATE 870 (one-token words of each session's own
 # context), SYSTEM 0 (shared system prompt words), CONC 2 (turns in flight), SLOTS 2, CTX 4096 (per slot),
 # MAX_TOKENS 32, CACHE_RAM 2048 (MiB, llama-server's and llamafleet's RAM tier), FLEET_CACHE_RAM (llamafleet's
-# alone; default CACHE_RAM), DISK_MIB 20480 (llamafleet's disk tier), BY_TURN 1 (0: each of the CONC workers runs
-# one conversation's turns back to back; with CONC above SLOTS, sessions still outnumber the slots), SEED 7,
-# THREADS (default: every core),
+# alone; default CACHE_RAM), DISK_MIB 20480 (llamafleet's disk tier), PARK 0 (llamafleet's --cache-park: sessions
+# parked in the context), KV f16 (the KV cache's type, both servers: f16, q8_0, q4_0), BY_TURN 1 (0: each of the
+# CONC workers runs one conversation's turns back to back; with CONC above SLOTS, sessions still outnumber the
+# slots), SEED 7, THREADS (default: every core),
 # DEVICE cpu|gpu (gpu: llama-server gets -ngl 99 -fa on; llamafleet places itself), PORT 18090, PYTHON python3,
 # SERVERS "llamafleet-tiers llamafleet-no-tiers llama-server" (a subset to run fewer).
 set -euo pipefail
@@ -25,7 +27,7 @@ OUT=${1:?usage: MODEL=FILE LLAMA_SERVER=BIN scripts/sessions-bench.sh OUT_DIR}
 SESSIONS=${SESSIONS:-6} TURNS=${TURNS:-3} PRIVATE=${PRIVATE:-870} SYSTEM=${SYSTEM:-0} CONC=${CONC:-2}
 SLOTS=${SLOTS:-2} CTX=${CTX:-4096} MAX_TOKENS=${MAX_TOKENS:-32} CACHE_RAM=${CACHE_RAM:-2048} SEED=${SEED:-7}
 DISK_MIB=${DISK_MIB:-20480} THREADS=${THREADS:-$(nproc)} DEVICE=${DEVICE:-cpu} PORT=${PORT:-18090}
-FLEET_CACHE_RAM=${FLEET_CACHE_RAM:-$CACHE_RAM} BY_TURN=${BY_TURN:-1}
+FLEET_CACHE_RAM=${FLEET_CACHE_RAM:-$CACHE_RAM} BY_TURN=${BY_TURN:-1} PARK=${PARK:-0} KV=${KV:-f16}
 order=(); [ "$BY_TURN" = 1 ] && order=(--by-turn)
 PY=${PYTHON:-python3}
 SERVERS=${SERVERS:-llamafleet-tiers llamafleet-no-tiers llama-server}
@@ -56,16 +58,18 @@ cd "$repo"
 log "model $MODEL on $DEVICE; $(nproc) cores; uptime: $(uptime)"
 if has llamafleet-tiers; then
   rm -rf "$OUT/kv-cache"
-  printf 'cache_disk_mib: %s\n' "$DISK_MIB" >"$OUT/tiers.yaml"
-  fleet llamafleet-tiers --config "$OUT/tiers.yaml" --cache-ram "$FLEET_CACHE_RAM" --cache-dir "$OUT/kv-cache"
+  printf 'cache_disk_mib: %s\nkv_cache_type: %s\n' "$DISK_MIB" "$KV" >"$OUT/tiers.yaml"
+  fleet llamafleet-tiers --config "$OUT/tiers.yaml" --cache-ram "$FLEET_CACHE_RAM" --cache-dir "$OUT/kv-cache" \
+    --cache-park "$PARK"
 fi
-has llamafleet-no-tiers && fleet llamafleet-no-tiers --cache-ram 0
+printf 'kv_cache_type: %s\n' "$KV" >"$OUT/no-tiers.yaml"
+has llamafleet-no-tiers && fleet llamafleet-no-tiers --config "$OUT/no-tiers.yaml" --cache-ram 0
 if has llama-server; then
   : "${LLAMA_SERVER:?set LLAMA_SERVER to a llama-server binary}"
   gpu=(); [ "$DEVICE" = gpu ] && gpu=(-ngl 99 -fa on)
   log "llama-server -np $SLOTS -c $((SLOTS * CTX)) --cache-ram $CACHE_RAM"
   "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" -np "$SLOTS" -c $((SLOTS * CTX)) --cache-ram "$CACHE_RAM" \
-    -t "$THREADS" "${gpu[@]}" --no-webui >"$OUT/serve-llama-server.log" 2>&1 & pid=$!
+    -ctk "$KV" -ctv "$KV" -t "$THREADS" "${gpu[@]}" --no-webui >"$OUT/serve-llama-server.log" 2>&1 & pid=$!
   wait_ready "http://127.0.0.1:$PORT/health" $pid || { tail -30 "$OUT/serve-llama-server.log"; exit 1; }
   replay llama-server
   stop $pid

@@ -152,6 +152,9 @@ class FleetConfig(BaseModel):
     cache_ram_mib: int | None = Field(None, ge=0, description="RAM tier of the KV cache per replica: slots' KV kept "
                                       "when their slot is reused (0 = off; default: a quarter of the "
                                       "RAM the plan leaves, at most 8192)")
+    cache_park: int = Field(0, ge=0, description="sessions parked in the KV cache beside the slots, per replica: a "
+                            "slot's KV moved into a spare sequence of the context when the slot is reused, and back "
+                            "(no host copy; each costs a slot's KV memory, the tier one spare more; 0 = off)")
     cache_dir: str | None = Field(None, description="disk tier of the KV cache: states evicted from RAM and saved "
                                   "at shutdown, kept across restarts (default: off)")
     cache_disk_mib: int = Field(20480, ge=1, description="most disk the KV tier's files of one model take")

@@ -59,6 +59,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("cache_ram_mib", "--cache-ram", "RAM tier of the KV cache per replica (0 = off): a slot's KV is kept "
          "there when the slot is reused, and restored for a prompt that starts with it", "MIB",
          unset="CPU plans: a quarter of the RAM the plan leaves, at most 8192; GPU plans: off"),
+    Flag("cache_park", "--cache-park", "sessions parked in the KV cache beside the slots, per replica: a slot's KV "
+         "is moved into a spare sequence of the context when the slot is reused (no host copy; each costs a slot's "
+         "KV memory; the tier one spare more)", "N"),
     Flag("cache_dir", "--cache-dir", "disk tier of the KV cache: what leaves the RAM tier, and the slots at "
          "shutdown, kept in this folder across restarts", "DIR", unset="off"),
     Flag("routing", "--routing", "how requests are spread over replicas"),

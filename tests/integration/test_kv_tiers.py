@@ -137,7 +137,7 @@ def test_turn_two_after_a_server_restart_comes_from_disk(
     come from the disk tier, by the server's own counters."""
     sessions = 8
     args = ["--model", str(model_path), "--replicas", "1", "--parallel", "2", "--ctx", "1024", "--threads", "1",
-            "--cache-dir", str(tmp_path)]
+            "--cache-dir", str(tmp_path), "--cache-park", "1"]  # (the parked session is written at shutdown too)
     msgs = {i: chat(i, [], "What is the first word?", words=400) for i in range(sessions)}
     server = launch_fleet(args)
     server.wait_ready()
@@ -164,6 +164,8 @@ def test_turn_two_after_a_server_restart_comes_from_disk(
     assert metric(text, "llamafleet_kv_tier_hits_total", replica=replica[1], tier="disk") == sessions
     status = httpx.get(f"{server.url}/v1/status", timeout=30).json()
     assert status["replicas"][0]["kv_tiers"]["disk"]["hits"] == sessions
+    assert status["replicas"][0]["kv_tiers"]["park"]["sequences"] == 1
+    assert metric(text, "llamafleet_kv_tier_parks_total", replica=replica[1]) >= 1
     recent = [e for e in status["recent"]["requests"] if e["route"] == "/v1/chat/completions"][:sessions]
     assert len(recent) == sessions and all(e["cache"]["disk"] > 0.9 * e["prompt_tokens"] for e in recent)
     assert all(e["cache"]["slot"] == e["cache"]["ram"] == 0 and e["cache"]["differs_at"] is not None

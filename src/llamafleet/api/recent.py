@@ -77,7 +77,8 @@ def note_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
         entry.prompt_tokens, entry.completion_tokens, entry.cached_tokens = prompt_tokens, completion_tokens, \
             cached_tokens
         if origins:
-            entry.cache = {"slot": sum(o.slot for o in origins), "ram": sum(o.ram for o in origins),
+            entry.cache = {"slot": sum(o.slot for o in origins), "park": sum(o.park for o in origins),
+                           "ram": sum(o.ram for o in origins),
                            "disk": sum(o.disk for o in origins), "differs_at": origins[0].differs_at,
                            "differs_in_message": origins[0].differs_in_message}
 

@@ -9,6 +9,7 @@ command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 from collections.abc import Iterator
@@ -53,17 +54,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --quant {args.quant} is for --hf checkpoints; a GGUF takes {', '.join(QUANTS)}",
               file=sys.stderr)
         return 1
+    if args.ctx_train is not None and args.ctx_train < 1:
+        print(f"error: --ctx-train {args.ctx_train}: the trained context is a number of tokens, 1 or more",
+              file=sys.stderr)
+        return 1
+    shape = SHAPES[args.shape]
+    if args.ctx_train is not None:
+        shape = dataclasses.replace(shape, n_ctx=args.ctx_train)
     try:
         vocab = find_vocab(args.vocab)
         template = CHAT_TEMPLATE if args.chat_template is None else find_template(args.chat_template)
         if args.hf:
             from llamafleet.model.synth_hf import write_checkpoint
 
-            folder = write_checkpoint(args.output, SHAPES[args.shape], args.quant, vocab, template, seed=args.seed)
+            folder = write_checkpoint(args.output, shape, args.quant, vocab, template, seed=args.seed)
             size = sum(f.stat().st_size for f in folder.iterdir()) / 2**30
             print(f"{folder} ({size:.2f} GiB, a checkpoint folder for the torch engine)")
             return 0
-        path = write_model(args.output, SHAPES[args.shape], args.quant, vocab, sparse=args.sparse, seed=args.seed,
+        path = write_model(args.output, shape, args.quant, vocab, sparse=args.sparse, seed=args.seed,
                            progress=not args.quiet, chat_template=template)
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -117,6 +125,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "embedding model pooled by mean or cls, or a reranker (rank: a classifier head, for /v1/rerank)")
     p.add_argument("--quant", choices=_Names("QUANTS", ("f32", "bf16")), default="q4_0", metavar="TYPE",
                    help="weight type: %(choices)s (default %(default)s; f32 and bf16 with --hf only)")
+    p.add_argument("--ctx-train", type=int, metavar="TOKENS", help="the context length the model says it was "
+                   "trained on (default: the shape's, 4,096 for the LLaMA-2 shapes); llama-server caps a slot at it")
     p.add_argument("--hf", action="store_true", help="write a Hugging Face checkpoint folder (config.json, "
                    "safetensors in f32/f16/bf16, tokenizer.json) for the torch engine instead of a GGUF; needs the "
                    "torch extra's transformers for the tokenizer")

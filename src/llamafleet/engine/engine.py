@@ -1,8 +1,8 @@
 """The engine: continuous batching of many requests over one llama.cpp context.
 
 ``step()`` is the whole loop body: collect the pass the previous step launched (wait for it, sample every sequence
-that produced logits, count the new tokens), admit waiting requests into free slots (each starting from the KV
-already computed for the longest prefix of its prompt: :mod:`llamafleet.engine.prefix`), schedule tokens under the
+that produced logits, count the new tokens), admit waiting requests into free slots (:mod:`llamafleet.engine.admission`,
+each starting from the KV already computed for the longest prefix of its prompt), schedule tokens under the
 ``n_batch`` budget (running answers first, prompt chunks after), launch the next ``llama_decode``, and only then
 detokenize and check stop strings for the tokens just sampled. On a GPU the decode runs while Python does that text
 work and while the caller ships the step's outputs, so the host's per-token work stays off the critical path. A
@@ -18,27 +18,24 @@ one pass per step: :mod:`llamafleet.engine.embedding`.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import Callable
 
+from llamafleet.engine.admission import Admission
 from llamafleet.engine.batch_fill import fill
-from llamafleet.engine.budget import ThinkBudget
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
 from llamafleet.engine.kv_tiers import KvTiers, first_origin
 from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
-from llamafleet.engine.llama_sampler import SamplerChain
 from llamafleet.engine.loop import EngineLoop
 from llamafleet.engine.lora import Adapters
-from llamafleet.engine.prefix import Placement, SlotIndex
+from llamafleet.engine.prefix import SlotIndex
 from llamafleet.engine.sampling import Rows, sample, score_prompts
 from llamafleet.engine.scheduler import Waiting, schedule
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.speculative.policy import PassCost
 from llamafleet.engine.speculative.speculator import Speculator
-from llamafleet.engine.textside import TextSide
 from llamafleet.engine.types import (
     EmbeddingRequest,
     EngineConfig,
@@ -55,7 +52,7 @@ Fresh = tuple[Sequence, int | None, float | None, TopLogprobs | None, FinishReas
 log = logging.getLogger(__name__)
 
 
-class Engine(EngineLoop, TextSide[Model]):
+class Engine(Admission, EngineLoop):
     """Loads a model and a context for ``cfg.n_seq`` parallel sequences; ``close()`` (or ``with``) frees both."""
 
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
@@ -63,8 +60,9 @@ class Engine(EngineLoop, TextSide[Model]):
         threads = cfg.n_threads or default_threads()
         self.model = Model(cfg, progress)
         ctx_cfg = EngineConfig(**{**cfg.__dict__, "n_threads": threads})
+        self._parked = cfg.n_park + 1 if cfg.n_park and cfg.prefix_cache else 0  # sequences (engine/kv_park.py)
         try:
-            self.ctx = Context(self.model, ctx_cfg)
+            self.ctx = Context(self.model, ctx_cfg, park=self._parked)
         except BaseException:
             self.model.close()
             raise
@@ -143,7 +141,7 @@ class Engine(EngineLoop, TextSide[Model]):
             slots_busy=len(self._running),
             waiting=len(self._waiting) + len(self._incoming),
             kv_tokens_used=sum(s.n_cached for s in self._running),
-            kv_tokens_total=self.ctx.n_ctx,
+            kv_tokens_total=self.ctx.n_ctx * self.cfg.n_seq // (self.cfg.n_seq + self._parked),  # (the slots')
             steps=self._steps,
             prompt_tokens_total=self._prompt_total,
             generated_tokens_total=self._gen_total,
@@ -211,77 +209,6 @@ class Engine(EngineLoop, TextSide[Model]):
             rid = self._aborts.popleft()
             outs += self.embedder.abort(rid)
             self._cancel(rid, outs)
-
-    def _admit(self) -> None:
-        self._end_waits()
-        self.tiers.budget.new_step()
-        while self._waiting and self._slots.n_free:
-            if self.tiers.budget.spent_out():  # this step's KV copies took a pass's time: the rest wait a step
-                break
-            req = self._waiting.pop(self._running, self._slots.n_free)
-            if req is None:
-                break  # the last slot is kept for better work (engine/scheduler.py)
-            p = req.params
-            chain = None
-            penalties = p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-            if not p.greedy or penalties or p.grammar is not None or p.logit_bias:  # these need a chain, greedy too
-                seed = p.seed if p.seed is not None else random.getrandbits(32)
-                chain = SamplerChain(p, self.model, seed)
-                if p.penalty_last_n:
-                    chain.accept(req.prompt_tokens[-p.penalty_last_n:] if p.penalty_last_n > 0 else req.prompt_tokens)
-            lora = self.lora.resolve(p.lora)  # adapters' KV is neither reused nor shared (engine/lora.py)
-            place = self._slots.place(req.prompt_tokens, reuse=not p.prompt_logprobs and not lora)  # scoring: all
-            in_graph = (self.ctx.backend_sampling and chain is None and not p.logprobs and not p.prompt_logprobs
-                        and p.think_budget is None)
-            if self.ctx.backend_sampling and not in_graph:
-                self.ctx.use_backend_greedy(place.slot, False)
-            s = Sequence(req, place.slot, chain, in_graph, lora=lora)
-            s.budget = ThinkBudget.of(p.think_budget, self.family, lambda t: self.tokenize(t, False, True),
-                                      bool(self.opened_think(req.prompt_tokens)))
-            self._slots.take(s, shared=not lora)
-            self._running.append(s)
-            self._start(s, place)
-            if self.spec is not None:
-                self.spec.admit(s)
-
-    # -- prefix reuse (the choices are engine/prefix.py's and engine/kv_tiers.py's; here they are applied) -------
-    def _start(self, s: Sequence, place: Placement[Sequence]) -> None:
-        """Give the new sequence ``s`` the KV that ``place`` (or a KV tier) found for its prompt; only the rest is
-        prefilled."""
-        restored = self.tiers.admit(self.ctx, s, place)
-        if restored:
-            self._reuse(s, restored)
-            return
-        if place.wait and place.source is not None:
-            self._reuse(s, 0)
-            s.wait_for = (place.source, place.reuse)
-            return
-        if place.source is not None:
-            self.ctx.copy_sequence(place.source.slot, s.slot)
-        self._reuse(s, place.reuse)
-
-    def _end_waits(self) -> None:
-        """A sequence waiting for another's prefill copies that KV once it covers the shared prefix (or that
-        sequence has stopped: then what it computed, if it is still there and worth a copy)."""
-        for s in self._running:  # admission order: one that waits for a waiting sequence comes after it
-            if s.wait_for is None:
-                continue
-            lead, n = s.wait_for
-            if lead.n_cached < n and not lead.done:
-                continue
-            s.wait_for = None
-            n = min(n, lead.n_cached) if self._slots.holds(lead) else 0
-            if n >= self._slots.min_reuse:
-                self.ctx.copy_sequence(lead.slot, s.slot)
-                self._reuse(s, n)
-
-    def _reuse(self, s: Sequence, n: int) -> None:
-        """Keep the first ``n`` tokens of ``s``'s KV (they match its prompt) and drop the rest."""
-        if not self.ctx.keep_prefix(s.slot, n):  # a memory that cannot be cut part-way: start empty
-            self.ctx.keep_prefix(s.slot, 0)
-            n = 0
-        s.n_cached = s.n_reused = n
-        self._prompt_cached += n
 
     def _launch(self, plan: list[tuple[Sequence, int]]) -> str | None:
         """Fill the batch from ``plan`` and start its ``llama_decode`` (see :meth:`Context.launch`); the error

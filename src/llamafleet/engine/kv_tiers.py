@@ -3,10 +3,12 @@ when a later prompt starts with what it holds.
 
 A slot's KV stays there after its sequence ends (:mod:`llamafleet.engine.prefix`), but only until the slot is taken:
 with more sessions than slots (agents, long private documents) every session's next turn would prefill it all again.
-So before a slot's KV is overwritten, :meth:`KvTiers.save` copies that sequence's state out of llama.cpp
-(``llama_state_seq_get_data_ext``: its cells, a few hundred bytes per token per layer) into the **RAM tier**, keyed
-by the tokens it holds. A new prompt is then placed on the longest prefix found among the live slots *and* the
-tiers (:meth:`KvTiers.restore`): a state from a tier is written back into the slot
+With a **park tier** (:mod:`llamafleet.engine.kv_park`) the slot's KV is first moved into a spare sequence of the
+same context, at no host cost, and restored from there; what leaves the park for room, or all of it without one,
+goes on as follows. Before a slot's KV is overwritten, :meth:`KvTiers.save` copies that sequence's state out of
+llama.cpp (``llama_state_seq_get_data_ext``: its cells, a few hundred bytes per token per layer) into the **RAM
+tier**, keyed by the tokens it holds. A new prompt is then placed on the longest prefix found among the live slots
+*and* the tiers (:meth:`KvTiers.restore`): a state from a tier is written back into the slot
 (``llama_state_seq_set_data_ext``), cut after the shared prefix, and only the rest is prefilled.
 
 The RAM tier is bounded in bytes (``cache_ram_bytes``), least recently used first out. With a **disk tier**
@@ -28,11 +30,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from llamafleet.engine.kv_cost import MIN_PASS_TOKENS, CopyCosts, StepBudget
 from llamafleet.engine.kv_disk import DiskTier, entry_name, fingerprint
+from llamafleet.engine.kv_park import ParkTier
 from llamafleet.engine.prefix import Placement, common_prefix
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import CacheOrigin, EngineConfig, TierStats
@@ -53,7 +57,7 @@ class _State:
 
 @dataclass(frozen=True)
 class Restored:
-    """What a prompt got from the tiers: ``tokens`` of KV (0: none) from ``tier`` ("ram" or "disk"), and the
+    """What a prompt got from the tiers: ``tokens`` of KV (0: none) from ``tier`` ("park", "ram" or "disk"), and the
     longest prefix any tier held (``candidate``; what a miss was closest to)."""
 
     tokens: int = 0
@@ -62,18 +66,20 @@ class Restored:
 
 
 class KvTiers:
-    """The RAM tier of one engine, in front of an optional disk tier."""
+    """The RAM tier of one engine, behind an optional park tier and in front of an optional disk tier."""
 
-    def __init__(self, ram_bytes: int, disk: DiskTier | None, min_reuse: int, budget_s: float | None = None) -> None:
+    def __init__(self, ram_bytes: int, disk: DiskTier | None, min_reuse: int, budget_s: float | None = None,
+                 park: ParkTier | None = None) -> None:
         self.ram_limit = ram_bytes
         self.disk = disk
+        self.park = park
         self.min_reuse = min_reuse
         self._ram: OrderedDict[str, _State] = OrderedDict()  # least recently used first
         self.ram_bytes = 0
-        self.hits = {"ram": 0, "disk": 0}
-        self.misses = {"ram": 0, "disk": 0}
-        self.tokens = {"ram": 0, "disk": 0}  # prompt tokens restored from each tier
-        self.restore_s = {"ram": 0.0, "disk": 0.0}
+        self.hits = {"park": 0, "ram": 0, "disk": 0}
+        self.misses = {"park": 0, "ram": 0, "disk": 0}
+        self.tokens = {"park": 0, "ram": 0, "disk": 0}  # prompt tokens restored from each tier
+        self.restore_s = {"park": 0.0, "ram": 0.0, "disk": 0.0}
         self.evictions = {"ram": 0}
         self.saves = 0
         self.save_s = 0.0
@@ -90,11 +96,12 @@ class KvTiers:
             shape = f"kv {cfg.kv_cache_type}, streams {1 if cfg.kv_unified else cfg.n_seq}, flash {cfg.flash_attn}"
             fp = fingerprint(cfg.model_path, shape, state_format)
             disk = DiskTier(cfg.cache_dir, cfg.model_path, fp, state_format, cfg.cache_disk_bytes)
-        return cls(cfg.cache_ram_bytes if cfg.prefix_cache else 0, disk, min_reuse, cfg.copy_budget_s)
+        park = ParkTier(cfg.n_seq, cfg.n_park, min_reuse) if cfg.n_park and cfg.prefix_cache else None
+        return cls(cfg.cache_ram_bytes if cfg.prefix_cache else 0, disk, min_reuse, cfg.copy_budget_s, park)
 
     @property
     def enabled(self) -> bool:
-        return self.ram_limit > 0 or self.disk is not None
+        return self.ram_limit > 0 or self.disk is not None or self.park is not None
 
     def passed(self, seconds: float, prompt_tokens: int, tokens: int) -> None:
         """The engine ran a pass of ``tokens`` tokens, ``prompt_tokens`` of them a prompt's, in ``seconds``: the
@@ -110,11 +117,16 @@ class KvTiers:
         lost, got = place.lost, Restored()
         kept = place.reuse if place.source is None and not place.wait else 0
         if self.enabled and lost is not None and lost.n_cached - kept >= self.min_reuse:
-            self.save(ctx, s.slot, lost.tokens[:lost.n_cached])
+            tokens = lost.tokens[:lost.n_cached]
+            keep, n = self.park.best(s.tokens, len(s.tokens) - 1) if self.park is not None else (None, 0)
+            keep = keep if n >= place.reuse + self.min_reuse else None  # (what the restore below would take)
+            freeing = keep is not None and self.park is not None and self.park.moves(keep, n)
+            if self.park is None or not self.park.park(ctx, s.slot, tokens, self._saver(ctx), keep, freeing):
+                self.save(ctx, s.slot, tokens)
         if self.enabled and not place.wait and not s.req.params.prompt_logprobs and not s.lora:
             got = self.restore(ctx, s.slot, s.tokens, place.reuse)
-        s.origin = CacheOrigin(ram=got.tokens if got.tier == "ram" else 0, disk=got.tokens if got.tier == "disk"
-                               else 0, differs_at=max(place.best, got.candidate, place.reuse))
+        s.origin = CacheOrigin(**{got.tier: got.tokens} if got.tokens else {},
+                               differs_at=max(place.best, got.candidate, place.reuse))
         return got.tokens
 
     # -- save ----------------------------------------------------------------------------------------------------
@@ -178,21 +190,23 @@ class KvTiers:
         is decoded for the first answer's logits). The slot's KV then holds the state's tokens; the caller keeps
         the returned ``tokens`` of them. A prompt the slots served is no miss of the tiers."""
         cap = len(prompt) - 1
+        parked, n_park = self.park.best(prompt, cap) if self.park is not None else (None, 0)
         key, n_ram = None, 0
         for k, e in self._ram.items():
             n = common_prefix(prompt, e.tokens, cap)
             if n > n_ram:
                 key, n_ram = k, n
         name, n_disk = self.disk.best(prompt, cap) if self.disk is not None and self.disk.on else (None, 0)
-        best = max(n_ram, n_disk)
+        best = max(n_park, n_ram, n_disk)
         if best < have + self.min_reuse:
             if have < self.min_reuse:
-                self.misses["ram"] += 1
-                if self.disk is not None:
-                    self.misses["disk"] += 1
+                for tier, on in (("park", self.park), ("ram", True), ("disk", self.disk)):
+                    self.misses[tier] += on is not None
             return Restored(candidate=best)
-        if slot in ctx.copy_sources:  # a copy out of this slot is still queued: its KV must stay as it is
-            return Restored(candidate=best)
+        if self.park is not None and parked is not None and n_park >= max(n_ram, n_disk):  # no host copy: always
+            t0 = time.perf_counter()
+            self.park.restore(ctx, parked, slot, n_park)
+            return self._hit("park", n_park, best, time.perf_counter() - t0)
         if key is not None and n_ram >= n_disk:
             tier, n, held = "ram", n_ram, len(self._ram[key].tokens)
         else:
@@ -204,33 +218,53 @@ class KvTiers:
         t0 = time.perf_counter()
         if key is not None and tier == "ram":
             self._ram.move_to_end(key)
-            ok = ctx.restore_sequence(slot, self._ram[key].state)
+            state: bytearray | None = self._ram[key].state
         else:
             assert self.disk is not None and name is not None
             self.misses["ram"] += 1
             state = self.disk.load(name)
-            ok = state is not None and ctx.restore_sequence(slot, state)
+        into = slot
+        if slot in ctx.copy_sources:  # a copy out of this slot (its old KV, parked) is still queued: the state goes
+            # into a parked sequence first, and from there into the slot after that copy
+            via = self.park.take(ctx, prompt[:n], self._saver(ctx)) if self.park is not None else None
+            if via is None:
+                return Restored(candidate=best)
+            into = via
+        ok = state is not None and ctx.restore_sequence(into, state)
+        if self.park is not None and into != slot:
+            if ok:
+                self.park.restore(ctx, into, slot, n)
+            else:
+                self.park.forget(into)
         dt = time.perf_counter() - t0
-        self.restore_s[tier] += dt
         self.budget.add(dt)
         if not ok:
+            self.restore_s[tier] += dt
             self.failed += 1
             self.misses[tier] += 1
             return Restored(candidate=best)
+        self.costs.restore[tier].add(dt, held)
+        return self._hit(tier, n, best, dt)
+
+    def _hit(self, tier: str, n: int, best: int, seconds: float) -> Restored:
         self.hits[tier] += 1
         self.tokens[tier] += n
-        self.costs.restore[tier].add(dt, held)
+        self.restore_s[tier] += seconds
         return Restored(n, tier, best)
+
+    def _saver(self, ctx: Context) -> Callable[[int, list[int]], None]:
+        """Where a parked sequence goes when it leaves the park for room: the RAM tier, by the copy rules."""
+        return lambda seq, tokens: self.save(ctx, seq, tokens)
 
     # -- shutdown ------------------------------------------------------------------------------------------------
     def flush(self, ctx: Context, held: list[tuple[int, list[int]]], budget_s: float = FLUSH_S) -> int:
-        """Write the slots' states (``held``: slot, tokens it holds) and then the RAM tier's, most recently used
-        first, to the disk tier, for at most ``budget_s`` seconds; the number written."""
+        """Write the slots' states (``held``: slot, tokens it holds), the parked ones and then the RAM tier's, most
+        recently used first, to the disk tier, for at most ``budget_s`` seconds; the number written."""
         if self.disk is None or not self.disk.on:
             return 0
         deadline = time.monotonic() + budget_s
         written = 0
-        for slot, tokens in held:
+        for slot, tokens in held + (self.park.held() if self.park is not None else []):
             if time.monotonic() >= deadline:
                 break
             if len(tokens) >= self.min_reuse and not self.disk.covers(tokens):
@@ -244,14 +278,16 @@ class KvTiers:
         return written
 
     def stats(self) -> TierStats:
-        d, c = self.disk, self.costs
+        d, c, p = self.disk, self.costs, self.park
         return TierStats(
             ram_bytes=self.ram_bytes, ram_limit_bytes=self.ram_limit, ram_entries=len(self._ram),
             disk_on=d is not None and d.on, disk_bytes=d.bytes if d else 0, disk_limit_bytes=d.limit_bytes if d else 0,
             disk_entries=d.entries if d else 0, hits=dict(self.hits), misses=dict(self.misses),
             tokens=dict(self.tokens), restore_seconds=dict(self.restore_s), saves=self.saves,
-            save_seconds=self.save_s, evictions={"ram": self.evictions["ram"], "disk": d.evictions if d else 0},
+            save_seconds=self.save_s, evictions={"park": p.evictions if p else 0, "ram": self.evictions["ram"],
+                                                  "disk": d.evictions if d else 0},
             dropped_files=d.dropped if d else 0, failed_restores=self.failed, declined=dict(self.declined),
+            park_entries=p.entries if p else 0, park_limit=p.limit if p else 0, parks=p.parks if p else 0,
             deferrals=self.budget.deferrals, rates={
                 "prefill": c.prefill.per_token, "save": c.save.per_token,
                 "restore_ram": c.restore["ram"].per_token, "restore_disk": c.restore["disk"].per_token})
@@ -263,8 +299,9 @@ def first_origin(s: Sequence) -> CacheOrigin | None:
     o, s.origin = s.origin, None
     if o is None:
         return None
-    o = replace(o, slot=s.n_reused - o.ram - o.disk, differs_at=None if s.n_reused >= s.n_prompt - 1 else o.differs_at)
-    log.debug("request %s: %d prompt tokens, %d from a slot, %d from RAM, %d from disk; %s", s.request_id, s.n_prompt,
-              o.slot, o.ram, o.disk, "served up to its last token" if o.differs_at is None else
+    o = replace(o, slot=s.n_reused - o.park - o.ram - o.disk,
+                differs_at=None if s.n_reused >= s.n_prompt - 1 else o.differs_at)
+    log.debug("request %s: %d prompt tokens, %d from a slot, %d parked, %d from RAM, %d from disk; %s", s.request_id,
+              s.n_prompt, o.slot, o.park, o.ram, o.disk, "served up to its last token" if o.differs_at is None else
               f"first differs from the best cached prefix at token {o.differs_at}")
     return o

@@ -246,16 +246,20 @@ class Batch(Native):
 class Context(KvMemory, Native):
     """A llama.cpp context over ``model`` with ``n_seq`` sequences of ``n_ctx_per_seq`` tokens each.
 
-    With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``embeddings=True`` makes a
+    With ``n_ctx`` given, the sequences share one cache of that many tokens instead. ``park`` more sequences of
+    ``n_ctx_per_seq`` tokens each hold parked KV (:mod:`llamafleet.engine.kv_park`; never decoded, ids after the
+    slots'). ``embeddings=True`` makes a
     context whose passes output every token's final hidden state (:meth:`embeddings`), unpooled, for
     :mod:`llamafleet.engine.embedding`; a reranker's output each sequence's scores instead (:meth:`sequence_scores`).
     """
 
-    def __init__(self, model: Model, cfg: EngineConfig, n_ctx: int | None = None, embeddings: bool = False) -> None:
-        if cfg.n_seq > max_parallel_sequences():
-            raise ValueError(f"n_seq={cfg.n_seq} exceeds llama.cpp's limit of {max_parallel_sequences()} sequences")
+    def __init__(self, model: Model, cfg: EngineConfig, n_ctx: int | None = None, embeddings: bool = False,
+                 park: int = 0) -> None:
+        if cfg.n_seq + park > max_parallel_sequences():
+            raise ValueError(f"n_seq={cfg.n_seq} (+{park} parked) exceeds llama.cpp's limit of "
+                             f"{max_parallel_sequences()} sequences")
         p = lc.llama_context_default_params()
-        p.n_ctx = n_ctx or cfg.n_ctx_per_seq * cfg.n_seq
+        p.n_ctx = n_ctx or cfg.n_ctx_per_seq * (cfg.n_seq + park)
         if embeddings:  # every token's hidden state comes out, unpooled: the engine pools them itself (llama.cpp
             p.embeddings = True  # warns if the model names a pooling; unspecified is none, without the warning)
             p.pooling_type = lc.LLAMA_POOLING_TYPE_NONE if model.pooling > 0 else lc.LLAMA_POOLING_TYPE_UNSPECIFIED
@@ -263,7 +267,7 @@ class Context(KvMemory, Native):
                 p.pooling_type = lc.LLAMA_POOLING_TYPE_RANK  # on the pooled state (sequence_scores)
         p.n_batch = cfg.n_batch
         p.n_ubatch = min(cfg.n_ubatch, cfg.n_batch)
-        p.n_seq_max = cfg.n_seq
+        p.n_seq_max = cfg.n_seq + park
         threads = cfg.n_threads or 0
         if threads > 0:
             p.n_threads = threads
@@ -301,6 +305,7 @@ class Context(KvMemory, Native):
         self.n_ctx = int(lc.llama_n_ctx(ptr))
         self.memory = lc.llama_get_memory(ptr)
         self.copy_sources: set[int] = set()  # sequences copied from since the last decode (copies still queued)
+        self.copy_targets: set[int] = set()  # ... and copied into (their data is not there yet)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -338,6 +343,7 @@ class Context(KvMemory, Native):
         """
         batch.struct.n_tokens = batch.n_tokens
         self.copy_sources.clear()  # this decode applies the queued copies first
+        self.copy_targets.clear()
         return int(lc.llama_decode(self.ptr, batch.struct))
 
     def wait(self) -> None:

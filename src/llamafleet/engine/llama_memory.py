@@ -14,12 +14,13 @@ import llama_cpp as lc  # isort: skip  (before numpy, see engine/llama.py)
 
 
 class KvMemory:
-    """The KV cache edits of a context: ``ptr`` (the context), ``memory`` (its ``llama_memory_t``) and
-    ``copy_sources`` (sequences copied from since the last decode) are the context's."""
+    """The KV cache edits of a context: ``ptr`` (the context), ``memory`` (its ``llama_memory_t``),
+    ``copy_sources`` and ``copy_targets`` (sequences copied from and into since the last decode) are the context's."""
 
     ptr: Any
     memory: Any
     copy_sources: set[int]
+    copy_targets: set[int]
 
     def keep_prefix(self, seq: int, n: int) -> bool:
         """Drop sequence ``seq``'s cached tokens from position ``n`` on, keeping ``[0, n)``; False if this memory
@@ -37,6 +38,7 @@ class KvMemory:
         lc.llama_memory_seq_rm(self.memory, dst, -1, -1)  # a unified cache adds to dst's cells; start it empty
         lc.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
         self.copy_sources.add(src)  # its data must not change before that decode: see restore_sequence
+        self.copy_targets.add(dst)  # nor be read before it: see save_sequence
 
     def sequence_state_size(self, seq: int) -> int:
         """Bytes of :meth:`save_sequence`'s copy of sequence ``seq``'s state."""
@@ -44,7 +46,9 @@ class KvMemory:
 
     def save_sequence(self, seq: int) -> bytearray | None:
         """Sequence ``seq``'s state (its KV cells, in llama.cpp's per-sequence state format), copied to host memory;
-        None if llama.cpp wrote less than it announced."""
+        None if llama.cpp wrote less than it announced, or if a queued copy into ``seq`` has not landed yet."""
+        if seq in self.copy_targets:
+            return None
         n = self.sequence_state_size(seq)
         buf = bytearray(n)
         arr = (ctypes.c_uint8 * n).from_buffer(buf)
@@ -55,8 +59,9 @@ class KvMemory:
     def restore_sequence(self, seq: int, state: bytearray) -> bool:
         """Replace what sequence ``seq`` holds with ``state`` (from :meth:`save_sequence` of a context of the same
         model and shape); False if llama.cpp refused it, and then ``seq`` is left empty. ``seq`` must not be in
-        :attr:`copy_sources`: the state is written at once, before a queued copy out of ``seq`` has read it."""
-        assert seq not in self.copy_sources
+        :attr:`copy_sources` or :attr:`copy_targets`: the state is written at once, before a queued copy out of
+        ``seq`` has read it (or one into it overwrites it)."""
+        assert seq not in self.copy_sources and seq not in self.copy_targets
         arr = (ctypes.c_uint8 * len(state)).from_buffer(state)
         got = int(lc.llama_state_seq_set_data_ext(self.ptr, arr, len(state), seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
         del arr

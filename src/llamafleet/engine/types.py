@@ -168,12 +168,13 @@ class PromptLogprobs:
 
 @dataclass(frozen=True)
 class CacheOrigin:
-    """Where a prompt's reused KV came from, in tokens: a slot (in place or copied), the RAM tier or the disk tier;
+    """Where a prompt's reused KV came from, in tokens: a slot (in place or copied), the park, RAM or disk tier;
     for a prompt not served up to its last token, the token index where it first differed from the longest prefix
     any slot or tier held (``differs_at``: a changed system prompt shows as a small number), and for a chat the
     message that token falls in (``differs_in_message``, from 0; set by the worker, which has the messages)."""
 
     slot: int = 0
+    park: int = 0
     ram: int = 0
     disk: int = 0
     differs_at: int | None = None
@@ -284,6 +285,7 @@ class EngineConfig:
     overlap: bool = True  # detokenize a step's tokens while the next decode runs (False: one pass at a time)
     prefix_cache: bool = True  # start new sequences from KV already computed for their prompt's prefix
     speculative: SpeculativeConfig = SpeculativeConfig()  # drafts verified in the batched step (engine/speculative/)
+    n_park: int = 0  # parked sessions' KV streams in the context beside the slots (0: off; engine/kv_park.py)
     cache_ram_bytes: int = 0  # RAM tier of the KV cache (0: off; engine/kv_tiers.py)
     cache_dir: str | None = None  # disk tier's folder (None: off; engine/kv_disk.py)
     cache_disk_bytes: int = 0
@@ -296,7 +298,8 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class TierStats:
-    """The KV cache tiers of one engine (:mod:`llamafleet.engine.kv_tiers`); per-tier dicts are keyed "ram", "disk"."""
+    """The KV cache tiers of one engine (:mod:`llamafleet.engine.kv_tiers`); per-tier dicts are keyed "park", "ram",
+    "disk"."""
 
     ram_bytes: int
     ram_limit_bytes: int
@@ -317,6 +320,9 @@ class TierStats:
     declined: dict[str, int]  # save, restore: copies not made, slower than prefilling (engine/kv_cost.py)
     deferrals: int  # steps whose copies put a prompt off to the next step
     rates: dict[str, float | None]  # prefill, save, restore_ram, restore_disk: measured seconds per token
+    park_entries: int = 0  # sessions parked in the context (engine/kv_park.py)
+    park_limit: int = 0  # parked sequences the context holds (0: no park tier)
+    parks: int = 0  # slots' KV parked
 
 
 @dataclass(frozen=True, kw_only=True)

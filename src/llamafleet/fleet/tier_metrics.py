@@ -12,7 +12,7 @@ from typing import Any
 from llamafleet.engine.types import TierStats
 from llamafleet.fleet.metrics import Counter, Gauge, Registry
 
-TIERS = ("ram", "disk")
+TIERS = ("park", "ram", "disk")
 
 
 class TierMetrics:
@@ -29,7 +29,9 @@ class TierMetrics:
         self.restore_s = r.add(Counter("llamafleet_kv_tier_restore_seconds_total", "time spent restoring states "
                                        "into slots (disk: reading and checking the file too)", by))
         self.evictions = r.add(Counter("llamafleet_kv_tier_evictions_total", "states that left a tier for room "
-                                       "(ram: to disk when it is on)", by))
+                                       "(park: to RAM; ram: to disk when it is on)", by))
+        self.parks = r.add(Counter("llamafleet_kv_tier_parks_total", "slots' KV moved into a parked sequence of the "
+                                   "context before their slot was reused", ("replica",)))
         self.saves = r.add(Counter("llamafleet_kv_tier_saves_total", "slot states copied to the RAM tier before "
                                    "their slot was reused", ("replica",)))
         self.save_s = r.add(Counter("llamafleet_kv_tier_save_seconds_total", "time spent copying those states",
@@ -44,7 +46,9 @@ class TierMetrics:
                                      "unread (truncated, failed checksum)", ("replica",)))
         self.bytes = r.add(Gauge("llamafleet_kv_tier_bytes", "bytes of states held in a KV tier", by))
         self.limit = r.add(Gauge("llamafleet_kv_tier_limit_bytes", "a KV tier's bound (0: off)", by))
-        self.entries = r.add(Gauge("llamafleet_kv_tier_entries", "states held in a KV tier", by))
+        self.entries = r.add(Gauge("llamafleet_kv_tier_entries", "states held in a KV tier (park: sessions)", by))
+        self.park_limit = r.add(Gauge("llamafleet_kv_tier_park_sequences", "parked sequences the context holds",
+                                      ("replica",)))
         self._seen: dict[tuple[str, str], tuple[int | None, float]] = {}  # (metric, labels) -> (pid, last total)
 
     def _add(self, c: Counter, pid: int | None, total: float, *labels: str) -> None:
@@ -65,6 +69,7 @@ class TierMetrics:
             self._add(self.restore_s, pid, t.restore_seconds[tier], rep, tier)
             self._add(self.evictions, pid, t.evictions[tier], rep, tier)
         self._add(self.saves, pid, t.saves, rep)
+        self._add(self.parks, pid, t.parks, rep)
         self._add(self.save_s, pid, t.save_seconds, rep)
         self._add(self.dropped, pid, t.dropped_files, rep)
         for copy, n in t.declined.items():
@@ -75,6 +80,8 @@ class TierMetrics:
             self.bytes.set(held, rep, tier)
             self.limit.set(limit, rep, tier)
             self.entries.set(n, rep, tier)
+        self.entries.set(t.park_entries, rep, "park")
+        self.park_limit.set(t.park_limit, rep)
 
 
 def tier_json(t: TierStats | None) -> dict[str, Any] | None:
@@ -82,6 +89,9 @@ def tier_json(t: TierStats | None) -> dict[str, Any] | None:
     if t is None:
         return None
     return {
+        "park": {"sequences": t.park_limit, "entries": t.park_entries, "parks": t.parks, "hits": t.hits["park"],
+                 "misses": t.misses["park"], "tokens": t.tokens["park"], "restore_s": t.restore_seconds["park"],
+                 "evictions": t.evictions["park"]},
         "ram": {"bytes": t.ram_bytes, "limit_bytes": t.ram_limit_bytes, "entries": t.ram_entries,
                 "hits": t.hits["ram"], "misses": t.misses["ram"], "tokens": t.tokens["ram"],
                 "restore_s": t.restore_seconds["ram"], "evictions": t.evictions["ram"]},

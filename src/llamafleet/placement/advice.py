@@ -18,6 +18,7 @@ from llamafleet.placement.memory import (
     kv_bytes_per_token,
     replica_needs,
 )
+from llamafleet.placement.plan import Budget
 
 Q4_0_BITS = 4.5  # bits per weight of a Q4_0 file
 LOPSIDED = 0.15  # flag a split whose GPUs' fill levels differ by more than this
@@ -107,3 +108,20 @@ def inapplicable(cfg: FleetConfig, inventory: Inventory, cores: int | None) -> l
         out.append(f"threads {cfg.threads} is more than this machine's {cores} CPU cores: the extra threads only "
                    f"contend for the same cores; set threads to {cores} or fewer, or leave it unset")
     return out
+
+
+def park_room(model: ModelInfo, ctx: ContextShape, budgets: Sequence[Budget]) -> str | None:
+    """How many more parked sessions (``cache_park``) the GPU memory a fitting plan leaves would hold per replica,
+    in words; None when none would (or the memory is unknown). A parked sequence costs a slot's KV, and a park tier
+    one spare sequence more."""
+    per = kv_bytes_per_token(model, ctx.kv_type) * ctx.n_ctx_per_seq
+    rooms: dict[int, int] = {}
+    for b in budgets:
+        if b.replica is not None and b.capacity_mib is not None:
+            rooms[b.replica] = rooms.get(b.replica, 0) + max(0, b.capacity_mib - b.used_mib)
+    n = min(rooms.values(), default=0) * MIB // int(per) if per else 0
+    n -= 0 if ctx.n_park else 1  # the first parked session brings the spare sequence with it (engine/kv_park.py)
+    if n < 1:
+        return None
+    return (f"the GPU memory left would hold {n} more parked session(s) per replica (cache_park, "
+            f"{mib(per)} MiB each: a slot's KV, restored without a host copy)")

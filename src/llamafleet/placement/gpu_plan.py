@@ -9,7 +9,7 @@ from dataclasses import replace
 from llamafleet.config import FleetConfig
 from llamafleet.engine.types import SplitModeName
 from llamafleet.model.header import ModelInfo
-from llamafleet.placement.advice import how_to_fit, mib, ratio_warning
+from llamafleet.placement.advice import how_to_fit, mib, park_room, ratio_warning
 from llamafleet.placement.cpu_plan import kv_tier_mib
 from llamafleet.placement.draft import Candidate, Notes, balance, normalize, to_plan
 from llamafleet.placement.gpus import Gpu, Inventory
@@ -44,6 +44,8 @@ def gpu_plan(model: ModelInfo, inv: Inventory, gpus: tuple[Gpu, ...], cfg: Fleet
         usable = [max(usable)] if cfg.split_mode == "none" else usable
         notes.reasons.extend(how_to_fit(model, ctx, cfg, usable, max(1, len(groups)), host=False))
     replicas, budgets = _layout(groups, gpus, cfg)
+    if fits and cfg.prefix_cache and model.engine != "torch" and (room := park_room(model, ctx, budgets)):
+        notes.reasons.append(room)
     n = max(1, len(groups))
     free = None if inv.host_mem_mib is None else inv.host_mem_mib - mib(host.total) * n
     tier = 0 if model.engine == "torch" else kv_tier_mib(cfg, free, n, notes)

@@ -36,7 +36,8 @@ def pad_ctx(n_ctx: int) -> int:
 
 @dataclass(frozen=True)
 class ContextShape:
-    """The context a replica creates: ``n_seq`` sequences of ``n_ctx_per_seq`` tokens (already padded)."""
+    """The context a replica creates: ``n_seq`` sequences of ``n_ctx_per_seq`` tokens (already padded), and
+    ``n_park`` more of the same size that only hold parked KV (``cache_park``: engine/kv_park.py)."""
 
     n_ctx_per_seq: int
     n_seq: int
@@ -44,10 +45,17 @@ class ContextShape:
     n_ubatch: int
     kv_type: str
     flash_attn: bool
+    n_park: int = 0
 
     @property
     def n_ctx(self) -> int:
         return self.n_ctx_per_seq * self.n_seq
+
+    @property
+    def kv_cells(self) -> int:
+        """Tokens of KV the context allocates: the slots' and the parked sequences' (one more than ``n_park``, the
+        spare a park and a restore of one step need: engine/kv_park.py)."""
+        return self.n_ctx_per_seq * (self.n_seq + self.n_park + (1 if self.n_park else 0))
 
     @property
     def graph_tokens(self) -> int:
@@ -69,7 +77,7 @@ class DeviceNeed:
 
 def kv_bytes_per_layer(model: ModelInfo, ctx: ContextShape) -> int:
     """KV cache bytes of one layer for the whole context."""
-    elems = ctx.n_ctx * model.n_head_kv * (model.head_dim + model.head_dim_v)
+    elems = ctx.kv_cells * model.n_head_kv * (model.head_dim + model.head_dim_v)
     return int(elems * KV_ELEMENT_BYTES[ctx.kv_type])
 
 
@@ -180,7 +188,7 @@ def torch_needs(model: ModelInfo, ctx: ContextShape, ratios: tuple[float, ...]
     gpu = bool(ratios)
     size = torch_element_bytes(model, gpu)
     scale = size / (4 if model.file_type == "F32" else 2)
-    kv_layer = ctx.n_ctx * model.n_head_kv * (model.head_dim + model.head_dim_v) * size
+    kv_layer = ctx.kv_cells * model.n_head_kv * (model.head_dim + model.head_dim_v) * size
     where = layer_devices(model.n_layer, ratios) if gpu else (0,) * (model.n_layer + 1)
     n_dev = max(1, len(ratios))
     weights, kv = [0.0] * n_dev, [0] * n_dev
@@ -190,7 +198,7 @@ def torch_needs(model: ModelInfo, ctx: ContextShape, ratios: tuple[float, ...]
     for il in range(model.n_layer):
         weights[where[il]] += model.layer_bytes[il] * scale
         kv[where[il]] += kv_layer
-    eager = ContextShape(ctx.n_ctx_per_seq, ctx.n_seq, ctx.n_batch, ctx.n_ubatch, ctx.kv_type, flash_attn=False)
+    eager = replace(ctx, flash_attn=False)
     needs = tuple(DeviceNeed(int(weights[d]), kv[d], compute_bytes(model, eager, layers=True, output=d == where[-1])
                              + (output_buffer_bytes(model, ctx) if d == where[-1] else 0)) for d in range(n_dev))
     return (needs, DeviceNeed(0, 0, 0)) if gpu else ((), needs[0])

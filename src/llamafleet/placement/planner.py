@@ -62,6 +62,7 @@ def context_shape(model: ModelInfo, cfg: FleetConfig) -> ContextShape:
         n_ubatch=min(cfg.n_ubatch, n_batch),
         kv_type=cfg.kv_cache_type,
         flash_attn=cfg.flash_attn is not False,  # "auto" turns it on for the CPU and CUDA backends
+        n_park=cfg.cache_park if cfg.prefix_cache else 0,
     )
 
 
@@ -87,7 +88,8 @@ def _place(model: ModelInfo, inventory: Inventory, cfg: FleetConfig) -> tuple[Pl
     notes.reasons.append(
         f"{cfg.served_name(model.path)} ({model.file_type}, {mib(model.weights_bytes)} MiB of weights, "
         f"{model.n_layer} layers); "
-        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens, KV cache "
+        f"each replica: {ctx.n_seq} slots x {ctx.n_ctx_per_seq} tokens"
+        f"{f' (and {ctx.n_park} parked sessions)' if ctx.n_park else ''}, KV cache "
         + (ctx.kv_type if model.engine != "torch" else torch_engine_note(model, bool(inventory.gpus)
                                                                           and cfg.n_gpu_layers != 0))
     )
@@ -156,6 +158,7 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
         speculative=SpeculativeConfig(**cfg.speculative.model_dump()),
         priorities=PriorityConfig(**cfg.priorities.model_dump()),
         cache_ram_bytes=(cfg.cache_ram_mib or 0) * MIB,
+        n_park=cfg.cache_park,
         cache_dir=cfg.cache_dir,
         cache_disk_bytes=cfg.cache_disk_mib * MIB,
         cuda_graphs=cfg.cuda_graphs == "auto",

@@ -127,6 +127,16 @@ def test_cli_writes_a_sparse_model(tmp_path: Path, capsys: pytest.CaptureFixture
     assert str(out) in capsys.readouterr().out
     info = read_model_info(out)
     assert (info.n_layer, info.file_type, info.n_params) == (40, "Q8_0", LLAMA2_PARAMS["llama2-13b"])
+    assert info.n_ctx_train == 4096
+
+
+def test_cli_ctx_train_sets_the_trained_context(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "long.gguf"
+    assert main(["synth", "--shape", "tiny", "--ctx-train", "32768", "--sparse", "-q", "-o", str(out)]) == 0
+    assert read_model_info(out).n_ctx_train == 32768
+    assert read_fields(out, "llama.")["llama.context_length"].value == 32768
+    assert main(["synth", "--shape", "tiny", "--ctx-train", "0", "-q", "-o", str(tmp_path / "zero.gguf")]) == 1
+    assert "--ctx-train 0" in capsys.readouterr().err and not (tmp_path / "zero.gguf").exists()
 
 
 def test_cli_writes_bert_encoders_and_a_reranker_the_header_knows(tmp_path: Path,

@@ -387,3 +387,25 @@ def test_the_kv_ram_tier_is_sized_from_the_ram_left_and_counted_against_it(model
     assert plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_ram_mib=4096).kv_tier_mib == 4096
     spec = launch_spec(gpu, 0, FleetConfig(cache_dir="/kv"), "m")[1]
     assert (spec.cache_dir, spec.cache_disk_bytes) == ("/kv", 20480 * MiB)
+
+
+def test_parked_sequences_cost_a_slot_s_kv_each_and_reach_the_engine(models: dict[str, ModelInfo]) -> None:
+    base = plan_for(models, "7b-q4_0", "2x141gb-nvlink", parallel=16, context_length=8192)
+    parked = plan_for(models, "7b-q4_0", "2x141gb-nvlink", parallel=16, context_length=8192, cache_park=8)
+    # 7B: 512 KiB per token; 8 parked sequences of 8192 tokens and the spare = 36 GiB more per replica
+    assert parked.budgets[0].kv_mib - base.budgets[0].kv_mib == (8 + 1) * 8192 * 512 // 1024
+    assert any("(and 8 parked sessions)" in r for r in parked.reasons)
+    assert launch_spec(parked, 0, FleetConfig(cache_park=8), "m")[1].n_park == 8
+    too_many = plan_for(models, "7b-q4_0", "4x80gb-nvlink", parallel=16, context_length=8192, cache_park=60,
+                        gpus=[0])
+    assert not too_many.fits  # 77 sequences of 4 GiB do not fit one 80 GB GPU
+    off = plan_for(models, "7b-q4_0", "2x141gb-nvlink", parallel=16, context_length=8192, cache_park=8,
+                   prefix_cache=False)
+    assert off.budgets[0].kv_mib == base.budgets[0].kv_mib
+    # the plan says how many more the memory it leaves would hold, and that many fit where one more does not
+    (room,) = [r for r in base.reasons if "more parked session(s) per replica" in r]
+    n = int(room.split(" would hold ")[1].split()[0])
+    assert n >= 8 and "4096 MiB each" in room
+    one_gpu = {"parallel": 16, "context_length": 8192, "gpus": [0]}
+    assert plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_park=n, **one_gpu).fits
+    assert not plan_for(models, "7b-q4_0", "2x141gb-nvlink", cache_park=n + 1, **one_gpu).fits

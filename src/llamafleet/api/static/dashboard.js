@@ -138,7 +138,8 @@ function renderReplicas(s) {
     lf.el("td", {class: "itl"}, lf.ms(r.itl_s), " ", spark(replicaSeries(r.id, "itl_s"))),
     lf.el("td", {class: "restarts"}, r.restarts),
     lf.el("td", {class: "cache", title: tierTitle(r.kv_tiers)}, lf.pct(r.cache_hit_rate),
-          r.kv_tiers ? ` · RAM ${r.kv_tiers.ram.hits} / disk ${r.kv_tiers.disk.hits} hits` : ""),
+          r.kv_tiers ? ` · park ${r.kv_tiers.park.hits} / RAM ${r.kv_tiers.ram.hits} / disk ${r.kv_tiers.disk.hits} hits`
+            : ""),
     lf.el("td", {class: "drafts", title: `speculative decoding: ${r.draft_accepted_tokens} of ${r.draft_tokens} ` +
                  "drafted tokens kept"}, r.draft_tokens ? lf.pct(r.draft_acceptance) : "–"),
     lf.el("td", {}, r.kv_tokens ? lf.pct(r.kv_tokens_used / r.kv_tokens) : "–"),
@@ -148,7 +149,8 @@ function renderReplicas(s) {
 function tierTitle(t) {  // the KV tiers beyond the slots, for a replica's cache cell
   if (!t) return "KV tiers off";
   const mib = (b) => lf.num(b / 1048576, 0) + " MiB";
-  return `RAM tier: ${mib(t.ram.bytes)} of ${mib(t.ram.limit_bytes)}, ${t.ram.entries} states, ` +
+  return (t.park.sequences ? `park tier: ${t.park.entries} of ${t.park.sequences} sessions, ` +
+    `${t.park.tokens} tokens restored, ${t.park.evictions} evicted\n` : "") + `RAM tier: ${mib(t.ram.bytes)} of ${mib(t.ram.limit_bytes)}, ${t.ram.entries} states, ` +
     `${t.ram.tokens} tokens restored, ${t.ram.evictions} evicted\n` +
     (t.disk.on ? `disk tier: ${mib(t.disk.bytes)} of ${mib(t.disk.limit_bytes)}, ${t.disk.entries} files, ` +
       `${t.disk.tokens} tokens restored, ${t.disk.evictions} evicted` : "disk tier off");
@@ -158,7 +160,7 @@ function cacheText(c) {  // where a recent request's cached prompt tokens came f
   if (!c) return "";
   const msg = c.differs_in_message == null ? "" : ` (message ${c.differs_in_message})`;
   const at = c.differs_at === null ? "" : `; differs from the best cached prefix at token ${c.differs_at}${msg}`;
-  return `cached: slot ${c.slot}, RAM ${c.ram}, disk ${c.disk}${at}`;
+  return `cached: slot ${c.slot}, park ${c.park}, RAM ${c.ram}, disk ${c.disk}${at}`;
 }
 
 function renderRecent(s) {

@@ -1,0 +1,64 @@
+"""The park tier on the real model, on CPU: a slot's KV moved into a spare sequence of the same context (queued
+stream copies, no host copy) and back, with the same greedy answers as a session that kept its slot; a full park
+spills to the RAM tier, and a RAM state whose slot is still being parked goes through a parked sequence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llamafleet.engine.engine import Engine  # isort: skip  (llama.cpp before numpy: see engine/llama.py)
+
+from test_kv_tiers import SESSIONS, cfg, chat, run, turn2, two_turns
+
+from llamafleet.engine.types import Generation
+
+MIB = 1 << 20
+
+
+def alone(model_path: Path) -> dict[str, tuple[Generation, Generation]]:
+    """Each session's turns 1 and 2 back to back in one slot, no tiers: the answers a restored KV must give."""
+    with Engine(cfg(model_path)) as off:
+        out = {}
+        for i in range(SESSIONS):
+            one = run(off, {"a": chat(i, [], "What is the first word?")})["a"]
+            out[f"s{i}"] = (one, run(off, {"b": turn2(i, one)})["b"])
+    return out
+
+
+def test_parked_sessions_come_back_with_the_answers_of_a_kept_slot(model_path: Path) -> None:
+    with Engine(cfg(model_path, n_park=SESSIONS)) as eng:
+        first, second = two_turns(eng, together=False)
+        t = eng.stats().tiers
+        assert eng.stats().kv_tokens_total == 2 * 512  # the slots' KV; the parked sequences' is not theirs to use
+    assert t is not None and t.parks >= SESSIONS - 1 and t.hits["park"] >= SESSIONS - 1
+    assert t.saves == 0 and t.hits["ram"] == 0  # nothing went through host memory
+    assert t.park_limit == SESSIONS and 0 < t.park_entries <= SESSIONS
+    for i in range(SESSIONS):
+        g = second[f"s{i}"]
+        assert g.cached_tokens >= first[f"s{i}"].prompt_tokens
+        assert g.cache is not None and g.cache.slot + g.cache.park + g.cache.ram + g.cache.disk == g.cached_tokens
+    assert sum(second[f"s{i}"].cache.park for i in range(SESSIONS)) == t.tokens["park"]  # type: ignore[union-attr]
+    for key, (one, two) in alone(model_path).items():
+        assert (first[key].token_ids, second[key].token_ids) == (one.token_ids, two.token_ids)
+
+
+def test_a_full_park_spills_to_ram_and_ram_states_come_back_through_it(model_path: Path) -> None:
+    with Engine(cfg(model_path, n_park=1, cache_ram_bytes=256 * MIB)) as eng:
+        first, second = two_turns(eng, together=False)
+        t = eng.stats().tiers
+    # one parked session (and the spare) for three waiting: the least recently parked went to RAM, and came back into
+    # the slot through the parked sequence while the slot's own KV was being parked
+    assert t is not None and t.evictions["park"] >= 2 and t.saves >= 2 and t.hits["ram"] >= 2
+    assert t.hits["park"] + t.hits["ram"] >= SESSIONS - 1 and t.failed_restores == 0
+    for key, (one, two) in alone(model_path).items():
+        assert (first[key].token_ids, second[key].token_ids) == (one.token_ids, two.token_ids)
+        assert second[key].cached_tokens >= first[key].prompt_tokens
+
+
+def test_the_slot_s_old_kv_never_takes_the_parked_sequence_its_next_prompt_restores(model_path: Path) -> None:
+    # one slot, one parked sequence: s0 is parked when s1 takes the slot; s0's next turn must find it there, not
+    # see it pushed out by s1's KV being parked first
+    with Engine(cfg(model_path, n_seq=1, n_park=1)) as eng:
+        first = run(eng, {f"s{i}": chat(i, [], "What is the first word?") for i in range(2)}, together=False)
+        again = run(eng, {"s0": turn2(0, first["s0"])})["s0"]
+    assert again.cache is not None and again.cache.park >= first["s0"].prompt_tokens
