@@ -19,8 +19,14 @@ Phases, in this order (A and B side by side in one run, on one server):
    ``one`` sends one request and ``many`` one more (the control, queued at the same moment). For the lone request:
    its time to first token, and how many of ``many``'s requests started (first token) after it was sent and before it.
 
-The time to first token (TTFT) of ``chat`` is compared by median: the flood's penalty is ``flood / alone``. The
-numbers are in docs/BENCHMARKS.md ("Tenants").
+The time to first token (TTFT) of ``chat`` is compared by median: the flood's penalty is ``flood / alone``.
+
+With ``--off-url URL --off-keys-file KEYS.yaml`` (a second server of the same model, started with ``priorities:
+{batch_share: null}``: the scheduler's pass shares off, the slot kept as before) only the priority flood is run, on
+both servers in turns, ``--rounds`` times (``alone`` then ``flood_priority`` on one, then on the other; the server
+that goes first alternates): the shares on and off side by side, each penalty against its own server's ``alone``.
+
+The numbers are in docs/BENCHMARKS.md ("Tenants").
 """
 
 from __future__ import annotations
@@ -146,6 +152,39 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """The priority flood with the scheduler's shares on (``--url``) and off (``--off-url``), in turns."""
+    servers = {"on": (args.url.rstrip("/"), Path(args.keys_file)), "off": (args.off_url.rstrip("/"),
+                                                                          Path(args.off_keys_file))}
+    model = ""
+    for url, keys in servers.values():
+        use_keys(url, keys, PRIORITY)
+        model = resolve_model(url, "k-chat")
+        await ask(url, model, "k-chat", 2, "warm up")
+    result: dict[str, Any] = {"model": model, "flood": args.flood, "every_s": args.every, "rounds": args.rounds,
+                              "max_tokens": args.max_tokens, "chat_tokens": args.chat_tokens, "cpus": os.cpu_count(),
+                              "load_1min_at_start": os.getloadavg()[0], "phases": []}
+    for r in range(args.rounds):
+        for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            url, _ = servers[name]
+            alone = summary(await interactive_while(url, model, args.every, None, args.alone, args.chat_tokens))
+            flooded = await flood_phase(url, model, args)
+            result["phases"].append({"round": r, "shares": name, "load_1min": os.getloadavg()[0], "alone": alone,
+                                     "flood_priority": flooded, "penalty": round(flooded["chat_ttft_p50_s"]
+                                                                                 / alone["chat_ttft_p50_s"], 2)})
+            print(json.dumps(result["phases"][-1] | {"alone": "...", "flood_priority": "..."}), flush=True)
+    for name in servers:
+        mine = [p for p in result["phases"] if p["shares"] == name]
+        alone_all = [t for p in mine for t in p["alone"]["chat_ttft_s"]]
+        flood_all = [t for p in mine for t in p["flood_priority"]["chat_ttft_s"]]
+        result[f"pooled_{name}"] = {"alone_p50_s": round(statistics.median(alone_all), 4),
+                                    "flood_p50_s": round(statistics.median(flood_all), 4),
+                                    "penalty": round(statistics.median(flood_all) / statistics.median(alone_all), 2),
+                                    "flood_span_s": [p["flood_priority"]["bulk_span_s"] for p in mine]}
+    result["load_1min_at_end"] = os.getloadavg()[0]
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", required=True)
@@ -158,8 +197,13 @@ def main() -> None:
     ap.add_argument("--many", type=int, default=100)
     ap.add_argument("--settle", type=float, default=3.0, help="seconds between the 'many' burst and the lone request")
     ap.add_argument("--json", default=None, help="write the numbers here too")
+    ap.add_argument("--off-url", default=None, help="a second server with the scheduler's shares off: compare")
+    ap.add_argument("--off-keys-file", default=None, help="the keys file that server reads (rewritten)")
+    ap.add_argument("--rounds", type=int, default=2, help="with --off-url: turns of each server")
     args = ap.parse_args()
-    result = asyncio.run(run(args))
+    if (args.off_url is None) != (args.off_keys_file is None):
+        ap.error("--off-url and --off-keys-file go together")
+    result = asyncio.run(run(args) if args.off_url is None else compare(args))
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamafleet.config_sections import LoraEntry, RemoteEntry, SpeculativeSettings
+from llamafleet.config_sections import LoraEntry, PrioritySettings, RemoteEntry, SpeculativeSettings
 from llamafleet.model.hub_ref import model_stem
 from llamafleet.rpc import INSECURE, parse_endpoint
 
@@ -146,6 +146,9 @@ class FleetConfig(BaseModel):
         "draft_model, max_draft, ngram_min, ngram_max, max_batch (see docs/OPERATIONS.md, Speculative decoding)")
     lora: list[LoraEntry] = Field(default_factory=list, description="LoRA adapters served with the model: each a "
                                   "path (or hf: reference), an optional name and scale (see docs/MODELS.md, LoRA)")
+    priorities: PrioritySettings = Field(
+        default_factory=lambda: PrioritySettings.model_validate({}), description="priority classes in each replica's "
+        "scheduler: reserve_s, batch_share, batch_alone_cost (see docs/OPERATIONS.md, Tenants)")
     cache_ram_mib: int | None = Field(None, ge=0, description="RAM tier of the KV cache per replica: slots' KV kept "
                                       "when their slot is reused (0 = off; default: a quarter of the "
                                       "RAM the plan leaves, at most 8192)")

@@ -1,5 +1,5 @@
 """Sections of the fleet's configuration that stand on their own: a remote member, speculative decoding, a LoRA
-adapter.
+adapter, priorities.
 
 :mod:`llamafleet.config` puts them together; a new group of settings that needs nothing from the rest of the file
 belongs here (or beside the code it configures), one field in :class:`llamafleet.config.FleetConfig` naming it.
@@ -125,3 +125,21 @@ class LoraEntry(BaseModel):
 
     def spec(self) -> LoraSpec:
         return LoraSpec(self.adapter_name, self.path, self.scale)
+
+
+class PrioritySettings(BaseModel):
+    """How each replica's scheduler favours requests of a better priority class than ``batch`` (an API key's class:
+    see docs/OPERATIONS.md, Tenants, and engine/scheduler.py). Nothing here acts unless keys of both kinds are used."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reserve_s: float = Field(30.0, ge=0, description="a replica's last free slot is kept from batch work this long "
+                             "after a request of a better class last arrived (0 = never kept)")
+    batch_share: float | None = Field(0.1, ge=0, description="beside a better request's prompt, the most batch work "
+                                      "adds to the time of the pass (0.1: 10%; at least one token while that prompt "
+                                      "goes on after the pass); "
+                                      "unset (null) = no limit, and batch passes are not kept short either")
+    batch_alone_cost: float = Field(0.1, ge=0, lt=1, description="while better work is about (it arrived in the last "
+                                    "reserve_s), passes of batch work alone are kept short: a pass's fixed time is "
+                                    "this share of theirs (batch work about this much slower), so that a better "
+                                    "request arriving waits for a short pass; 0 = not kept short")

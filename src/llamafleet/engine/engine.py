@@ -70,7 +70,7 @@ class Engine(Admission, EngineLoop):
         self.embedder = Embedder(self.model, ctx_cfg)  # its own context, created on first use
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
-        self._waiting = Waiting(cfg.n_seq)
+        self._waiting = Waiting(cfg.n_seq, priorities=cfg.priorities)
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
         self.tiers = KvTiers.of(cfg, self._slots.min_reuse, STATE_FORMAT)  # KV beyond the slots: RAM, disk
@@ -169,7 +169,8 @@ class Engine(Admission, EngineLoop):
         ready = [s for s in self._running if s.wait_for is None]
         if self.spec is not None:
             self.spec.draft(ready, self.cfg.n_batch)
-        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens, self._join_tokens())
+        plan = schedule(ready, self.cfg.n_batch, self._steps, self.cfg.prefill_tokens, self._join_tokens(),
+                        self._waiting.shares())
         error = None
         if plan:
             for adapters, part in self.lora.groups(plan):  # one decode per LoRA adapter set (engine/lora.py)

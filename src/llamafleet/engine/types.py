@@ -249,6 +249,19 @@ class LoraSpec:
 
 
 @dataclass(frozen=True)
+class PriorityConfig:
+    """How the scheduler favours work of a better class than batch (engine/scheduler.py; the fleet's ``priorities``
+    settings): while better work arrived in the last ``reserve_s`` seconds, the last free slot is kept from batch work
+    (``reserve_s`` 0: never) and a pass of batch work alone is kept short (its fixed cost at least
+    ``batch_alone_cost`` of its time; 0: not kept short); beside a better prompt, batch work adds at most
+    ``batch_share`` to the pass's cost (None: no limit, neither rule on passes)."""
+
+    reserve_s: float = 30.0
+    batch_share: float | None = 0.1
+    batch_alone_cost: float = 0.1
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """How to load the model and size the context. ``n_ctx_per_seq * n_seq`` is the context's total size."""
 
@@ -277,6 +290,7 @@ class EngineConfig:
     cache_dir: str | None = None  # disk tier's folder (None: off; engine/kv_disk.py)
     cache_disk_bytes: int = 0
     copy_budget_s: float | None = None  # tier copies per step before prompts wait (None: the last pass's time)
+    priorities: PriorityConfig = PriorityConfig()  # better classes over batch work (engine/scheduler.py)
     cuda_graphs: bool = True  # torch engine: decode steps replayed as CUDA graphs on one GPU (False: eager)
     llama_log_level: str = "warning"
     lora: tuple[LoraSpec, ...] = ()  # LoRA adapters loaded beside the model, applied per request (engine/lora.py)

@@ -34,7 +34,7 @@ from typing import Any
 from llamafleet.config import FleetConfig
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.speculative.settings import SpeculativeConfig
-from llamafleet.engine.types import EngineConfig
+from llamafleet.engine.types import EngineConfig, PriorityConfig
 from llamafleet.model.checkpoint import is_checkpoint
 from llamafleet.model.header import GgufError, ModelInfo, read_model_info
 from llamafleet.placement import rpc_plan
@@ -156,6 +156,7 @@ def engine_config(cfg: FleetConfig, model_path: str, **decided: Any) -> EngineCo
         backend_sampling=cfg.backend_sampling,
         prefix_cache=cfg.prefix_cache,
         speculative=SpeculativeConfig(**cfg.speculative.model_dump()),
+        priorities=PriorityConfig(**cfg.priorities.model_dump()),
         cache_ram_bytes=(cfg.cache_ram_mib or 0) * MIB,
         n_park=cfg.cache_park,
         cache_dir=cfg.cache_dir,

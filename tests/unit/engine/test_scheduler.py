@@ -2,13 +2,13 @@
 
 from collections.abc import Callable
 
-from llamafleet.engine.scheduler import AGING_PASSES, RESERVE_S, Waiting, schedule
+from llamafleet.engine.scheduler import AGING_PASSES, Shares, Waiting, schedule
 from llamafleet.engine.sequence import Sequence
-from llamafleet.engine.types import Request
+from llamafleet.engine.types import PriorityConfig, Request
 
 
-def seq(rid: str, prompt_len: int, cached: int = 0, generated: int = 0) -> Sequence:
-    s = Sequence(Request(rid, tuple(range(1, prompt_len + 1))), slot=0, chain=None)
+def seq(rid: str, prompt_len: int, cached: int = 0, generated: int = 0, priority: int = 1) -> Sequence:
+    s = Sequence(Request(rid, tuple(range(1, prompt_len + 1)), priority=priority), slot=0, chain=None)
     s.tokens += [7] * generated
     s.n_cached = cached
     return s
@@ -80,6 +80,63 @@ def test_a_second_prompt_joins_a_pass_only_while_its_tokens_cost_less_than_the_p
     assert len(schedule(burst, budget=512, join_tokens=8.0)) == 4
 
 
+def _flood_beside(chat: Sequence) -> list[Sequence]:
+    """A batch prompt admitted before ``chat``, three batch answers running, then ``chat``: in slot order."""
+    batch = [seq("bp", 10, priority=2)] + [seq(f"bd{i}", 10, cached=12, generated=3, priority=2) for i in range(3)]
+    for i, s in enumerate([*batch, chat]):
+        s.slot = i
+    return [*batch, chat]
+
+
+def ids(plan: list[tuple[Sequence, int]]) -> list[tuple[str, int]]:
+    return [(s.request_id, n) for s, n in plan]
+
+
+def test_beside_a_better_prompt_batch_work_takes_its_share_of_the_pass_and_batch_prompts_yield() -> None:
+    running = _flood_beside(seq("chat", 12, priority=0))
+    # a CPU (a pass's fixed cost worth 2 tokens): 10% of a 12-token prompt's pass is one token: one batch answer
+    # advances, the older batch prompt waits; without the rule the chat prompt waited for it and shared every pass
+    assert ids(schedule(running, 2048, 0, 512, join_tokens=2.0, shares=Shares(0.1, None))) == [("bd0", 1), ("chat", 12)]
+    assert ids(schedule(running, 2048, 0, 512, join_tokens=2.0)) == [("bp", 10), ("bd0", 1), ("bd1", 1), ("bd2", 1)]
+    # a GPU (the fixed cost worth 500 tokens): 10% of the pass pays for all of the batch work; the chat prompt first
+    plan = schedule(running, 2048, 0, 512, join_tokens=500.0, shares=Shares(0.1, None))
+    assert sorted(ids(plan)) == [("bd0", 1), ("bd1", 1), ("bd2", 1), ("bp", 10), ("chat", 12)]
+    # a CPU whose pass costs its tokens alone: 10% of 9 tokens is none, and the chat's prompt ends in this pass
+    short = _flood_beside(seq("chat", 9, priority=0))
+    assert ids(schedule(short, 2048, 0, 512, join_tokens=0.0, shares=Shares(0.1, None))) == [("chat", 9)]
+    # unmeasured passes (or tokens that cost nothing): no limit, every prompt joins
+    assert len(schedule(running, 2048, 0, 512, join_tokens=None, shares=Shares(0.1, None))) == 5
+
+
+def test_batch_answers_beside_a_long_better_prompt_take_turns_and_never_stop() -> None:
+    running = _flood_beside(seq("chat", 900, priority=0))[1:]  # prefilled over several passes
+    turns = [ids(schedule(running, 2048, step, 512, join_tokens=2.0, shares=Shares(0.0, None))) for step in range(3)]
+    assert turns == [[("bd0", 1), ("chat", 512)], [("bd1", 1), ("chat", 512)], [("bd2", 1), ("chat", 512)]]
+    running[-1].n_cached, running[-1].tokens = 900, running[-1].tokens + [7]  # it answers: no limit on its passes
+    assert len(schedule(running, 2048, 0, 512, join_tokens=2.0, shares=Shares(0.0, None))) == 4
+
+
+def test_while_better_work_is_about_batch_prompts_go_in_short_passes() -> None:
+    running = _flood_beside(seq("chat", 12, priority=0))[:4]  # the better request has not come yet, or has gone
+    about = Shares(0.1, 0.1)
+    # a CPU (a pass's fixed cost worth 0.45 tokens): 5 tokens make it 10% of the pass: the 3 answers and 2 prompt tokens
+    assert ids(schedule(running, 2048, 0, 512, join_tokens=0.45, shares=about)) == [
+        ("bp", 2), ("bd0", 1), ("bd1", 1), ("bd2", 1)]
+    assert ids(schedule(running, 2048, 0, 512, join_tokens=0.0, shares=about))[0] == ("bp", 1)  # at least one token
+    # a GPU: the fixed cost pays for all of it; better work no longer about, or the rule off (0): no limit
+    for join, alone in ((500.0, 0.1), (0.45, None), (0.45, 0.0)):
+        assert ids(schedule(running, 2048, 0, 512, join, Shares(0.1, alone)))[0] == ("bp", 10)
+
+
+def test_with_one_class_the_batch_rule_changes_nothing() -> None:
+    for priority in (1, 2):  # no batch work, or only batch work and no better work about
+        running = [seq("p", 40, priority=priority)] + [seq(f"d{i}", 10, cached=12, generated=3, priority=priority)
+                                                       for i in range(3)]
+        for join in (None, 2.0, 500.0):
+            plain = ids(schedule(running, 2048, 1, 512, join))
+            assert ids(schedule(running, 2048, 1, 512, join, Shares(0.0, None if priority == 2 else 0.0))) == plain
+
+
 def _waiting(*reqs: tuple[str, int, str], clock: Callable[[], float] = lambda: 0.0) -> Waiting:
     w = Waiting(4, clock)
     for rid, priority, tenant in reqs:
@@ -123,6 +180,18 @@ def test_aging_admits_a_lower_class_within_a_bounded_number_of_admissions() -> N
     assert len(w) == 1 and w.remove("nope") is None
 
 
+def test_a_batch_flood_does_not_age_whole_and_take_the_kept_slot() -> None:
+    w = _waiting(*((f"b{i}", 2, "bulk") for i in range(200)))
+    admitted = []
+    for i in range(3 * AGING_PASSES):  # an interactive request every so often, and batch answers ending between
+        w.append(Request(f"i{i}", (1,), priority=0, tenant="chat"))
+        admitted += [w.pop([], 2).request_id, w.pop([], 2).request_id]  # the interactive one, then one batch
+        assert w.pop([], 1) is None  # the last free slot stays kept (every waiting request aged: b... took it)
+    assert admitted[:4] == ["i0", "b0", "i1", "b1"]
+    # batch work got its slots all along, so none of it aged past the oldest: the flood is still batch
+    assert sum(e.startswith("b") for e in admitted) == 3 * AGING_PASSES
+
+
 def _next(w: Waiting, free: int) -> str | None:
     req = w.pop([], free)
     return None if req is None else req.request_id
@@ -135,9 +204,12 @@ def test_batch_work_leaves_the_last_free_slot_while_better_work_is_about() -> No
     w.append(Request("i", (1,), priority=0, tenant="chat"))
     w.append(Request("b2", (1,), priority=2, tenant="bulk"))
     w.append(Request("b3", (1,), priority=2, tenant="bulk"))
+    assert w.shares() == Shares(PriorityConfig.batch_share, PriorityConfig.batch_alone_cost)
     assert [_next(w, 1), _next(w, 2), _next(w, 1)] == ["i", "b2", None]  # two free: one for batch; the last kept
-    now[0] += RESERVE_S + 1
+    now[0] += PriorityConfig.reserve_s + 1
     assert _next(w, 1) == "b3"  # better work has gone quiet: the last slot is batch's too
+    assert w.shares() == Shares(PriorityConfig.batch_share, None)  # (and batch work alone is no longer limited)
+    assert Waiting(4, priorities=PriorityConfig(batch_share=None)).shares() is None
     single = Waiting(1, lambda: 0.0)  # one slot: nothing can be kept
     single.append(Request("i", (1,), priority=0))
     single.append(Request("b", (1,), priority=2))

@@ -68,7 +68,8 @@ class TorchEngine(EngineLoop, TextSide[HfVocab]):
         self.eog = self.model.end_ids(self.net.config.eos_token_id)
         self._incoming: deque[Request] = deque()
         self._aborts: deque[str] = deque()
-        self._waiting = Waiting(cfg.n_seq)  # admission by priority and fair share, as llama.cpp's engine
+        # admission by priority and fair share, as llama.cpp's engine
+        self._waiting = Waiting(cfg.n_seq, priorities=cfg.priorities)
         self._running: list[Sequence] = []
         self._draws: dict[str, Draw] = {}
         self._free = list(range(cfg.n_seq))
