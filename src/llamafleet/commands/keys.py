@@ -47,9 +47,6 @@ def run(args: argparse.Namespace) -> int:
         entry = KeyEntry.model_validate({
             "name": args.name, "sha256": digest(key).hex(), "scopes": _csv(args.scopes), "models": _csv(args.models),
             "priority": args.priority, "limits": {k: v for k, v in caps.items() if v is not None}})
-        if any(t.name == args.name for t in (load_keyring(str(path), environ={}).tenants.values()
-                                             if path.exists() else ())):
-            raise ApiKeysError(f"{path} already has a tenant named '{args.name}'; pick another name")
         add_entry(path, entry)
     except ValidationError as e:
         print("error: " + "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors()),

@@ -19,6 +19,7 @@ lookup's timing depends only on that digest, which an attacker cannot steer towa
 from __future__ import annotations
 
 import difflib
+import fcntl
 import fnmatch
 import hashlib
 import os
@@ -34,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from llamafleet.engine.types import DEFAULT_PRIORITY
+from llamafleet.paths import partial_path
 
 KEYS_ENV = "LLAMAFLEET_API_KEYS"
 ADMIN_KEYS_ENV = "LLAMAFLEET_ADMIN_API_KEYS"
@@ -272,15 +274,25 @@ def new_key() -> str:
 
 def add_entry(path: Path, entry: KeyEntry) -> None:
     """Append ``entry`` to the keys file ``path`` (created in the tenants form if missing); :class:`ApiKeysError`
-    if the file is a plain list or the result would not be a valid keys file."""
+    if the file is a plain list, already names the tenant, or the result would not be a valid keys file. Two ``keys
+    add`` at once both land: the file is read and replaced under a lock beside it (``NAME.lock``), through a temporary
+    name of this writer's own."""
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _append(path, entry)
+
+
+def _append(path: Path, entry: KeyEntry) -> None:
     text = path.read_text(encoding="utf-8") if path.exists() else "keys:\n"
     if path.exists() and _tenants_form(str(path)) is None:
         raise ApiKeysError(f"{path} is a plain list of keys; move it to the tenants form (docs/OPERATIONS.md, "
                            "Tenants) or write a new file")
+    if path.exists() and any(t.name == entry.name for t in load_keyring(str(path), environ={}).tenants.values()):
+        raise ApiKeysError(f"{path} already has a tenant named '{entry.name}'; pick another name")
     line = yaml.safe_dump([{"name": entry.name} | entry.model_dump(exclude_none=True, exclude_defaults=True)],
                           default_flow_style=None, sort_keys=False, width=1 << 16)
     new = text.rstrip("\n") + "\n" + "".join("  " + ln + "\n" for ln in line.splitlines())
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = partial_path(path)
     tmp.write_text(new, encoding="utf-8")
     try:
         _tenants_form(str(tmp))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import re
 import signal
@@ -14,7 +15,7 @@ import pytest
 
 from llamafleet.cli import main
 from llamafleet.fleet.telemetry import FleetMetrics
-from llamafleet.tenants.keys import ApiKeysError, digest, load_keyring
+from llamafleet.tenants.keys import ApiKeysError, KeyEntry, add_entry, digest, load_keyring
 from llamafleet.tenants.tenancy import Tenancy
 
 AGENTS = digest("sk-agents").hex()
@@ -151,3 +152,31 @@ def test_the_keys_files_the_docs_show_are_valid(tmp_path: Path) -> None:
     assert blocks
     for block in blocks:
         assert load_keyring(_file(tmp_path, block), environ={}).names()
+
+
+def _add_many(path: str, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        add_entry(Path(path), KeyEntry(name=f"t{i}", sha256=digest(f"sk-{i}").hex()))
+
+
+def test_keys_added_at_once_from_several_processes_all_land(tmp_path: Path) -> None:
+    """Each ``keys add`` reads the file, appends and replaces it: without a lock around that (and a temporary name of
+    each writer's own) concurrent adds lose entries or fail renaming a shared temporary file."""
+    path = tmp_path / "keys.yaml"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_add_many, args=(str(path), 25 * p, 25)) for p in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 6
+    names = {t.name for t in load_keyring(str(path), environ={}).tenants.values()}
+    assert names == {f"t{i}" for i in range(150)}
+    assert not [f.name for f in tmp_path.iterdir() if f.name.endswith(".partial")]
+
+
+def test_keys_add_refuses_a_name_the_file_has(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    add_entry(path, KeyEntry(name="ci", key="sk-test-1234"))
+    with pytest.raises(ApiKeysError, match="already has a tenant named 'ci'"):
+        add_entry(path, KeyEntry(name="ci", key="sk-test-5678"))
