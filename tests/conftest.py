@@ -6,8 +6,8 @@ shared server (the same shape, serving the tiny random checkpoint of tests/hf_mo
 The shared servers are pooled (:func:`pooled`): the first module that needs one starts it, later modules reuse it,
 and it is stopped after the last test that needs it (found when the tests are collected), so that no idle server takes
 memory and workers from the tests after it. ``launch_fleet`` starts further servers with any flags: each is stopped at
-the end of the test module that started it. Every server runs in its own session (process group) and the whole group
-is killed at teardown, workers included.
+the end of the test that started it, or of the module whose fixture did. Every server runs in its own session
+(process group) and the whole group is killed at teardown, workers included.
 """
 
 from __future__ import annotations
@@ -93,13 +93,15 @@ class FleetServer:
             body = self.wait_ready(max(1.0, deadline - time.monotonic()))
         return body
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
-        """Send ``sig`` to the server, wait for it, then kill whatever is left of its process group."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0, signalled: bool = False) -> int | None:
+        """Send ``sig`` to the server (unless it was ``signalled`` already), wait for it, then kill whatever is left of
+        its process group."""
         if self._client is not None:
             self._client.close()
         rc: int | None = None
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if not signalled:
+                self.proc.send_signal(sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 rc = self.proc.wait(timeout)
         else:
@@ -109,6 +111,17 @@ class FleetServer:
         self.proc.wait()
         self.stopped = True
         return rc
+
+
+def stop_all(servers: list[FleetServer]) -> None:
+    """Stop ``servers`` together: all are signalled first, then each is waited for (a server takes a second or two
+    to exit: one after the other, that time adds up)."""
+    running = [s for s in servers if not s.stopped]
+    for server in running:
+        if server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGTERM)
+    for server in running:
+        server.stop(signalled=True)
 
 
 def run_serve(args: list[str], log_path: Path) -> FleetServer:
@@ -133,8 +146,8 @@ _started: list[FleetServer] = []  # by launch_fleet, in order
 
 @pytest.fixture(scope="session")
 def launch_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[list[str]], FleetServer]]:
-    """Start servers with ``launch_fleet(args)`` (not waited for); each is stopped at the end of the test module that
-    started it (a pooled one after the last test that needs it)."""
+    """Start servers with ``launch_fleet(args)`` (not waited for); each is stopped at the end of the test that started
+    it, or of the module whose fixture did (a pooled one after the last test that needs it)."""
 
     def launch(args: list[str]) -> FleetServer:
         server = run_serve(args, tmp_path_factory.mktemp("serve") / "server.log")
@@ -142,9 +155,7 @@ def launch_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         return server
 
     yield launch
-    for server in _started:
-        if not server.stopped:
-            server.stop()
+    stop_all(_started)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -152,9 +163,16 @@ def _stop_the_modules_servers() -> Iterator[None]:
     """Stop the servers the module started (after its own fixtures' teardown), except the pooled ones."""
     first = len(_started)
     yield
-    for server in _started[first:]:
-        if not server.shared and not server.stopped:
-            server.stop()
+    stop_all([server for server in _started[first:] if not server.shared])
+
+
+@pytest.fixture(autouse=True)
+def _stop_the_tests_servers() -> Iterator[None]:
+    """Stop the servers a test started itself (in its body or its function-scoped fixtures) when it ends, so that
+    none idles through the module's later tests; the module's fixtures have started theirs before this one."""
+    first = len(_started)
+    yield
+    stop_all([server for server in _started[first:] if not server.shared])
 
 
 _pool: dict[str, FleetServer] = {}  # pooled fixture's name -> its running server
@@ -228,9 +246,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """After a test's teardown, stop the pooled servers that no later test needs."""
     yield
     i = _index.get(item.nodeid, -1)
-    for name, server in _pool.items():
-        if not server.stopped and (nextitem is None or _last_need.get(name, -1) <= i):
-            server.stop()
+    stop_all([server for name, server in _pool.items() if nextitem is None or _last_need.get(name, -1) <= i])
 
 
 ENGINES = ("llama.cpp", "torch")
