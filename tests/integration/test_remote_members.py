@@ -1,7 +1,7 @@
 """Remote members: a front llamafleet whose replicas are other llamafleet servers, over real HTTP on loopback.
 
-The upstreams are real ``llamafleet serve`` processes with the demo model (the session's shared ``fleet``, or one
-started here so that it can be killed); the fronts load no model. Every answer is checked against the upstream's own
+The upstreams are real ``llamafleet serve`` processes: the shared ``fleet`` (the demo model), or a server started here
+that relays it, so that it can want a key or be killed; the fronts load no model. Every answer is checked against the upstream's own
 greedy answer to the same request, through the OpenAI SDK.
 """
 
@@ -45,6 +45,12 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
             pass
         time.sleep(0.2)
     pytest.fail(f"{what} within {timeout:.0f}s")
+
+
+def upstream_args(tmp_path: Path, fleet: FleetServer, keys: Path) -> list[str]:
+    """``serve`` arguments of an upstream that wants a key of ``keys``: a server that relays the shared fleet (it
+    loads no model of its own, so that it starts in a moment; the front cannot tell)."""
+    return [*front_args(tmp_path, [{"url": fleet.url}], model_name="upstream"), "--api-keys-file", str(keys)]
 
 
 def member_report(front: FleetServer) -> dict[str, Any]:
@@ -158,13 +164,13 @@ def test_a_client_that_leaves_mid_stream_frees_the_members_slot_and_the_upstream
     wait_for(lambda: idle(front) and idle(fleet), 4, "slots stayed busy after the client left")  # 500 tokens: ~8 s
 
 
-def test_remote_member_with_a_wrong_key_is_down_and_says_why(launch_fleet: Launch, tmp_path: Path) -> None:
+def test_remote_member_with_a_wrong_key_is_down_and_says_why(launch_fleet: Launch, fleet: FleetServer,
+                                                             tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("right-key\n", encoding="utf-8")
     wrong = tmp_path / "wrong"
     wrong.write_text("wrong-key\n", encoding="utf-8")
-    upstream = launch_fleet(["--replicas", "1", "--parallel", "2", "--ctx", "256", "--threads", "1",
-                             "--api-keys-file", str(keys)])
+    upstream = launch_fleet(upstream_args(tmp_path, fleet, keys))
     upstream.wait_ready()
     front = launch_fleet(front_args(tmp_path, [{"url": upstream.url, "api_key_file": str(wrong)}],
                                     model_name="relayed"))
@@ -176,14 +182,12 @@ def test_remote_member_with_a_wrong_key_is_down_and_says_why(launch_fleet: Launc
     assert "stopped:" not in front.log()
 
 
-def test_remote_upstream_that_dies_mid_stream_fails_cleanly_and_comes_back(launch_fleet: Launch,
+def test_remote_upstream_that_dies_mid_stream_fails_cleanly_and_comes_back(launch_fleet: Launch, fleet: FleetServer,
                                                                           tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("member-key\n", encoding="utf-8")
-    port = free_port()
-    upstream_args = ["--replicas", "1", "--parallel", "2", "--ctx", "512", "--threads", "1", "--port", str(port),
-                     "--api-keys-file", str(keys)]
-    upstream = launch_fleet(upstream_args)
+    args = [*upstream_args(tmp_path, fleet, keys), "--port", str(free_port())]
+    upstream = launch_fleet(args)
     upstream.wait_ready()
     os.environ["TEST_REMOTE_MEMBER_KEY"] = "member-key"  # the front reads the member's key from its environment
     try:
@@ -208,7 +212,7 @@ def test_remote_upstream_that_dies_mid_stream_fails_cleanly_and_comes_back(launc
     assert refused.value.status_code == 503
 
     upstream.stop()
-    again = launch_fleet(upstream_args)
+    again = launch_fleet(args)
     again.wait_ready()
     front.wait_ready(timeout=90)  # re-probed with backoff: at most 30 s apart
     out = front.client().completions.create(model="relayed", prompt="Once upon a time", temperature=0, max_tokens=6)
