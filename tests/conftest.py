@@ -234,6 +234,17 @@ def needs(item: pytest.Item) -> set[str]:
     return names
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that need the torch server run one after the other, where the first of them would (each module
+    whole, in its own order), so that the server is up for that stretch only instead of nearly the whole run."""
+    modules = {item.path for item in items if "torch_fleet" in needs(item)}
+    first = next((i for i, item in enumerate(items) if item.path in modules), None)
+    if first is not None:
+        items[first:] = ([item for item in items[first:] if item.path in modules]
+                         + [item for item in items[first:] if item.path not in modules])
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     for i, item in enumerate(session.items):
         _index[item.nodeid] = i
