@@ -107,8 +107,10 @@ for round in $(seq 1 "$HTTP_REPEAT"); do
     printf 'speculative:\n  mode: %s\n  max_draft: %s\n  ngram_min: %s\n  ngram_max: %s\n  max_batch: %s\n' \
       "$mode" "$DRAFT" "$NGRAM" "$NGRAM" "$MAX_BATCH" >"$yaml"
     log "llamafleet serve, speculation $mode (round $round): edit workload at $LEVELS"
+    # (no RAM tier, as llama-server below runs with --cache-ram 0: the tier's first copy of a finished answer's KV,
+    # made to measure what a copy costs, would land in the next request's time to first token)
     "$PY" -m llamafleet.cli serve --model "$MODEL" --config "$yaml" --port "$PORT" --replicas 1 --parallel "$SLOTS" \
-      --ctx "$CTX" "${threads[@]}" >"$REPORT/serve-$label.log" 2>&1 & pid=$!
+      --ctx "$CTX" --cache-ram 0 "${threads[@]}" >"$REPORT/serve-$label.log" 2>&1 & pid=$!
     wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-$label.log"; exit 1; }
     bench_edit "$label"
     curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^llamafleet_draft' >"$REPORT/metrics-$label.txt" || true
