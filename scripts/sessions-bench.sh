@@ -19,7 +19,8 @@
 # CONC workers runs one conversation's turns back to back; with CONC above SLOTS, sessions still outnumber the
 # slots), SEED 7, THREADS (default: every core),
 # DEVICE cpu|gpu (gpu: llama-server gets -ngl 99 -fa on; llamafleet places itself), PORT 18090, PYTHON python3,
-# SERVERS "llamafleet-tiers llamafleet-no-tiers llama-server" (a subset to run fewer).
+# SERVERS "llamafleet-tiers llamafleet-no-tiers llama-server" (a subset to run fewer; the comparison at the end takes
+# every server's report found in OUT, so servers run in separate calls into one OUT are compared).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:?usage: MODEL=FILE LLAMA_SERVER=BIN scripts/sessions-bench.sh OUT_DIR}
@@ -75,6 +76,9 @@ if has llama-server; then
   stop $pid
 fi
 reports=()
-for s in $SERVERS; do [ -f "$OUT/$s/bench.json" ] && reports+=("$OUT/$s/bench.json"); done
+# every server's report in OUT, this call's or an earlier call's (one call per server where each takes minutes)
+for s in llamafleet-tiers llamafleet-no-tiers llama-server; do
+  [ -f "$OUT/$s/bench.json" ] && reports+=("$OUT/$s/bench.json")
+done
 [ "${#reports[@]}" -ge 2 ] && "$PY" -m llamafleet.cli bench --compare "${reports[@]}" --out "$OUT/compare" | tee -a "$OUT/run.log"
 log "done; uptime: $(uptime)"
