@@ -62,3 +62,15 @@ def test_the_slot_s_old_kv_never_takes_the_parked_sequence_its_next_prompt_resto
         first = run(eng, {f"s{i}": chat(i, [], "What is the first word?") for i in range(2)}, together=False)
         again = run(eng, {"s0": turn2(0, first["s0"])})["s0"]
     assert again.cache is not None and again.cache.park >= first["s0"].prompt_tokens
+
+
+def test_sessions_cycling_through_a_smaller_park_still_come_back_from_it(model_path: Path) -> None:
+    # four sessions in turn on one slot and two parked sequences: the least recently parked is always the next to
+    # return, so LRU would restore none of them; the park keeps the sessions it holds until they return
+    with Engine(cfg(model_path, n_seq=1, n_park=2)) as eng:
+        turns = {f"s{i}": chat(i, [], "What is the first word?") for i in range(SESSIONS)}
+        for _ in range(3):
+            run(eng, turns, together=False)
+        t = eng.stats().tiers
+    assert t is not None and t.evictions["park"] >= 2
+    assert t.hits["park"] >= 3  # of the 8 later turns (LRU: 0)
