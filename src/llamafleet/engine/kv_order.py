@@ -4,8 +4,9 @@ Least recently used fails the traffic the tiers are for: sessions that come back
 holds. In such a cycle the least recently used state is the one whose session comes back next, so LRU never hits.
 Instead each state expects its session back after the session's **return interval**: the number of slot turnovers
 (:class:`Clock`) between the state's last use and its session's return, learned at each return (a hit) and carried
-to the state saved after it. A session not yet seen returning is given the longest interval learned so far, and at
-least twice as many turnovers as the tier holds states. A full tier gives up, in this order:
+to the state saved after it. A session not yet seen returning is given the longest interval of the states held, and
+at least twice as many turnovers as the tier holds states (so one session that came back after hours does not keep
+every newcomer out once it is gone). A full tier gives up, in this order:
 
 1. a state whose session is **overdue**: not back after twice its interval (the session ended or went quiet), the
    longest unused first;
@@ -50,7 +51,6 @@ class ReturnOrder(Generic[K]):
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._uses: dict[K, _Use] = {}
-        self._longest = 0  # the longest return interval learned
 
     def add(self, key: K, interval: int | None = None) -> None:
         """A state was saved now; ``interval``: its session's, if it was learned (the state it extends)."""
@@ -61,7 +61,6 @@ class ReturnOrder(Generic[K]):
         use = self._uses[key]
         use.interval = max(1, self.clock.now - use.last)
         use.last = self.clock.now
-        self._longest = max(self._longest, use.interval)
         return use.interval
 
     def interval(self, key: K) -> int | None:
@@ -73,7 +72,8 @@ class ReturnOrder(Generic[K]):
 
     def victim(self, keys: Iterable[K]) -> K | None:
         """The state among ``keys`` (each added) to give up for room (see the module's docstring); None if none."""
-        now, unknown = self.clock.now, max(self._longest, 2 * len(self._uses), 1)
+        now = self.clock.now
+        unknown = max([2 * len(self._uses), 1] + [u.interval for u in self._uses.values() if u.interval])
         best: K | None = None
         rank: tuple[int, int, int] | None = None
         for key in keys:
