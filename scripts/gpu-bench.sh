@@ -21,7 +21,9 @@
 #                slots; or llama2-7b); llama-server with --cache-ram SESSIONS_RAM (8192 MiB), llamafleet with a RAM
 #                tier of SESSIONS_FLEET_RAM (65536 MiB), a disk tier of SESSIONS_DISK_MIB (40960) under $WORK and
 #                SESSIONS_PARK sessions parked in VRAM (--cache-park), and without tiers; SERVERS (passed through)
-#                picks the servers (default "llamafleet-tiers llama-server"), one 10-minute call per server.
+#                picks the servers (default "llamafleet-tiers llama-server"), one 10-minute call per server; a
+#                replay sends no turn after SESSIONS_DEADLINE seconds (default 420: the rest are reported as not
+#                sent, so a slow server's side still ends inside its call with the turns it made).
 #                llama3-8b (grouped-query attention: 1 GiB of f16 KV per 8k session): SESSIONS_PARK 64 (16 slots and
 #                65 parked sequences, ~89 GiB of KV on an H200) holds every session, so the turns go turn by turn
 #                over all 64 sessions (SESSIONS_BY_TURN 1: 63 other sessions between two turns of one).
@@ -258,7 +260,7 @@ if has sessions; then
     SESSIONS=${SESSIONS_N:-64} TURNS=4 PRIVATE=${SESSIONS_PRIVATE:-8192} CONC=${SESSIONS_CONC:-32} BY_TURN=$by_turn SLOTS=16 \
     CTX=$(( (${SESSIONS_PRIVATE:-8192} + 4 * (25 + 48) + 511) / 256 * 256 )) MAX_TOKENS=48 \
     CACHE_RAM=${SESSIONS_RAM:-8192} FLEET_CACHE_RAM=${SESSIONS_FLEET_RAM:-65536} DISK_MIB=${SESSIONS_DISK_MIB:-40960} \
-    PARK=$park KV=${SESSIONS_KV:-f16} SERVERS=${SERVERS:-llamafleet-tiers llama-server} \
+    PARK=$park KV=${SESSIONS_KV:-f16} SERVERS=${SERVERS:-llamafleet-tiers llama-server} DEADLINE=${SESSIONS_DEADLINE:-420} \
     "$repo/scripts/sessions-bench.sh" "$REPORT/sessions" || log "sessions phase failed (see $REPORT/sessions/run.log)"
 fi
 
