@@ -24,7 +24,8 @@
 #                picks the servers (default "llamafleet-tiers llama-server"), one 10-minute call per server; a
 #                replay sends no turn after SESSIONS_DEADLINE seconds (default 420: the rest are reported as not
 #                sent, so a slow server's side still ends inside its call with the turns it made).
-#                llama3-8b (grouped-query attention: 1 GiB of f16 KV per 8k session): SESSIONS_PARK 64 (16 slots and
+#                llama3-8b (grouped-query attention: 1 GiB of f16 KV per 8k session; a pruned source tree must keep
+#                models/ggml-vocab-llama-bpe.gguf and templates/): SESSIONS_PARK 64 (16 slots and
 #                65 parked sequences, ~89 GiB of KV on an H200) holds every session, so the turns go turn by turn
 #                over all 64 sessions (SESSIONS_BY_TURN 1: 63 other sessions between two turns of one).
 #                llama2-7b (4.4 GiB per 8k session): SESSIONS_PARK 10, each of the SESSIONS_CONC conversations runs
@@ -249,13 +250,15 @@ if has sessions; then
   # servers run 8k-token sessions (the 7B of the other phases says 4,096)
   shape=${SESSIONS_SHAPE:-llama3-8b}
   case $shape in
-    llama3-8b) vocab=llama-bpe; park=${SESSIONS_PARK:-${SESSIONS_N:-64}}; by_turn=${SESSIONS_BY_TURN:-1};;
-    llama2-7b) vocab=llama-spm; park=${SESSIONS_PARK:-10}; by_turn=${SESSIONS_BY_TURN:-0};;
+    llama3-8b) vocab=llama-bpe; template=meta-llama-Llama-3.1-8B-Instruct
+      park=${SESSIONS_PARK:-${SESSIONS_N:-64}}; by_turn=${SESSIONS_BY_TURN:-1};;
+    llama2-7b) vocab=llama-spm; template=; park=${SESSIONS_PARK:-10}; by_turn=${SESSIONS_BY_TURN:-0};;
     *) echo "gpu-bench: SESSIONS_SHAPE $shape: use llama3-8b or llama2-7b" >&2; exit 2;;
   esac
   ML=$WORK/models/$shape-q4_0-ctx32k.gguf
   [ -f "$ML" ] || { log "synth $shape Q4_0, trained context 32768"; "$PY" -m llamafleet.cli synth --shape $shape \
-    --quant q4_0 --ctx-train 32768 --vocab "$SRC/vendor/llama.cpp/models/ggml-vocab-$vocab.gguf" -q -o "$ML"; }
+    --quant q4_0 --ctx-train 32768 --vocab "$SRC/vendor/llama.cpp/models/ggml-vocab-$vocab.gguf" -q -o "$ML" \
+    ${template:+--chat-template "$SRC/vendor/llama.cpp/models/templates/$template.jinja"}; }
   log "sessions on $shape: ${SESSIONS_N:-64} x 4 turns, ${SESSIONS_PRIVATE:-8192} private words each, ${SESSIONS_CONC:-32} at a time (by turn: $by_turn), 16 slots, $park parked"
   CUDA_VISIBLE_DEVICES=0 MODEL=$ML LLAMA_SERVER=$BIN/llama-server DEVICE=gpu PYTHON=$PY PORT=$PORT \
     SESSIONS=${SESSIONS_N:-64} TURNS=4 PRIVATE=${SESSIONS_PRIVATE:-8192} CONC=${SESSIONS_CONC:-32} BY_TURN=$by_turn SLOTS=16 \
