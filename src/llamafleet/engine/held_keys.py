@@ -79,6 +79,7 @@ class HeldKeys:
         self._tags: dict[str, Keys] = {}  # state name -> keys of the prompt it came from
         self._live: dict[Hashable, Keys] = {}  # each live state counted last time -> its keys
         self._disk: dict[str, Keys] = {}
+        self._disk_names: list[str] = []  # the disk tier's names at the last count
         self._counts: tuple[Counter[int], Counter[int]] = (Counter(), Counter())  # live, disk: key -> states
         self._names: dict[int, tuple[list[int], str]] = {}  # parked sequence -> (its tokens, their name)
 
@@ -88,7 +89,7 @@ class HeldKeys:
             self._tags[entry_name(s.tokens[:s.n_cached])] = keys
 
     def change(self, slots: Iterable[tuple[int, Keyed]], parked: Iterable[tuple[int, list[int]]],
-               ram: Iterable[str], disk: Iterable[str]) -> HeldChange | None:
+               ram: Iterable[str], disk: list[str]) -> HeldChange | None:
         """What the states held now (``slots``: slot and sequence; ``parked``: parked sequence and its tokens; the
         names of the RAM and disk tiers' states) gained and lost since the last call; None if nothing."""
         live: dict[Hashable, Keys] = {}
@@ -103,7 +104,10 @@ class HeldKeys:
         self._names = names
         for name in ram:
             live[name] = self._tags.get(name, ())
-        on_disk = {name: self._tags.get(name, ()) for name in disk}
+        on_disk = self._disk if disk == self._disk_names else {name: self._tags.get(name, ()) for name in disk}
+        self._disk_names = disk
+        if on_disk is self._disk and live.keys() == self._live.keys():  # (most steps: no C-speed work beyond this)
+            return None
         added, dropped = _diff(self._live, live, self._counts[0])
         disk_added, disk_dropped = _diff(self._disk, on_disk, self._counts[1])
         self._live, self._disk = live, on_disk
