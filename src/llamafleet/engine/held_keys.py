@@ -7,8 +7,9 @@ holding the first ``n`` of the prompt's ``n_prompt`` tokens holds the keys of th
 text (:func:`covered`: a block counts once the tokens reach its end, in proportion; a shared text prefix tokenizes to
 a shared token prefix, up to the token that straddles the difference).
 
-The engine keeps states in its slots (finished or running sequences, :mod:`llamafleet.engine.prefix`), the park
-(:mod:`llamafleet.engine.kv_park`), the RAM tier and the disk tier (:mod:`llamafleet.engine.kv_tiers`,
+The engine keeps states in its slots (of finished sequences, :mod:`llamafleet.engine.prefix`; the router counts a
+running one as in flight, and once it ended by what its KV kept: all of its prompt, or less if it was cancelled), in
+the park (:mod:`llamafleet.engine.kv_park`), the RAM tier and the disk tier (:mod:`llamafleet.engine.kv_tiers`,
 :mod:`llamafleet.engine.kv_disk`). A slot's sequence carries its keys; a state that leaves a slot for a tier is named
 by the tokens it holds (:func:`~llamafleet.engine.kv_disk.entry_name`, the name the RAM and disk tiers use), and
 :meth:`HeldKeys.tag` remembers that name's keys when the slot is given up, so they follow the state from park to RAM
@@ -61,6 +62,9 @@ class Keyed(Protocol):
     @property
     def n_cached(self) -> int: ...
 
+    @property
+    def done(self) -> bool: ...
+
 
 def covered(keys: Keys, share: float, n_prompt: int, n_held: int) -> Keys:
     """The ``keys`` (covering ``share`` of a prompt's text) whose blocks lie within the first ``n_held`` of its
@@ -93,8 +97,8 @@ class HeldKeys:
         """What the states held now (``slots``: slot and sequence; ``parked``: parked sequence and its tokens; the
         names of the RAM and disk tiers' states) gained and lost since the last call; None if nothing."""
         live: dict[Hashable, Keys] = {}
-        for slot, s in slots:
-            if keys := _covered(s):
+        for slot, s in slots:  # (a running one is counted by the router while it runs: once it ends, by what it kept)
+            if s.done and (keys := _covered(s)):
                 live[(slot, s.req.request_id, len(keys))] = keys
         names = {}
         for seq, tokens in parked:
