@@ -162,6 +162,11 @@ class Engine(Admission, EngineLoop):
         """The router's prefix keys that this engine's slots and tiers gained and lost since the last call."""
         return self.held.change(self._slots.holders(), *self.tiers.held())
 
+    def disk_tier(self) -> str | None:
+        """The disk tier's folder, while it is on."""
+        d = self.tiers.disk
+        return str(d.dir) if d is not None and d.on else None
+
     # -- the loop body ----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Finish the pass launched by the previous step (sample it), launch the next one, and only then turn the

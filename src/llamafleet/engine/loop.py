@@ -27,6 +27,10 @@ class EngineLoop(ABC):
         None: no change, or an engine that does not report them."""
         return None
 
+    def disk_tier(self) -> str | None:
+        """The folder of the disk tier its KV spills to, which other replicas of the model may share (None: none)."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...
 

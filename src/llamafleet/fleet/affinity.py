@@ -11,13 +11,14 @@ Where the keys are held comes from the engines themselves: a request's keys trav
 state from slot to park to RAM to disk, and reports in its step outputs which keys its KV gained and lost
 (:mod:`llamafleet.engine.held_keys`). :class:`PrefixIndex` keeps, per replica, the keys it reports held in its slots,
 park or RAM tier, and the keys its disk tier holds; the disk tier is shared by the replicas of a model (any of them can
-restore what another spilled), so a key on it counts for every replica that reports, at :data:`DISK_WEIGHT` of a live
-one (a restore from disk costs a read; a slot or the park costs nothing). Sequences in flight count for their replica
-until they end (by then the engine has reported their KV), so copies of one prompt sent together stay together. A
-replica whose engine does not report (a remote upstream, the torch engine) is credited, as a guess, with the prompts
-sent to it: an LRU record of at most ``capacity`` keys (default :data:`DEFAULT_CAPACITY` = 8192, i.e. 512 Ki characters
-of distinct prompt text, about 128 K tokens; 1.4 MB of Python memory per replica), recorded last block first so that
-what eviction leaves of a prompt is a prefix.
+restore what another spilled), so a key on it counts for every replica that reports reading the same tier (its folder
+on the same host: replicas on other hosts cannot read it), at :data:`DISK_WEIGHT` of a live one (a restore from disk
+costs a read; a slot or the park costs nothing). Sequences in flight count for their replica until they end (by then
+the engine has reported their KV), so copies of one prompt sent together stay together. A replica whose engine does
+not report (a remote upstream, the torch engine) is credited, as a guess, with the prompts sent to it: an LRU record
+of at most ``capacity`` keys (default :data:`DEFAULT_CAPACITY` = 8192, i.e. 512 Ki characters of distinct prompt text,
+about 128 K tokens; 1.4 MB of Python memory per replica), recorded last block first so that what eviction leaves of a
+prompt is a prefix.
 
 Keys: a prompt is cut into :data:`BLOCK_CHARS`-character blocks and each full block gets the hash of (the previous
 block's key, its text), so one key stands for the whole prefix that ends with its block (vLLM's chained block
@@ -91,7 +92,8 @@ class PrefixIndex:
         self._reports = [False] * n_replicas  # whether its engine reports what it holds
         self._held: list[set[int]] = [set() for _ in range(n_replicas)]  # reported: slots, park, RAM
         self._disk: list[set[int]] = [set() for _ in range(n_replicas)]  # reported: its view of the disk tier
-        self._on_disk: Counter[int] = Counter()  # key -> replicas whose view of the disk tier holds it
+        self._tier: list[str | None] = [None] * n_replicas  # the disk tier it reads (one folder on one host)
+        self._on_disk: dict[str, Counter[int]] = {}  # disk tier -> key -> replicas whose view of it holds the key
         self._sent: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n_replicas)]  # guessed
         self._flight: list[Counter[int]] = [Counter() for _ in range(n_replicas)]  # key -> sequences in flight
 
@@ -121,47 +123,57 @@ class PrefixIndex:
         held, disk = self._held[replica], self._disk[replica]
         held.difference_update(change.dropped)
         held.update(change.added)
+        tier = self._tier[replica]
+        if tier is None:
+            return
+        on_disk = self._on_disk.setdefault(tier, Counter())
         for key in change.disk_dropped:
             if key in disk:
                 disk.discard(key)
-                self._uncount(key)
+                _uncount(on_disk, key)
         for key in change.disk_added:
             if key not in disk:
                 disk.add(key)
-                self._on_disk[key] += 1
-
-    def _uncount(self, key: int) -> None:
-        self._on_disk[key] -= 1
-        if self._on_disk[key] <= 0:
-            del self._on_disk[key]
+                on_disk[key] += 1
 
     def match(self, keys: list[int]) -> dict[int, int]:
         """Characters of the prompt with these ``keys`` that each replica holds, a block on the shared disk tier
         counting :data:`DISK_WEIGHT` of one (replicas holding none are left out)."""
         matched = {}
-        for replica, reports in enumerate(self._reports):
+        for replica, tier in enumerate(self._tier):
             held, flight, sent = self._held[replica], self._flight[replica], self._sent[replica]
             n = 0
             while n < len(keys) and (keys[n] in held or keys[n] in flight or keys[n] in sent):
                 n += 1
             m = n
-            while reports and m < len(keys) and keys[m] in self._on_disk:
+            on_disk = self._on_disk.get(tier, ()) if tier is not None else ()
+            while m < len(keys) and keys[m] in on_disk:
                 m += 1
             chars = int((n + (m - n) * DISK_WEIGHT) * BLOCK_CHARS)
             if chars:
                 matched[replica] = chars
         return matched
 
-    def forget(self, replica: int, reports: bool = False) -> None:
-        """``replica``'s engine is gone or new: it holds nothing; ``reports``: the new one reports what it holds."""
+    def forget(self, replica: int, reports: bool = False, disk_tier: str | None = None) -> None:
+        """``replica``'s engine is gone or new: it holds nothing; ``reports``: the new one reports what it holds, and
+        reads the disk tier named ``disk_tier`` (its folder and host: replicas naming the same one share it)."""
+        tier = self._tier[replica]
+        for key in self._disk[replica]:
+            assert tier is not None
+            _uncount(self._on_disk[tier], key)
         self._reports[replica] = reports
+        self._tier[replica] = disk_tier if reports else None
         self._held[replica].clear()
         self._sent[replica].clear()
         self._flight[replica].clear()
-        for key in self._disk[replica]:
-            self._uncount(key)
         self._disk[replica].clear()
 
     def size(self, replica: int) -> int:
         """Blocks remembered for ``replica`` (held by its KV or guessed, and in flight there)."""
         return len(self._held[replica] | self._sent[replica].keys() | self._flight[replica].keys())
+
+
+def _uncount(counts: Counter[int], key: int) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]

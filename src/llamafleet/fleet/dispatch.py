@@ -216,7 +216,7 @@ class Dispatcher:
 
     # -- ReplicaListener ----------------------------------------------------------------------------------------
     def replica_up(self, replica: int, ready: Ready) -> None:
-        self.router.set_up(replica, ready.n_seq, ready.reports_held)
+        self.router.set_up(replica, ready.n_seq, ready.reports_held, ready.disk_tier)
         self.family, self.reranker = ready.family, ready.reranker
 
     def replica_suspect(self, replica: int, suspect: bool) -> None:

@@ -123,7 +123,8 @@ class Ready:
     chat template was recognised as (:mod:`llamafleet.engine.families`; None: the generic path), which tells the API
     how the model writes its reasoning and tool calls. ``reranker``: the model scores query-document pairs (its
     pooling type is ``rank``) and does nothing else. ``reports_held``: its step outputs report which prefix keys its
-    KV holds (:attr:`StepOutputs.held`); the router then counts those, not what it sent there."""
+    KV holds (:attr:`StepOutputs.held`); the router then counts those, not what it sent there. ``disk_tier``: where its
+    disk tier is (host and folder): replicas naming the same one share it (a state one spilled, another restores)."""
 
     pid: int
     n_seq: int
@@ -132,6 +133,7 @@ class Ready:
     family: str | None = None
     reranker: bool = False
     reports_held: bool = False
+    disk_tier: str | None = None
 
 
 @dataclass(frozen=True)

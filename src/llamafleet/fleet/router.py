@@ -113,15 +113,16 @@ class Router:
         """Sequences waiting for a slot, all replicas together (of class ``priority`` or better; None: all)."""
         return sum(self.queued(r, priority) for r in range(self.n_replicas))
 
-    def set_up(self, replica: int, slots: int, reports: bool = False) -> None:
+    def set_up(self, replica: int, slots: int, reports: bool = False, disk_tier: str | None = None) -> None:
         """``replica`` (with ``slots`` parallel sequences) is ready for work; ``reports``: its engine reports which
-        prefix keys its KV holds (:meth:`held`)."""
+        prefix keys its KV holds (:meth:`held`), and spills to the disk tier ``disk_tier`` (replicas naming the same
+        one share it)."""
         if slots < 1:
             raise ValueError(f"replica {replica} reports {slots} slots; it needs at least one")
         self._slots[replica] = slots
         self._suspect.discard(replica)
         if self._prefixes is not None:
-            self._prefixes.forget(replica, reports)  # a new engine (first start or restart): its cache is empty
+            self._prefixes.forget(replica, reports, disk_tier)  # a new engine (start or restart): its cache is empty
 
     def set_down(self, replica: int) -> list[str]:
         """``replica`` is gone: forget its sequences and return their ids (their callers must be told)."""

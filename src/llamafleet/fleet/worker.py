@@ -321,7 +321,9 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
             family = engine.family
             _send(pipe, Ready(pid=os.getpid(), n_seq=cfg.n_seq, n_ctx_per_seq=engine.n_ctx_per_seq,
                               load_seconds=time.monotonic() - t0, family=None if family is None else family.name,
-                              reranker=engine.model.reranks, reports_held=engine.reports_held))
+                              reranker=engine.model.reranks, reports_held=engine.reports_held,
+                              disk_tier=None if (disk := engine.disk_tier()) is None
+                              else f"{socket.gethostname()}:{disk}"))
             _serve(engine, pipe, inbox, beat_s)
         log.info("context and model freed; exiting")  # the server's shutdown waits for this exit
     except _ParentGone:

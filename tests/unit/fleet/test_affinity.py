@@ -125,10 +125,12 @@ def test_a_reporting_replica_holds_what_its_engine_reports_not_what_was_sent() -
     assert index.match(keys) == {1: len(keys) * BLOCK_CHARS}
 
 
-def test_the_shared_disk_tier_counts_for_every_reporting_replica_at_a_lower_weight() -> None:
-    index = PrefixIndex(3)
-    index.forget(0, reports=True)
-    index.forget(1, reports=True)  # replica 2 does not report (a remote upstream): it cannot read the disk tier
+def test_the_shared_disk_tier_counts_for_every_replica_reading_it_at_a_lower_weight() -> None:
+    index = PrefixIndex(4)
+    index.forget(0, reports=True, disk_tier="host-a:/kv")
+    index.forget(1, reports=True, disk_tier="host-a:/kv")
+    index.forget(3, reports=True, disk_tier="host-b:/kv")  # another host: it cannot read host-a's files
+    # replica 2 does not report (a remote upstream): it cannot read the disk tier either
     keys = prefix_keys(SYSTEM * 2)
     full, n = len(keys) * BLOCK_CHARS, len(keys)
     index.update(0, HeldChange(added=tuple(keys[:3]), disk_added=tuple(keys)))  # 3 blocks live, all spilled
@@ -137,5 +139,7 @@ def test_the_shared_disk_tier_counts_for_every_reporting_replica_at_a_lower_weig
     index.update(0, HeldChange(disk_dropped=tuple(keys)))  # replica 0 saw them evicted; replica 1 not yet
     assert index.match(keys) == {0: 3 * BLOCK_CHARS + int(1 * DISK_WEIGHT * BLOCK_CHARS),
                                  1: int(4 * DISK_WEIGHT * BLOCK_CHARS)}
-    index.forget(1, reports=True)  # restarted: its view is gone with it
+    index.forget(1, reports=True, disk_tier="host-a:/kv")  # restarted: its view is gone with it
     assert index.match(keys) == {0: 3 * BLOCK_CHARS}
+    index.update(3, HeldChange(disk_added=tuple(keys)))
+    assert index.match(keys) == {0: 3 * BLOCK_CHARS, 3: int(full * DISK_WEIGHT)}  # host-b's files are its own
