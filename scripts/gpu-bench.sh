@@ -42,8 +42,9 @@
 #                answers replayed (scripts/spec_probe.py), prompt lookup on and off in-process (1 and 128
 #                streams, edit / extract / random) and over HTTP (edit workload, SPEC_LEVELS, default 1,8,128),
 #                against llama-server's n-gram speculation (SERVER_SPEC, default ngram-simple ngram-mod) with the
-#                same lookup and draft lengths; SPEC_PHASES (probe engine http) and REPEAT pass through; DRAFT_MODEL or
-#                DRAFT_QUANT (passed through) add a draft model's in-process phases
+#                same lookup and draft lengths; SPEC_PHASES (probe engine http), REPEAT (in-process off/on pairs, in
+#                alternating order), HTTP_REPEAT (fresh llamafleet servers off/on, alternating) and ENGINE_WORKLOADS
+#                pass through; DRAFT_MODEL or DRAFT_QUANT (passed through) add a draft model's in-process phases
 #   torch        (not in the default list: it needs transformers, tokenizers and safetensors beside torch; run it
 #                after build) the torch engine on GPU 0: LLaMA-2 7B's shape as a checkpoint folder (random fp16
 #                safetensors, written here) against the GGUF engine on F16 and Q8_0 files of the same shape, each

@@ -368,8 +368,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e.add_argument("--max-draft", type=_number(int), default=8, metavar="N",
                    help="with --speculative: most tokens drafted per sequence per step (default %(default)s)")
     e.add_argument("--repeat", type=_number(int), default=1, metavar="N",
-                   help="with --speculative: run each pair of phases (off, on) N times in turn; the ratio is the "
-                        "pairs' median (default %(default)s)")
+                   help="with --speculative: run each pair of phases N times in turn, off first in odd pairs and on "
+                        "first in even ones; the ratio is the pairs' median (default %(default)s)")
     e.add_argument("--spec-max-batch", type=_number(int), default=4, metavar="N",
                    help="with --speculative: speculate only while at most N sequences decode (default %(default)s)")
     e.add_argument("--kv-unified", action="store_true",
