@@ -7,7 +7,7 @@ Three policies:
   sequence passes through this router on its way in and is released when its last output (or its replica's death)
   comes back, so no stale worker stats are needed between steps.
 * ``prefix`` (default): the replica whose KV holds the longest prefix of this prompt, as its engine reports it
-  (:mod:`~llamafleet.fleet.affinity`; a prefix on the shared disk tier counts, less, for every replica of the model),
+  (:mod:`~llamafleet.fleet.affinity`; a prefix on a disk tier counts, less, for every replica that reads that tier),
   whose engine can start from that prefix's KV instead of computing it again, unless that replica is clearly busier
   than the least loaded one (:meth:`Router.clearly_busier`). A prefix shorter than :data:`MIN_PREFIX_CHARS` or a
   holder that is clearly busier falls back to ``least_outstanding``, and a tie between holders goes to the least
@@ -150,6 +150,7 @@ class Router:
         engine to report on (none without prefix routing)."""
         keys, share = self._keys.get(request_id, ([], 1.0))
         return tuple(keys), share
+
     def set_suspect(self, replica: int, suspect: bool) -> None:
         """``replica`` is suspect (no new work while another can take it) or no longer."""
         (self._suspect.add if suspect else self._suspect.discard)(replica)
