@@ -127,18 +127,23 @@ def _covered(s: Keyed) -> Keys:
 
 def _diff(old: Mapping[E, Keys], new: Mapping[E, Keys], counts: Counter[int]) -> tuple[Keys, Keys]:
     """Count ``new``'s states in and ``old``'s out of ``counts``: the keys that came to be held and those no longer."""
+    came: Counter[int] = Counter()
+    gone: Counter[int] = Counter()
+    for entry in new.keys() - old.keys():
+        came.update(new[entry])  # (counted at C speed)
+    for entry in old.keys() - new.keys():
+        gone.update(old[entry])
     added: list[int] = []
     dropped: list[int] = []
-    for entry in old.keys() - new.keys():
-        for k in old[entry]:
-            counts[k] -= 1
-            if counts[k] <= 0:
-                del counts[k]
-                dropped.append(k)
-    for entry in new.keys() - old.keys():
-        for k in new[entry]:
-            counts[k] += 1
-            if counts[k] == 1:
+    for k in came.keys() | gone.keys():
+        before = counts[k]
+        after = before + came[k] - gone[k]
+        if after > 0:
+            counts[k] = after
+            if not before:
                 added.append(k)
-    fresh = set(added) & set(dropped)  # lost by one state and gained by another: no change
-    return tuple(k for k in added if k not in fresh), tuple(k for k in dropped if k not in fresh)
+        else:
+            counts.pop(k, None)
+            if before:
+                dropped.append(k)
+    return tuple(added), tuple(dropped)
