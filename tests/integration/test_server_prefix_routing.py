@@ -1,7 +1,8 @@
-"""Prefix-aware routing on a real 2-replica server: a conversation's turns stay on the replica that holds its history,
-unrelated requests still spread over both, and /metrics says why each sequence went where it went; the router counts
-what the engines report their KV holds, not what it sent (a session whose slot was given up and spilled to the shared
-disk tier counts for both replicas, and the other one restores it)."""
+"""Prefix-aware routing (the default policy) on the shared 2-replica server: a conversation's turns stay on the replica
+that holds its history, unrelated requests still spread over both, and /metrics says why each sequence went where it
+went. On a server of its own (one slot per replica, no RAM tier, a disk tier): the router counts what the engines
+report their KV holds, not what it sent (a session whose slot was given up and spilled to the shared disk tier counts
+for both replicas, and the other one restores it)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,6 @@ SYSTEM = ("You are the help desk of a small hardware shop. Answer in one short s
 
 
 @pytest.fixture(scope="module")
-def server(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) -> FleetServer:
-    s = launch_fleet(["--model", str(model_path), "--replicas", "2", "--parallel", "4", "--ctx", "1024",
-                      "--threads", "1", "--routing", "prefix"])
-    s.wait_ready()
-    return s
-
-
-@pytest.fixture(scope="module")
 def spilling(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path,
              tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
     """One slot per replica, no park or RAM tier: a slot's KV, when the slot is taken, goes to the shared disk tier."""
@@ -39,9 +32,9 @@ def spilling(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path,
     return s
 
 
-def test_a_conversations_turns_stay_on_one_replica(server: FleetServer) -> None:
-    client, model = server.client(), server.model()
-    before = scrape(server.url)
+def test_a_conversations_turns_stay_on_one_replica(fleet: FleetServer) -> None:
+    client, model = fleet.client(), fleet.model()
+    before = scrape(fleet.url)
     messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM}]
     placed = []
     for question in ("Which screwdriver fits a cross-head screw?", "And for a hexagonal socket?",
@@ -53,14 +46,14 @@ def test_a_conversations_turns_stay_on_one_replica(server: FleetServer) -> None:
         messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
     # one request at a time on idle replicas: least_outstanding would alternate 0, 1, 0, 1
     assert len(set(placed)) == 1, placed
-    after = scrape(server.url)
+    after = scrape(fleet.url)
     for reason, grew in (("prefix", 3), ("load", 1)):
         assert (metric(after, "llamafleet_routing_decisions_total", reason=reason)
                 - metric(before, "llamafleet_routing_decisions_total", reason=reason)) == grew
 
 
-def test_unrelated_requests_still_spread_over_both_replicas(server: FleetServer) -> None:
-    client, model = server.client(), server.model()
+def test_unrelated_requests_still_spread_over_both_replicas(fleet: FleetServer) -> None:
+    client, model = fleet.client(), fleet.model()
 
     def ask(i: int) -> int:
         prompt = f"Request {i}. " + "Write a list of things a person might keep in a kitchen drawer. " * 5
