@@ -9,6 +9,13 @@ case runs for which family: ``CHECKS``. The families' other cases (text before c
 read by the unit tests alone (tests/unit/api/test_families.py: whole and streamed in every split), as the server
 adds nothing to them.
 
+Every family is served with LLaMA-2's tokenizer (its markers spelled out as text, which the reading must handle
+anyway): sampling under a grammar masks the whole vocabulary at each forced token, which over the 128k-262k tokens of
+the families' own tokenizers made this module minutes long. tests/integration/test_family_vocabs.py reads each of
+those families' outputs through its own tokenizer instead (its markers tokens of their own, streamed token by token
+as the engine shows them), and Gemma 4 goes through the server on its own tokenizer as well
+(``test_a_real_tokenizer_over_the_server``).
+
 Tests run family by family (one model loaded at a time, once, the last one unloaded when idle)."""
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from llamafleet.engine import families
 from llamafleet.model.synth import SHAPES, find_template, find_vocab, write_model
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
+GEMMA4 = next(f for f in FAMILIES if f.name == "gemma4")
+OWN = "gemma4-own-tokenizer"  # Gemma 4's template on its own tokenizer (262k tokens; its markers are tokens)
 LIMIT = 800  # tokens: the longest raw output (Kimi K3's two calls, its tags spelled out by LLaMA-2's tokenizer) fits
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
           "additionalProperties": False}
@@ -39,12 +48,12 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "requ
 def server(launch_fleet: Callable[[list[str]], FleetServer], tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
     folder = tmp_path_factory.mktemp("families")
     entries = []
-    for f in FAMILIES:
-        path = write_model(folder / f"{f.name}.gguf", SHAPES["micro"], "q8_0", find_vocab(f.vocab), progress=False,
+    for name, f, vocab in [(f.name, f, find_vocab()) for f in FAMILIES] + [(OWN, GEMMA4, find_vocab(GEMMA4.vocab))]:
+        path = write_model(folder / f"{name}.gguf", SHAPES["micro"], "q8_0", vocab, progress=False,
                            chat_template=find_template(f.template))
-        entries.append(f"  - {{name: {f.name}, path: {path}, idle_ttl_s: 2}}\n")
+        entries.append(f"  - {{name: {name}, path: {path}, idle_ttl_s: 2}}\n")
     config = folder / "fleet.yaml"
-    config.write_text("parallel: 2\ncontext_length: 4096\nthreads: 1\nmodels:\n" + "".join(entries), encoding="utf-8")
+    config.write_text("parallel: 1\ncontext_length: 3072\nthreads: 1\nmodels:\n" + "".join(entries), encoding="utf-8")
     fleet = launch_fleet(["--config", str(config)])
     fleet.wait_ready()
     return fleet
@@ -73,13 +82,13 @@ def _calls(calls: list[Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in calls]
 
 
-def check_chat(client: OpenAI, family: Family, case: Case) -> None:
-    """One raw output through chat, streamed (in the real tokenizer's pieces), and whole for the families of
-    ``EVERY_WAY`` (the whole text is the raw output the unit tests read): the same message, the stream's calls in
-    order."""
-    args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": LIMIT,
+def check_chat(client: OpenAI, family: Family, case: Case, model: str = "") -> None:
+    """One raw output through chat, streamed (in the tokenizer's pieces), and whole for the families of
+    ``EVERY_WAY`` where it holds calls or reasoning (the whole text is the raw output the unit tests read): the same
+    message, the stream's calls in order. ``model``: the family's model unless given."""
+    args: dict[str, Any] = {"model": model or family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": LIMIT,
                             "temperature": 0, "extra_body": forced(case.output)}
-    if family.name in EVERY_WAY:
+    if family.name in EVERY_WAY and (case.calls or case.reasoning) and not model:
         msg = client.chat.completions.create(**args).choices[0].message
         assert (msg.content or "") == case.content
         assert ((msg.model_extra or {}).get("reasoning_content") or "") == case.reasoning
@@ -252,25 +261,36 @@ def check(feature: str, family: Family, client: OpenAI, claude: anthropic.Anthro
     else:
         case = _case(family, feature)
         check_chat(client, family, case)
-        if feature in ("tools", "reasoning") and family.name in EVERY_WAY:
+        if family.name in EVERY_WAY and (feature == "tools" or feature == "reasoning" and not _case(family,
+                                                                                               "tools").reasoning):
             check_responses(client, family, case)
             check_messages(claude, family, case)
 
 
+def _shown(family: Family, feature: str) -> bool:
+    """Whether ``feature`` has a check of its own here: a family outside ``EVERY_WAY`` whose tools case thinks
+    before its call shows its reasoning split there (its reasoning case is read whole and streamed by the unit
+    tests)."""
+    if family.name in EVERY_WAY:
+        return True
+    return feature not in ("chat", "parallel") and not (feature == "reasoning" and _case(family, "tools").reasoning)
+
+
 HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2", "minimax-m3")  # replay reasoning
 # What runs over the server. tests/unit/api/test_families.py reads every raw output of tests/family_cases.py, whole
-# and streamed in any split; here each family's own outputs go through its real tokenizer and the server: its call
-# and its think block through chat, streamed, its malformed calls (a stream must not break on them), and what the
+# and streamed in any split; here each family's own outputs go through the server: its call and its think block
+# through chat, streamed (one request where its call follows its thinking), its malformed calls (a stream must not break on them), and what the
 # server itself constrains (a forced call, the reasoning budget, a schema after reasoning, a second turn through its
 # template). What builds on that reading the same way for every family (answers whole, the Responses and Messages
-# streams, several calls with their indices, plain text) runs on EVERY_WAY: one family per kind of call stream (JSON
+# streams of its call, and of its reasoning case where the call does not follow thinking, several calls with their
+# indices, plain text) runs on EVERY_WAY: one family per kind of call stream (JSON
 # with a think block, XML parameters, Mistral's calls sent whole at the end, Harmony's channels, Gemma's arguments
 # sent whole).
 EVERY_WAY = ("qwen3", "qwen3.5", "mistral", "gpt-oss", "gemma4")
 # each family's checks one after the other, so its model is loaded once
 CHECKS = [(f, x) for f in FAMILIES for x in (
     *(x for x in ("chat", "tools", "parallel", "reasoning", "forced", "budget", "schema")
-      if supported(f, x) and (f.name in EVERY_WAY or x not in ("chat", "parallel"))),
+      if supported(f, x) and _shown(f, x)),
     *(c.what for c in f.cases if c.what == "malformed call"),
     *(("history",) if f.name in HISTORY else ()))]
 
@@ -298,3 +318,9 @@ def test_bad_reasoning_controls_are_400s_naming_the_parameter(client: OpenAI) ->
         client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
                                        extra_body={"reasoning_effort": "extreme"})
     assert "reasoning_effort" in str(e.value)
+
+
+def test_a_real_tokenizer_over_the_server(client: OpenAI) -> None:
+    """Gemma 4's template on its own tokenizer, where its markers are tokens of their own: a think block and a call,
+    streamed token by token, read as with LLaMA-2's tokenizer."""
+    check_chat(client, GEMMA4, _case(GEMMA4, "call after reasoning"), OWN)

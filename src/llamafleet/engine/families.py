@@ -92,7 +92,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            drop=("<|message_sep|>",)),  # (it ends each message)
     Family("gigachat3.1", "gigachat", openers=("<|function_call|>",)),
     Family("command-r-plus", "cohere-plus", openers=("Action:",), drop=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
-    Family("apertus", "apertus", openers=("<|tools_prefix|>",)),
+    Family("apertus", "apertus", ("<|inner_prefix|>", "<|inner_suffix|>"), openers=("<|tools_prefix|>",)),  # (its
+    # deliberation: the template renders thoughts after <|inner_prefix|>, the response after <|inner_suffix|>)
     Family("apriel", "apriel", ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"), openers=("<tool_calls>",)),
     Family("hy3", "hy3", (_hy("think"), _hy("/think")), openers=(_hy("tool_calls"),),
            efforts=_levels("no_think", "low", "high", "high")),
