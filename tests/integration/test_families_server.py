@@ -279,11 +279,11 @@ def _shown(family: Family, feature: str) -> bool:
 HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2", "minimax-m3")  # replay reasoning
 # What runs over the server. tests/unit/api/test_families.py reads every raw output of tests/family_cases.py, whole
 # and streamed in any split; here each family's own outputs go through the server: its call and its think block
-# through chat, streamed (one request where its call follows its thinking), its malformed calls (a stream must not break on them), and what the
-# server itself constrains (a forced call, the reasoning budget, a schema after reasoning, a second turn through its
-# template). What builds on that reading the same way for every family (answers whole, the Responses and Messages
-# streams of its call, and of its reasoning case where the call does not follow thinking, several calls with their
-# indices, plain text) runs on EVERY_WAY: one family per kind of call stream (JSON
+# through chat, streamed (one request where its call follows its thinking), its malformed calls (a stream must not
+# break on them), and what the server itself constrains (a forced call, the reasoning budget, a schema after
+# reasoning, a second turn through its template). What builds on that reading the same way for every family (answers
+# whole, the Responses and Messages streams of its call, and of its reasoning case where the call does not follow
+# thinking, several calls with their indices, plain text) runs on EVERY_WAY: one family per kind of call stream (JSON
 # with a think block, XML parameters, Mistral's calls sent whole at the end, Harmony's channels, Gemma's arguments
 # sent whole).
 EVERY_WAY = ("qwen3", "qwen3.5", "mistral", "gpt-oss", "gemma4")

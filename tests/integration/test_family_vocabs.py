@@ -22,7 +22,7 @@ from llamafleet.engine.families import markers
 from llamafleet.engine.llama import Model
 from llamafleet.engine.textside import TextSide
 from llamafleet.engine.types import EngineConfig
-from llamafleet.model.synth import SHAPES, find_template, find_vocab, write_model
+from llamafleet.model.synth import SHAPES, find_vocab, write_model
 
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 OWN = [f for f in FAMILIES if f.vocab != "llama-spm"]
