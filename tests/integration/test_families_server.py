@@ -9,12 +9,12 @@ case runs for which family: ``CHECKS``. The families' other cases (text before c
 read by the unit tests alone (tests/unit/api/test_families.py: whole and streamed in every split), as the server
 adds nothing to them.
 
-Every family is served with LLaMA-2's tokenizer (its markers spelled out as text, which the reading must handle
-anyway): sampling under a grammar masks the whole vocabulary at each forced token, which over the 128k-262k tokens of
-the families' own tokenizers made this module minutes long. tests/integration/test_family_vocabs.py reads each of
-those families' outputs through its own tokenizer instead (its markers tokens of their own, streamed token by token
-as the engine shows them), and Gemma 4 goes through the server on its own tokenizer as well
-(``test_a_real_tokenizer_over_the_server``).
+Every family is served with LLaMA-2's tokenizer, cut to its first 8,000 tokens (its markers spelled out as text,
+which the reading must handle anyway): sampling under a grammar masks the whole vocabulary at each forced token,
+which over the 128k-262k tokens of the families' own tokenizers made this module minutes long.
+tests/integration/test_family_vocabs.py reads those families' outputs through their own tokenizers instead (Gemma
+4's markers tokens of their own, streamed token by token as the engine shows them), and Gemma 4 goes through the
+server on its own tokenizer as well (``test_a_real_tokenizer_over_the_server``).
 
 Tests run family by family (one model loaded at a time, once, the last one unloaded when idle)."""
 
@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from gguf import GGUFWriter
 from openai import OpenAI
 
 from conftest import FleetServer
@@ -34,21 +36,38 @@ from family_cases import FAMILIES
 from family_types import HELLO, TOOLS, Case, Family, supported
 from llamafleet.api import call_stream
 from llamafleet.engine import families
-from llamafleet.model.synth import SHAPES, find_template, find_vocab, write_model
+from llamafleet.model.synth import SHAPES, find_template, find_vocab, vocab_fields, write_model
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 GEMMA4 = next(f for f in FAMILIES if f.name == "gemma4")
+PIECES = 8000  # of LLaMA-2's tokenizer: a grammar's mask over them costs a quarter of one over all 32,000
 OWN = "gemma4-own-tokenizer"  # Gemma 4's template on its own tokenizer (262k tokens; its markers are tokens)
 LIMIT = 800  # tokens: the longest raw output (Kimi K3's two calls, its tags spelled out by LLaMA-2's tokenizer) fits
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
           "additionalProperties": False}
 
 
+def first_pieces(vocab: Path, n: int, out: Path) -> Path:
+    """A tokenizer GGUF of ``vocab``'s first ``n`` tokens (LLaMA-2's: its control tokens, its 256 bytes, then its
+    pieces by rank), for a grammar mask over fewer tokens; what it lacks is written in bytes."""
+    writer = GGUFWriter(out, "llama")
+    for key, field in vocab_fields(vocab).items():
+        if not key.startswith("tokenizer.chat_template"):
+            value = field.value[:n] if isinstance(field.value, list) else field.value
+            writer.add_key_value(key, value, field.vtype, sub_type=field.sub_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    return out
+
+
 @pytest.fixture(scope="module")
 def server(launch_fleet: Callable[[list[str]], FleetServer], tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
     folder = tmp_path_factory.mktemp("families")
     entries = []
-    for name, f, vocab in [(f.name, f, find_vocab()) for f in FAMILIES] + [(OWN, GEMMA4, find_vocab(GEMMA4.vocab))]:
+    small = first_pieces(find_vocab(), PIECES, folder / "llama-spm-8k.gguf")
+    for name, f, vocab in [(f.name, f, small) for f in FAMILIES] + [(OWN, GEMMA4, find_vocab(GEMMA4.vocab))]:
         path = write_model(folder / f"{name}.gguf", SHAPES["micro"], "q8_0", vocab, progress=False,
                            chat_template=find_template(f.template))
         entries.append(f"  - {{name: {name}, path: {path}, idle_ttl_s: 2}}\n")
