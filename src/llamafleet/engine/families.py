@@ -102,7 +102,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Muse Glimmer: each message names its recipient (self: reasoning; user: the answer; a function: a call)
     Family("muse", "atem", (" to=self<|message|>", "<|eom|><|start|>assistant"), openers=(" to=",),
            drop=("<|start|>assistant", " to=user<|message|>", "<|eot|>", "<|eom|>"), text=" to=user<|message|>"),
-    Family("apriel-1.5", "apriel", openers=("<tool_calls>",)),  # (its reasoning: plain text before its answer)
+    Family("apriel-1.5", "apriel", openers=("<tool_calls>",)),  # (its reasoning: untagged text before its answer)
     Family("nemotron-v2", "toolcall", THINK, openers=("<TOOLCALL>",)),
     Family("minicpm5", "minicpm", THINK, openers=('<function name="',)),
     Family("minimax-m1", "minimax-m1", THINK, openers=("<tool_calls>",)),  # (its template shows no thinking; it thinks)
