@@ -15,16 +15,23 @@
 #   multiturn    HTTP, one GPU: 32 conversations x 4 turns sharing a 1300-token system prompt (bench multiturn),
 #                llamafleet vs llama-server with its prompt cache on: TTFT per turn, wall time, cache hit rate
 #   sessions     HTTP, one GPU: sessions that outnumber the slots (scripts/sessions-bench.sh): SESSIONS_N (64)
-#                conversations x 4 turns on a 7B Q4_0 trained on 32k tokens (synth --ctx-train, so llama-server
-#                allows 8k slots), each with SESSIONS_PRIVATE (8192) private words, SESSIONS_CONC (32)
-#                conversations at a time (each running its turns back to back: that many sessions between two
-#                turns) on 16 slots; llama-server with --cache-ram
-#                SESSIONS_RAM (8192 MiB), llamafleet with a RAM tier of SESSIONS_FLEET_RAM (65536 MiB) and a disk
-#                tier of SESSIONS_DISK_MIB (40960) under $WORK and SESSIONS_PARK (10) sessions parked in VRAM
-#                (--cache-park: 16 slots + 11 parked sequences x 4.4 GiB of f16 KV leave ~15 GiB of an H200: enough
-#                for SESSIONS_CONC=24; with SESSIONS_KV=q8_0, both servers' KV in q8_0, SESSIONS_PARK=20 fits and
-#                covers 32), and without tiers; not in the
-#                default phases (a 7B state of 8k tokens is 4 GiB: the tiers must hold the sessions between turns)
+#                conversations x 4 turns, each with SESSIONS_PRIVATE (8192) private words, SESSIONS_CONC (32) turns
+#                in flight on 16 slots, on SESSIONS_SHAPE (default llama3-8b: Llama-3-8B's shape as Q4_0 with its
+#                llama-bpe tokenizer, trained on 32k tokens by synth --ctx-train so that llama-server allows 8k
+#                slots; or llama2-7b); llama-server with --cache-ram SESSIONS_RAM (8192 MiB), llamafleet with a RAM
+#                tier of SESSIONS_FLEET_RAM (65536 MiB), a disk tier of SESSIONS_DISK_MIB (40960) under $WORK and
+#                SESSIONS_PARK sessions parked in VRAM (--cache-park), and without tiers; SERVERS (passed through)
+#                picks the servers (default "llamafleet-tiers llama-server"), one 10-minute call per server; a
+#                replay sends no turn after SESSIONS_DEADLINE seconds (default 420: the rest are reported as not
+#                sent, so a slow server's side still ends inside its call with the turns it made).
+#                llama3-8b (grouped-query attention: 1 GiB of f16 KV per 8k session; a pruned source tree must keep
+#                models/ggml-vocab-llama-bpe.gguf and templates/): SESSIONS_PARK 64 (16 slots and
+#                65 parked sequences, ~89 GiB of KV on an H200) holds every session, so the turns go turn by turn
+#                over all 64 sessions (SESSIONS_BY_TURN 1: 63 other sessions between two turns of one).
+#                llama2-7b (4.4 GiB per 8k session): SESSIONS_PARK 10, each of the SESSIONS_CONC conversations runs
+#                its turns back to back (SESSIONS_BY_TURN 0); 16 slots + 11 parked sequences leave ~15 GiB of an
+#                H200: enough for SESSIONS_CONC=24; with SESSIONS_KV=q8_0, SESSIONS_PARK=20 fits and covers 32.
+#                Not in the default phases (llama-server's side alone takes most of a 10-minute call)
 #   fleet        several models on one GPU in a budget that cannot hold them all (scripts/fleet_probe.py): loads
 #                on demand, evictions, planned vs measured memory, /v1/embeddings alone and beside chats
 #   multi        (2+ GPUs) one llamafleet endpoint over one replica per GPU, against the one-GPU run
@@ -35,8 +42,9 @@
 #                answers replayed (scripts/spec_probe.py), prompt lookup on and off in-process (1 and 128
 #                streams, edit / extract / random) and over HTTP (edit workload, SPEC_LEVELS, default 1,8,128),
 #                against llama-server's n-gram speculation (SERVER_SPEC, default ngram-simple ngram-mod) with the
-#                same lookup and draft lengths; SPEC_PHASES (probe engine http) and REPEAT pass through; DRAFT_MODEL or
-#                DRAFT_QUANT (passed through) add a draft model's in-process phases
+#                same lookup and draft lengths; SPEC_PHASES (probe engine http), REPEAT (in-process off/on pairs, in
+#                alternating order), HTTP_REPEAT (fresh llamafleet servers off/on, alternating) and ENGINE_WORKLOADS
+#                pass through; DRAFT_MODEL or DRAFT_QUANT (passed through) add a draft model's in-process phases
 #   torch        (not in the default list: it needs transformers, tokenizers and safetensors beside torch; run it
 #                after build) the torch engine on GPU 0: LLaMA-2 7B's shape as a checkpoint folder (random fp16
 #                safetensors, written here) against the GGUF engine on F16 and Q8_0 files of the same shape, each
@@ -238,17 +246,26 @@ fi
 
 # --- sessions that outnumber the slots, one GPU ---------------------------------------------------------------------
 if has sessions; then
-  # llama-server caps a slot at the model's trained context: this 7B says it was trained on 32k tokens, so both
+  # llama-server caps a slot at the model's trained context: this model says it was trained on 32k tokens, so both
   # servers run 8k-token sessions (the 7B of the other phases says 4,096)
-  M7L=$WORK/models/llama2-7b-q4_0-ctx32k.gguf
-  [ -f "$M7L" ] || { log "synth 7B Q4_0, trained context 32768"; "$PY" -m llamafleet.cli synth --shape llama2-7b \
-    --quant q4_0 --ctx-train 32768 --vocab "$SRC/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf" -q -o "$M7L"; }
-  log "sessions: ${SESSIONS_N:-64} x 4 turns, ${SESSIONS_PRIVATE:-8192} private words each, ${SESSIONS_CONC:-32} at a time, 16 slots"
-  CUDA_VISIBLE_DEVICES=0 MODEL=$M7L LLAMA_SERVER=$BIN/llama-server DEVICE=gpu PYTHON=$PY PORT=$PORT \
-    SESSIONS=${SESSIONS_N:-64} TURNS=4 PRIVATE=${SESSIONS_PRIVATE:-8192} CONC=${SESSIONS_CONC:-32} BY_TURN=0 SLOTS=16 \
+  shape=${SESSIONS_SHAPE:-llama3-8b}
+  case $shape in
+    llama3-8b) vocab=llama-bpe; template=meta-llama-Llama-3.1-8B-Instruct
+      park=${SESSIONS_PARK:-${SESSIONS_N:-64}}; by_turn=${SESSIONS_BY_TURN:-1};;
+    llama2-7b) vocab=llama-spm; template=; park=${SESSIONS_PARK:-10}; by_turn=${SESSIONS_BY_TURN:-0};;
+    *) echo "gpu-bench: SESSIONS_SHAPE $shape: use llama3-8b or llama2-7b" >&2; exit 2;;
+  esac
+  ML=$WORK/models/$shape-q4_0-ctx32k.gguf
+  [ -f "$ML" ] || { log "synth $shape Q4_0, trained context 32768"; "$PY" -m llamafleet.cli synth --shape $shape \
+    --quant q4_0 --ctx-train 32768 --vocab "$SRC/vendor/llama.cpp/models/ggml-vocab-$vocab.gguf" -q -o "$ML" \
+    ${template:+--chat-template "$SRC/vendor/llama.cpp/models/templates/$template.jinja"}; }
+  log "sessions on $shape: ${SESSIONS_N:-64} x 4 turns, ${SESSIONS_PRIVATE:-8192} private words each, ${SESSIONS_CONC:-32} at a time (by turn: $by_turn), 16 slots, $park parked"
+  CUDA_VISIBLE_DEVICES=0 MODEL=$ML LLAMA_SERVER=$BIN/llama-server DEVICE=gpu PYTHON=$PY PORT=$PORT \
+    SESSIONS=${SESSIONS_N:-64} TURNS=4 PRIVATE=${SESSIONS_PRIVATE:-8192} CONC=${SESSIONS_CONC:-32} BY_TURN=$by_turn SLOTS=16 \
     CTX=$(( (${SESSIONS_PRIVATE:-8192} + 4 * (25 + 48) + 511) / 256 * 256 )) MAX_TOKENS=48 \
     CACHE_RAM=${SESSIONS_RAM:-8192} FLEET_CACHE_RAM=${SESSIONS_FLEET_RAM:-65536} DISK_MIB=${SESSIONS_DISK_MIB:-40960} \
-    PARK=${SESSIONS_PARK:-10} KV=${SESSIONS_KV:-f16} "$repo/scripts/sessions-bench.sh" "$REPORT/sessions" || log "sessions phase failed (see $REPORT/sessions/run.log)"
+    PARK=$park KV=${SESSIONS_KV:-f16} SERVERS=${SERVERS:-llamafleet-tiers llama-server} DEADLINE=${SESSIONS_DEADLINE:-420} \
+    "$repo/scripts/sessions-bench.sh" "$REPORT/sessions" || log "sessions phase failed (see $REPORT/sessions/run.log)"
 fi
 
 # --- several models on one GPU, in a budget that does not hold them all -------------------------------------------

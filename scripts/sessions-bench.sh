@@ -17,9 +17,11 @@
 # alone; default CACHE_RAM), DISK_MIB 20480 (llamafleet's disk tier), PARK 0 (llamafleet's --cache-park: sessions
 # parked in the context), KV f16 (the KV cache's type, both servers: f16, q8_0, q4_0), BY_TURN 1 (0: each of the
 # CONC workers runs one conversation's turns back to back; with CONC above SLOTS, sessions still outnumber the
-# slots), SEED 7, THREADS (default: every core),
+# slots), SEED 7, THREADS (default: every core), DEADLINE (seconds after which a replay sends no more turns: those
+# in flight finish, the rest are reported as not sent; default none),
 # DEVICE cpu|gpu (gpu: llama-server gets -ngl 99 -fa on; llamafleet places itself), PORT 18090, PYTHON python3,
-# SERVERS "llamafleet-tiers llamafleet-no-tiers llama-server" (a subset to run fewer).
+# SERVERS "llamafleet-tiers llamafleet-no-tiers llama-server" (a subset to run fewer; the comparison at the end takes
+# every server's report found in OUT, so servers run in separate calls into one OUT are compared).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:?usage: MODEL=FILE LLAMA_SERVER=BIN scripts/sessions-bench.sh OUT_DIR}
@@ -29,6 +31,7 @@ SLOTS=${SLOTS:-2} CTX=${CTX:-4096} MAX_TOKENS=${MAX_TOKENS:-32} CACHE_RAM=${CACH
 DISK_MIB=${DISK_MIB:-20480} THREADS=${THREADS:-$(nproc)} DEVICE=${DEVICE:-cpu} PORT=${PORT:-18090}
 FLEET_CACHE_RAM=${FLEET_CACHE_RAM:-$CACHE_RAM} BY_TURN=${BY_TURN:-1} PARK=${PARK:-0} KV=${KV:-f16}
 order=(); [ "$BY_TURN" = 1 ] && order=(--by-turn)
+[ -n "${DEADLINE:-}" ] && order+=(--deadline "$DEADLINE")
 PY=${PYTHON:-python3}
 SERVERS=${SERVERS:-llamafleet-tiers llamafleet-no-tiers llama-server}
 mkdir -p "$OUT"
@@ -75,6 +78,9 @@ if has llama-server; then
   stop $pid
 fi
 reports=()
-for s in $SERVERS; do [ -f "$OUT/$s/bench.json" ] && reports+=("$OUT/$s/bench.json"); done
+# every server's report in OUT, this call's or an earlier call's (one call per server where each takes minutes)
+for s in llamafleet-tiers llamafleet-no-tiers llama-server; do
+  [ -f "$OUT/$s/bench.json" ] && reports+=("$OUT/$s/bench.json")
+done
 [ "${#reports[@]}" -ge 2 ] && "$PY" -m llamafleet.cli bench --compare "${reports[@]}" --out "$OUT/compare" | tee -a "$OUT/run.log"
 log "done; uptime: $(uptime)"

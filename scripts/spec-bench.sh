@@ -11,15 +11,18 @@
 #    tensor, into $REPORT/draft-$DRAFT_QUANT.gguf), the same engine phases with a draft model (edit and random);
 # 0. scripts/spec_probe.py: the cost of verification passes of 1..17 tokens on this machine (passes.json), and the
 #    edit workload's answers replayed under prompt lookup and the engine's policy (replay.json);
-# 2. HTTP, the edit workload at LEVELS: llamafleet serve with speculation off, then on, then llama-server with each
-#    of SERVER_SPEC (its n-gram speculation types, no draft model: ngram-simple copies what followed the latest
+# 2. HTTP, the edit workload at LEVELS (a different prompt for every request): llamafleet serve with speculation off,
+#    then on, each a fresh server (HTTP_REPEAT rounds, default 1, the order alternating: off, on, then on, off ...;
+#    rounds after the first are labelled -rN), then llama-server with each of SERVER_SPEC (its n-gram speculation types, no draft model: ngram-simple copies what followed the latest
 #    earlier occurrence of the last NGRAM tokens; ngram-mod chains a hashed NGRAM-gram -> next-token table; both
 #    draft up to DRAFT tokens), then llama-server without speculation.
 #
 # Environment: MODEL (default: the demo model, `llamafleet model`), DRAFT_MODEL or DRAFT_QUANT (see 1b), LLAMA_SERVER (the binary; unset: that part is
 # skipped), REPORT (default spec-report), NGRAM (default 3), DRAFT (default 8), MAX_BATCH (llamafleet's
 # speculative.max_batch, default 4), LEVELS (default 1,8), SLOTS (default 8), CTX (default 2048), MAX_TOKENS
-# (default 192), ENGINE_STREAMS (default 8), REPEAT (off/on pairs per engine phase, median ratio; default 3), REQUESTS (per level; default: the bench's), THREADS (CPU threads, default: the
+# (default 192), ENGINE_STREAMS (default 8), ENGINE_WORKLOADS (default "edit extract random"), REPEAT (off/on pairs
+# per engine phase, in alternating order, median ratio; default 3), HTTP_REPEAT (default 1), REQUESTS (per level;
+# default: the bench's), THREADS (CPU threads, default: the
 # servers' own), NGL (GPU layers, default 0 here; gpu-bench.sh sets 99), SERVER_SPEC (default "ngram-simple
 # ngram-mod"), SPEC_PHASES (default "probe engine http"), PYTHON (default python3).
 set -euo pipefail
@@ -29,6 +32,7 @@ REPORT=${REPORT:-spec-report}
 NGRAM=${NGRAM:-3}; DRAFT=${DRAFT:-8}; MAX_BATCH=${MAX_BATCH:-4}
 LEVELS=${LEVELS:-1,8}; SLOTS=${SLOTS:-8}; CTX=${CTX:-2048}; MAX_TOKENS=${MAX_TOKENS:-192}
 ENGINE_STREAMS=${ENGINE_STREAMS:-8}; REPEAT=${REPEAT:-3}; NGL=${NGL:-0}; PORT=${PORT:-18090}
+ENGINE_WORKLOADS=${ENGINE_WORKLOADS:-edit extract random}; HTTP_REPEAT=${HTTP_REPEAT:-1}
 MODEL=${MODEL:-$("$PY" -m llamafleet.cli model path)}
 mkdir -p "$REPORT"
 log() { printf '\n=== %s  %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$REPORT/run.log"; }
@@ -57,7 +61,7 @@ if has probe; then
 fi
 
 if has engine; then
-  for workload in edit extract random; do
+  for workload in $ENGINE_WORKLOADS; do
     for n in 1 "$ENGINE_STREAMS"; do
       log "bench engine: $workload, $n at once, speculation off and on (max_draft $DRAFT)"
       "$PY" -m llamafleet.cli bench engine --model "$MODEL" "${threads[@]}" --workload "$workload" --requests "$n" \
@@ -94,17 +98,25 @@ bench_edit() {  # label
 }
 
 has http || { log "done: $REPORT"; exit 0; }
-for mode in off ngram; do
-  yaml=$REPORT/llamafleet-$mode.yaml
-  printf 'speculative:\n  mode: %s\n  max_draft: %s\n  ngram_min: %s\n  ngram_max: %s\n  max_batch: %s\n' \
-    "$mode" "$DRAFT" "$NGRAM" "$NGRAM" "$MAX_BATCH" >"$yaml"
-  log "llamafleet serve, speculation $mode: edit workload at $LEVELS"
-  "$PY" -m llamafleet.cli serve --model "$MODEL" --config "$yaml" --port "$PORT" --replicas 1 --parallel "$SLOTS" \
-    --ctx "$CTX" "${threads[@]}" >"$REPORT/serve-llamafleet-$mode.log" 2>&1 & pid=$!
-  wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-llamafleet-$mode.log"; exit 1; }
-  bench_edit "llamafleet-spec-$mode"
-  curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^llamafleet_draft' >"$REPORT/metrics-$mode.txt" || true
-  stop $pid
+reports=()
+for round in $(seq 1 "$HTTP_REPEAT"); do
+  order="off ngram"; [ $((round % 2)) = 0 ] && order="ngram off"
+  for mode in $order; do
+    label=llamafleet-spec-$mode; [ "$round" = 1 ] || label=$label-r$round
+    yaml=$REPORT/llamafleet-$mode.yaml
+    printf 'speculative:\n  mode: %s\n  max_draft: %s\n  ngram_min: %s\n  ngram_max: %s\n  max_batch: %s\n' \
+      "$mode" "$DRAFT" "$NGRAM" "$NGRAM" "$MAX_BATCH" >"$yaml"
+    log "llamafleet serve, speculation $mode (round $round): edit workload at $LEVELS"
+    # (no RAM tier, as llama-server below runs with --cache-ram 0: the tier's first copy of a finished answer's KV,
+    # made to measure what a copy costs, would land in the next request's time to first token)
+    "$PY" -m llamafleet.cli serve --model "$MODEL" --config "$yaml" --port "$PORT" --replicas 1 --parallel "$SLOTS" \
+      --ctx "$CTX" --cache-ram 0 "${threads[@]}" >"$REPORT/serve-$label.log" 2>&1 & pid=$!
+    wait_ready "http://127.0.0.1:$PORT/ready" $pid || { tail -30 "$REPORT/serve-$label.log"; exit 1; }
+    bench_edit "$label"
+    curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^llamafleet_draft' >"$REPORT/metrics-$label.txt" || true
+    stop $pid
+    reports+=("$REPORT/$label/bench.json")
+  done
 done
 
 if [ -n "${LLAMA_SERVER:-}" ]; then
@@ -119,7 +131,6 @@ if [ -n "${LLAMA_SERVER:-}" ]; then
   done
 fi
 
-reports=("$REPORT"/llamafleet-spec-off/bench.json "$REPORT"/llamafleet-spec-ngram/bench.json)
 if [ -n "${LLAMA_SERVER:-}" ]; then
   for mode in $SERVER_SPEC off; do reports+=("$REPORT/llama-server-spec-$mode/bench.json"); done
 fi

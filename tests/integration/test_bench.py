@@ -118,14 +118,21 @@ def test_engine_form_on_the_real_model(model_path: Path, capsys: pytest.CaptureF
     assert result["model"] == model_path.name
 
 
-def test_engine_form_with_speculation_prefills_both_sides_of_each_pair(model_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """Each pair sends the same prompts with speculation off, then on: without the prefix cache the second side
-    would find them computed by the first and skip its prefill, which made a GPU run's pairs incomparable."""
-    rc, out, _ = bench(capsys, "engine", "--model", str(model_path), "--requests", "2", "--max-tokens", "2",
-                       "--threads", "1", "--speculative", "ngram", "--workload", "edit", "--json")
+def test_engine_form_with_speculation_prefills_both_sides_of_each_pair_in_alternating_order(
+        model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each pair sends the same prompts with speculation off and on: without the prefix cache the second side
+    would find them computed by the first and skip its prefill, which made a GPU run's pairs incomparable; and
+    whichever side runs first pays for the second, so the order alternates from pair to pair."""
+    rc, out, _ = bench(capsys, "engine", "--model", str(model_path), "--requests", "1", "--max-tokens", "2",
+                       "--threads", "1", "--speculative", "ngram", "--workload", "edit", "--repeat", "2", "--json")
     assert rc == 0
-    phases = json.loads(out)["phases"]
-    assert [p["name"] for p in phases] == ["sequential", "sequential+spec", "concurrent", "concurrent+spec"]
+    result = json.loads(out)
+    phases = result["phases"]
+    assert [p["name"] for p in phases] == ["sequential", "sequential+spec", "sequential+spec", "sequential",
+                                           "concurrent", "concurrent+spec", "concurrent+spec", "concurrent"]
+    assert result["pair_order"] == ["off, on", "on, off"]
     prefilled = [p["prefilled_tokens"] for p in phases]
     assert prefilled[0] > 100 and len(set(prefilled)) == 1, prefilled
+    pairs = result["speculative_speedup_pairs"]
+    by_name = {p["name"]: p["tokens_per_s"] for p in phases[6:]}  # the second concurrent pair: on, then off
+    assert pairs["concurrent"][1] == pytest.approx(by_name["concurrent+spec"] / by_name["concurrent"])

@@ -103,3 +103,12 @@ def test_private_contexts_turn_by_turn(fleet: FleetServer) -> None:
     assert all(len(s.split("\n\n")[1].split()) == 16 for s in systems)
     turn1_end = max(r.sent_at + r.latency for r in run.results(0))
     assert min(r.sent_at for r in run.results(1)) >= turn1_end
+
+
+def test_a_deadline_stops_sending_and_reports_the_rest_as_not_sent(fleet: FleetServer, tmp_path: Path) -> None:
+    args = ("--conversations", "2", "--turns", "2", "--concurrency", "1", "--seed", "9", "--by-turn")
+    rep = replay(tmp_path / "late", fleet.url, *args, "--deadline", "600")
+    assert rep["not_sent"] == 0 and rep["config"]["deadline_s"] == 600
+    past = replay(tmp_path / "past", fleet.url, *args, "--deadline", "0.000001")  # over before the first turn
+    assert past["not_sent"] == 4 and past["overall"]["requests"] == 0
+    assert "the replay's deadline of 1e-06 s passed" in (tmp_path / "past" / "bench.md").read_text()

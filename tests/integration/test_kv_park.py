@@ -8,9 +8,9 @@ from pathlib import Path
 
 from llamafleet.engine.engine import Engine  # isort: skip  (llama.cpp before numpy: see engine/llama.py)
 
-from test_kv_tiers import SESSIONS, cfg, chat, run, turn2, two_turns
+from test_kv_tiers import GREEDY, SESSIONS, cfg, chat, run, turn2, two_turns
 
-from llamafleet.engine.types import Generation
+from llamafleet.engine.types import Generation, Request
 
 MIB = 1 << 20
 
@@ -62,3 +62,30 @@ def test_the_slot_s_old_kv_never_takes_the_parked_sequence_its_next_prompt_resto
         first = run(eng, {f"s{i}": chat(i, [], "What is the first word?") for i in range(2)}, together=False)
         again = run(eng, {"s0": turn2(0, first["s0"])})["s0"]
     assert again.cache is not None and again.cache.park >= first["s0"].prompt_tokens
+
+
+def test_a_cancelled_turn_restored_from_the_park_keeps_the_session_s_kv(model_path: Path) -> None:
+    with Engine(cfg(model_path, n_seq=1, n_park=1)) as eng:
+        first = run(eng, {f"s{i}": chat(i, [], "What is the first word?") for i in range(2)}, together=False)
+        s0 = Request("c0", tuple(eng.tokenize_chat(turn2(0, first["s0"]))), GREEDY)
+        eng.add_request(s0)
+        eng.step()  # admitted: s1's KV parked, s0's restored from the park into the slot, its prefill launched
+        assert eng.stats().tiers.hits["park"] == 1  # type: ignore[union-attr]
+        eng.abort("c0")
+        while eng.has_work():
+            eng.step()
+        run(eng, {"s1": turn2(1, first["s1"])})  # takes the slot: s0's KV must be parked again, not lost
+        again = run(eng, {"s0": turn2(0, first["s0"])})["s0"]
+    assert again.cache is not None and again.cache.park >= first["s0"].prompt_tokens
+
+
+def test_sessions_cycling_through_a_smaller_park_still_come_back_from_it(model_path: Path) -> None:
+    # four sessions in turn on one slot and two parked sequences: the least recently parked is always the next to
+    # return, so LRU would restore none of them; the park keeps the sessions it holds until they return
+    with Engine(cfg(model_path, n_seq=1, n_park=2)) as eng:
+        turns = {f"s{i}": chat(i, [], "What is the first word?") for i in range(SESSIONS)}
+        for _ in range(3):
+            run(eng, turns, together=False)
+        t = eng.stats().tiers
+    assert t is not None and t.evictions["park"] >= 2
+    assert t.hits["park"] >= 3  # of the 8 later turns (LRU: 0)

@@ -64,6 +64,25 @@ def test_tiny_model_decodes_with_finite_logits(tiny: dict[str, Path]) -> None:
         llm.close()
 
 
+def test_llama3_shape_answers_with_its_tokenizer_and_planned_memory(tmp_path: Path) -> None:
+    # Llama-3-8B's shape but for its size: 4:1 grouped-query attention, rope base 500,000, the llama-bpe vocabulary
+    shape = dataclasses.replace(SHAPES["llama3-8b"], n_layer=2, n_embd=256, n_head=4, n_head_kv=1, n_ff=896)
+    path = write_model(tmp_path / "l3.gguf", shape, "q4_0", find_vocab(shape.vocab), progress=False)
+    llm = llama_cpp.Llama(str(path), n_ctx=256, n_gpu_layers=0, logits_all=True, verbose=False)
+    try:
+        assert float(llm.metadata["llama.rope.freq_base"]) == 500000.0
+        tokens = llm.tokenize(b"Hello world")
+        assert tokens == [128000, 9906, 1917]  # <|begin_of_text|> Hello world
+        answer = llm.create_completion("Hello world", max_tokens=4, temperature=0.0)
+        assert answer["usage"]["completion_tokens"] >= 1
+        logits = np.asarray(llm.scores[: llm.n_tokens])
+        assert logits.shape[1] == 128256 and np.isfinite(logits).all()
+    finally:
+        llm.close()
+    sizes, budget = allocated(path, parallel=4, context_length=1024)
+    check(sizes, budget, weights=False)
+
+
 def allocated(model: Path, **cfg: Any) -> tuple[dict[str, float], Any]:
     """Plan ``model`` for this CPU under ``cfg``, start it as a worker would, and return what llama.cpp logged."""
     fleet = FleetConfig(llama_log_level="info", **cfg)

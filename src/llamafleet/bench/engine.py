@@ -7,9 +7,11 @@ engine's overlap on (the default) a GPU runs the next decode while Python detoke
 hidden rather than added to each step. Run it with ``llamafleet bench engine``.
 
 With speculative decoding on in ``cfg``, each phase runs twice, in turn, in the same engine: with the requests
-opted out of speculation, then not, so the ratios compare runs made side by side under the same machine load. The
-prefix cache is off then: both phases of a pair send the same prompts, and the second would otherwise find them
-computed by the first (128 prompts prefilled by one side only made a GPU run's pairs incomparable).
+opted out of speculation and not, so the ratios compare runs made side by side under the same machine load. So that
+neither side of a pair gets what the other paid for: the prefix cache is off (both sides send the same prompts, and
+the second would otherwise find them computed by the first: 128 prompts prefilled by one side only made a GPU run's
+pairs incomparable), the whole group runs once untimed before the first pair (a batch of that size is decoded
+before any side is timed), and the order alternates (off first in the first pair, on first in the second ...).
 ``workload`` picks the prompts (:mod:`llamafleet.bench.workloads`; default: the short questions below).
 """
 
@@ -118,7 +120,7 @@ def prompt_texts(workload: Workload | None, n: int) -> list[str]:
     """The first ``n`` prompts of ``workload`` (None: the built-in short questions)."""
     if workload is None:
         return [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-    prompts = workload_prompts(workload, count=n)
+    prompts = workload_prompts(workload)
     return [prompts.get(i).text for i in range(n)]
 
 
@@ -137,19 +139,22 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
     with speculative decoding on, each with and without it, ``repeat`` times in turn: the ratio is the median of
     the pairs', so a shared machine's swings hit both sides of each pair alike)."""
     texts = prompt_texts(workload, n_requests)
-    modes = (False, True) if cfg.speculative.on else (False,)
-    if cfg.speculative.on:
+    compare = cfg.speculative.on
+    orders = [(False, True) if i % 2 == 0 else (True, False) for i in range(repeat)] if compare else [(False,)] * repeat
+    if compare:
         cfg = replace(cfg, prefix_cache=False)
     with _engine(cfg) as eng:
-        def reqs(tag: str, spec: bool = False) -> list[Request]:
-            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, speculative=spec)
+        def reqs(tag: str, spec: bool = False, tokens: int = max_tokens) -> list[Request]:
+            params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, speculative=spec)
             return [Request(f"{tag}{i}", tuple(eng.tokenize(t)), params) for i, t in enumerate(texts)]
         eng.generate(reqs("warm")[:1])  # warm-up: first-touch of weights and buffers
-        phases = [_phase(eng, f"sequential{'+spec' if spec else ''}", [[r] for r in reqs(f"s{spec}", spec)
+        if compare and n_requests > 1:  # and the whole group's batch shapes, before either side of a pair is timed
+            eng.generate(reqs("warmall", tokens=2))
+        phases = [_phase(eng, f"sequential{'+spec' if spec else ''}", [[r] for r in reqs(f"s{i}{spec}", spec)
                                                                       [:SEQUENTIAL_MAX]])
-                  for _ in range(repeat) for spec in modes]
-        phases += [_phase(eng, f"concurrent{'+spec' if spec else ''}", [reqs(f"c{spec}", spec)])
-                   for _ in range(repeat) for spec in modes]
+                  for i, order in enumerate(orders) for spec in order]
+        phases += [_phase(eng, f"concurrent{'+spec' if spec else ''}", [reqs(f"c{i}{spec}", spec)])
+                   for i, order in enumerate(orders) for spec in order]
     seq, conc = phases[0], phases[len(phases) // 2]
     result: dict[str, object] = {
         "model": cfg.model_path.rsplit("/", 1)[-1],
@@ -168,12 +173,14 @@ def run(cfg: EngineConfig, n_requests: int = 8, max_tokens: int = 64,
                                 "steady_tokens_per_s": p.steady_tokens_per_s} for p in phases],
         "speedup": conc.tokens_per_s / seq.tokens_per_s if seq.tokens_per_s else 0.0,
     }
-    if cfg.speculative.on:  # tokens/s with speculation / without, per pair of phases run one after the other
-        pairs = {name: [q.tokens_per_s / p.tokens_per_s if p.tokens_per_s else 0.0
-                        for p, q in zip(phases[0::2], phases[1::2], strict=True) if p.name == name]
-                 for name in ("sequential", "concurrent")}
+    if compare:  # tokens/s with speculation / without, per pair of phases run one after the other
+        pairs: dict[str, list[float]] = {"sequential": [], "concurrent": []}
+        for a, b in zip(phases[0::2], phases[1::2], strict=True):
+            off, on = (b, a) if a.name.endswith("+spec") else (a, b)
+            pairs[off.name].append(on.tokens_per_s / off.tokens_per_s if off.tokens_per_s else 0.0)
         result["speculative_speedup"] = {name: statistics.median(r) for name, r in pairs.items()}
         result["speculative_speedup_pairs"] = pairs
+        result["pair_order"] = ["off, on" if order[0] is False else "on, off" for order in orders]
     return result
 
 

@@ -22,7 +22,9 @@ conversation) each take the next conversation and run its turns one after anothe
 finished. With ``by_turn`` the replay goes turn by turn instead, as agents taking turns do: every conversation's
 turn t is sent (``concurrency`` at a time) before any turn t+1, so with more conversations than slots a
 conversation's slot has served others before its next turn. A failed turn ends its conversation (its later turns
-are counted as not sent). One turn per conversation (``turns`` 1) is the shared-prefix case: many users, one long
+are counted as not sent), and so does ``deadline_s``: no turn is sent after that many seconds of replay (those in
+flight finish), so a replay against a slow server fits a bounded call and still reports the turns it made. One turn
+per conversation (``turns`` 1) is the shared-prefix case: many users, one long
 system prompt, nothing else in common.
 
 The texts come from ``seed`` (a fresh one per run unless given, written to the report), so a second run does not
@@ -60,6 +62,7 @@ class MultiTurnConfig(Target):
     concurrency: int | None = None
     seed: int = 0
     by_turn: bool = False
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,6 +73,8 @@ class MultiTurnConfig(Target):
             raise ValueError("system_tokens and private_tokens must be >= 0 (0: none)")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be >= 1 (conversations running at once)")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError("deadline_s must be > 0 (seconds after which no turn is sent; None: none)")
 
     @property
     def workers(self) -> int:
@@ -190,6 +195,8 @@ async def run_async(cfg: MultiTurnConfig, progress: bool = True) -> MultiTurnRun
         async def worker(conn: Connection, waiting: Iterator[Conversation]) -> None:
             for conv in waiting:
                 while not conv.finished:
+                    if cfg.deadline_s is not None and time.perf_counter() - t0 >= cfg.deadline_s:
+                        return
                     prompt, body = conv.request(cfg)
                     res = await send(conn, cfg, body)
                     conv.record(prompt, res)

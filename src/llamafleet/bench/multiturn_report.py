@@ -82,7 +82,8 @@ def build_report(cfg: MultiTurnConfig, run: MultiTurnRun, label: str) -> MultiTu
     config = {
         "url": cfg.url, "model": cfg.model, "endpoint": cfg.endpoint, "conversations": cfg.conversations,
         "turns": cfg.turns, "system_tokens": cfg.system_tokens, "user_tokens": cfg.user_tokens,
-        "private_tokens": cfg.private_tokens, "by_turn": cfg.by_turn, "max_tokens": cfg.max_tokens,
+        "private_tokens": cfg.private_tokens, "by_turn": cfg.by_turn, "deadline_s": cfg.deadline_s,
+        "max_tokens": cfg.max_tokens,
         "concurrency": cfg.workers, "seed": cfg.seed, "temperature": 0.0,
         "ignore_eos": cfg.ignore_eos, "warmup": cfg.warmup,
     }
@@ -142,7 +143,9 @@ def markdown(report: MultiTurnReport) -> str:
     notes += [f"- turn {r['turn']}: {r['errors']} errors, e.g. {r['error_samples'][0]}"
               for r in report["turns"] if r["errors"]]
     if report["not_sent"]:
-        notes.append(f"- {report['not_sent']} turns not sent: a failed turn ends its conversation")
+        deadline = report["config"].get("deadline_s")  # (older reports: none)
+        why = f"the replay's deadline of {deadline:g} s passed, or " if deadline else ""
+        notes.append(f"- {report['not_sent']} turns not sent: {why}a failed turn ends its conversation")
     if all_["ok"] and all_["usage_reported"] < all_["ok"]:
         notes.append("- token counts from counted chunks for answers without usage (the server sent none)")
     if report["client_cpu"] > CLIENT_BUSY:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,16 +50,20 @@ def synthetic_text(words: int, seed: int | str) -> str:
 
 @dataclass(frozen=True)
 class PromptSet:
-    """Prompts from a file (cycled), or synthetic prompts of ``words`` one-token words, different for every index
-    so that no server can answer them from a prefix cache."""
+    """Prompts from a file (cycled), made by ``make`` for each index (a workload's), or synthetic prompts of
+    ``words`` one-token words; the last two differ for every index, so that no server can answer a later request
+    from a prefix cache filled by an earlier one."""
 
     prompts: tuple[Prompt, ...] = ()
     words: int = 128
     source: str = ""
+    make: Callable[[int], Prompt] | None = None
 
     def get(self, index: int) -> Prompt:
         if self.prompts:
             return self.prompts[index % len(self.prompts)]
+        if self.make is not None:
+            return self.make(index)
         return Prompt(text=synthetic_text(self.words, index))
 
     def describe(self) -> str:

@@ -70,9 +70,10 @@ def extract_prompt(index: int) -> Prompt:
                        f"in the document.\n\nParagraph:\n\n")
 
 
-def workload_prompts(workload: Workload, count: int = 32, words: int = 128) -> PromptSet:
-    """``count`` prompts of ``workload`` (``random``: synthetic prompts of ``words`` one-token words)."""
+def workload_prompts(workload: Workload, words: int = 128) -> PromptSet:
+    """The prompts of ``workload``, a different one for every index (``random``: synthetic prompts of ``words``
+    one-token words)."""
     if workload == "random":
         return PromptSet(words=words)
     make = edit_prompt if workload == "edit" else extract_prompt
-    return PromptSet(prompts=tuple(make(i) for i in range(count)), source=f"{workload} workload ({count} prompts)")
+    return PromptSet(make=make, source=f"{workload} workload (a different text for every request)")

@@ -164,7 +164,7 @@ def run_multiturn(args: argparse.Namespace) -> int:
         cfg = multiturn.MultiTurnConfig(
             **_target(args, 48), conversations=args.conversations, turns=args.turns,
             system_tokens=args.system_tokens, user_tokens=args.user_tokens, private_tokens=args.private_tokens,
-            by_turn=args.by_turn,
+            by_turn=args.by_turn, deadline_s=args.deadline,
             concurrency=args.concurrency[0] if args.concurrency else None,
             seed=multiturn.new_seed() if args.seed is None else args.seed)
         result = multiturn.run(cfg, progress=not args.no_progress)
@@ -338,6 +338,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m.add_argument("--by-turn", action="store_true", default=False,
                    help="send every conversation's turn t (--concurrency at a time) before any turn t+1, as agents "
                         "taking turns do (default: each worker runs one conversation's turns back to back)")
+    m.add_argument("--deadline", type=_number(float), default=None, metavar="SECONDS",
+                   help="send no turn after SECONDS of replay (those in flight finish; the rest are reported as not "
+                        "sent), so a replay against a slow server fits a bounded run (default: none)")
     m.add_argument("--seed", type=_number(int, allow_zero=True), default=None, metavar="N",
                    help="seed of the synthetic texts (default: a fresh one, written to the report)")
     m.add_argument("--out", metavar="DIR", help="output folder (default bench-out/LABEL-TIMESTAMP)")
@@ -365,8 +368,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e.add_argument("--max-draft", type=_number(int), default=8, metavar="N",
                    help="with --speculative: most tokens drafted per sequence per step (default %(default)s)")
     e.add_argument("--repeat", type=_number(int), default=1, metavar="N",
-                   help="with --speculative: run each pair of phases (off, on) N times in turn; the ratio is the "
-                        "pairs' median (default %(default)s)")
+                   help="with --speculative: run each pair of phases N times in turn, off first in odd pairs and on "
+                        "first in even ones; the ratio is the pairs' median (default %(default)s)")
     e.add_argument("--spec-max-batch", type=_number(int), default=4, metavar="N",
                    help="with --speculative: speculate only while at most N sequences decode (default %(default)s)")
     e.add_argument("--kv-unified", action="store_true",

@@ -1,5 +1,5 @@
-"""``llamafleet synth``: write a LLaMA-2-shaped GGUF with random weights and a real tokenizer and chat template (by
-default LLaMA-2's).
+"""``llamafleet synth``: write a LLaMA-shaped GGUF with random weights and a real tokenizer and chat template (by
+default the real model's: LLaMA-2's, or Llama-3's for ``llama3-8b``).
 
 The writer (:mod:`llamafleet.model.synth`) imports numpy and gguf, so its shape and weight-type names are read only
 when synth's own arguments are parsed or shown (:class:`_Names`), never when the parser is built for another
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lora_for is not None:
         return _lora(args)
     if args.shape is None:
-        print("error: give --shape (a LLaMA-2-shaped model), --bert (a tiny encoder) or --lora-for (an adapter)",
+        print("error: give --shape (a LLaMA-shaped model), --bert (a tiny encoder) or --lora-for (an adapter)",
               file=sys.stderr)
         return 2
     if args.hf and (args.quant not in HF_DTYPES or args.sparse):
@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ctx_train is not None:
         shape = dataclasses.replace(shape, n_ctx=args.ctx_train)
     try:
-        vocab = find_vocab(args.vocab)
-        template = CHAT_TEMPLATE if args.chat_template is None else find_template(args.chat_template)
+        vocab = find_vocab(args.vocab or shape.vocab)
+        template_name = args.chat_template or shape.template
+        template = CHAT_TEMPLATE if template_name is None else find_template(template_name)
         if args.hf:
             from llamafleet.model.synth_hf import write_checkpoint
 
@@ -114,9 +115,9 @@ def _lora(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "synth",
-        help="write a LLaMA-2-shaped GGUF with random weights (for planning and speed tests)",
-        description="Write a LLaMA-2-shaped model with random weights that llama.cpp loads and runs, with the real "
-        "LLaMA-2 tokenizer. Its answers are noise; its speed and memory are those of the real model.",
+        help="write a LLaMA-shaped GGUF with random weights (for planning and speed tests)",
+        description="Write a LLaMA-2- or Llama-3-shaped model with random weights that llama.cpp loads and runs, with "
+        "the real model's tokenizer. Its answers are noise; its speed and memory are those of the real model.",
     )
     # a metavar keeps argparse from listing the choices (and importing the writer) while the parser is built
     p.add_argument("--shape", choices=_Names("SHAPES"), metavar="SHAPE",
@@ -126,7 +127,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--quant", choices=_Names("QUANTS", ("f32", "bf16")), default="q4_0", metavar="TYPE",
                    help="weight type: %(choices)s (default %(default)s; f32 and bf16 with --hf only)")
     p.add_argument("--ctx-train", type=int, metavar="TOKENS", help="the context length the model says it was "
-                   "trained on (default: the shape's, 4,096 for the LLaMA-2 shapes); llama-server caps a slot at it")
+                   "trained on (default: the shape's, 4,096 for the LLaMA-2 shapes, 8,192 for llama3-8b); llama-server "
+                   "caps a slot at it")
     p.add_argument("--hf", action="store_true", help="write a Hugging Face checkpoint folder (config.json, "
                    "safetensors in f32/f16/bf16, tokenizer.json) for the torch engine instead of a GGUF; needs the "
                    "torch extra's transformers for the tokenizer")
@@ -136,9 +138,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="write only the header and leave the weights as a file hole (instant; for planning only)")
     p.add_argument("--vocab", metavar="PATH|NAME", help="the tokenizer: a vocab GGUF, or the name of one in "
                    "llama.cpp's source (qwen2, qwen35, llama-bpe, deepseek-llm, phi-3, ...; from the llama-cpp-python "
-                   "sdist, fetched if absent); default: LLaMA-2's (llama-spm)")
+                   "sdist, fetched if absent); default: the shape's own (llama-bpe for llama3-8b, else LLaMA-2's "
+                   "llama-spm)")
     p.add_argument("--chat-template", metavar="FILE|NAME", help="the chat template: a Jinja file, or the name of one "
-                   "of llama.cpp's (Qwen-Qwen3-0.6B, meta-llama-Llama-3.1-8B-Instruct, ...); default: LLaMA-2's")
+                   "of llama.cpp's (Qwen-Qwen3-0.6B, meta-llama-Llama-3.1-8B-Instruct, ...); default: the shape's own "
+                   "(Llama-3.1's for llama3-8b, else LLaMA-2's)")
     p.add_argument("--lora-for", metavar="BASE.gguf", help="write a LoRA adapter with random weights for the model "
                    "file BASE instead (its attention query and value projections)")
     p.add_argument("--rank", type=int, default=8, help="the adapter's rank, with --lora-for (default 8)")

@@ -11,7 +11,9 @@ tier**, keyed by the tokens it holds. A new prompt is then placed on the longest
 *and* the tiers (:meth:`KvTiers.restore`): a state from a tier is written back into the slot
 (``llama_state_seq_set_data_ext``), cut after the shared prefix, and only the rest is prefilled.
 
-The RAM tier is bounded in bytes (``cache_ram_bytes``), least recently used first out. With a **disk tier**
+The RAM tier is bounded in bytes (``cache_ram_bytes``); a full one gives up the state whose session is expected back
+last (:mod:`llamafleet.engine.kv_order`: sessions' return intervals, counted in this engine's slot turnovers and
+carried from tier to tier with the session's KV). With a **disk tier**
 (:mod:`llamafleet.engine.kv_disk`) what leaves RAM is written to a file instead of being lost, and at shutdown
 (:meth:`KvTiers.flush`, within a time bound) the slots' and the RAM tier's states are written too, so the next start
 is warm. A state that is a prefix of a newer one is dropped (the newer one serves it); one already covered by a kept
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from llamafleet.engine.kv_cost import MIN_PASS_TOKENS, CopyCosts, StepBudget
 from llamafleet.engine.kv_disk import DiskTier, entry_name, fingerprint
+from llamafleet.engine.kv_order import Clock, ReturnOrder
 from llamafleet.engine.kv_park import ParkTier
 from llamafleet.engine.prefix import Placement, common_prefix
 from llamafleet.engine.sequence import Sequence
@@ -69,7 +72,10 @@ class KvTiers:
     """The RAM tier of one engine, behind an optional park tier and in front of an optional disk tier."""
 
     def __init__(self, ram_bytes: int, disk: DiskTier | None, min_reuse: int, budget_s: float | None = None,
-                 park: ParkTier | None = None) -> None:
+                 park: ParkTier | None = None, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()  # the park tier's too
+        self._order: ReturnOrder[str] = ReturnOrder(self.clock)  # the RAM tier's states
+        self._returned: dict[int, int] = {}  # slot -> return interval of the session restored into it
         self.ram_limit = ram_bytes
         self.disk = disk
         self.park = park
@@ -96,8 +102,9 @@ class KvTiers:
             shape = f"kv {cfg.kv_cache_type}, streams {1 if cfg.kv_unified else cfg.n_seq}, flash {cfg.flash_attn}"
             fp = fingerprint(cfg.model_path, shape, state_format)
             disk = DiskTier(cfg.cache_dir, cfg.model_path, fp, state_format, cfg.cache_disk_bytes)
-        park = ParkTier(cfg.n_seq, cfg.n_park, min_reuse) if cfg.n_park and cfg.prefix_cache else None
-        return cls(cfg.cache_ram_bytes if cfg.prefix_cache else 0, disk, min_reuse, cfg.copy_budget_s, park)
+        clock = Clock()
+        park = ParkTier(cfg.n_seq, cfg.n_park, min_reuse, clock) if cfg.n_park and cfg.prefix_cache else None
+        return cls(cfg.cache_ram_bytes if cfg.prefix_cache else 0, disk, min_reuse, cfg.copy_budget_s, park, clock)
 
     @property
     def enabled(self) -> bool:
@@ -116,13 +123,16 @@ class KvTiers:
         caller keeps that many of the slot's KV). Sets ``s.origin`` for the diagnostics either way."""
         lost, got = place.lost, Restored()
         kept = place.reuse if place.source is None and not place.wait else 0
+        interval = self._returned.pop(s.slot, None)  # (of the session whose KV the slot holds)
         if self.enabled and lost is not None and lost.n_cached - kept >= self.min_reuse:
+            self.clock.tick()
             tokens = lost.tokens[:lost.n_cached]
             keep, n = self.park.best(s.tokens, len(s.tokens) - 1) if self.park is not None else (None, 0)
             keep = keep if n >= place.reuse + self.min_reuse else None  # (what the restore below would take)
             freeing = keep is not None and self.park is not None and self.park.moves(keep, n)
-            if self.park is None or not self.park.park(ctx, s.slot, tokens, self._saver(ctx), keep, freeing):
-                self.save(ctx, s.slot, tokens)
+            if self.park is None or not self.park.park(ctx, s.slot, tokens, self._saver(ctx), keep, freeing,
+                                                       interval):
+                self.save(ctx, s.slot, tokens, interval)
         if self.enabled and not place.wait and not s.req.params.prompt_logprobs and not s.lora:
             got = self.restore(ctx, s.slot, s.tokens, place.reuse)
         s.origin = CacheOrigin(**{got.tier: got.tokens} if got.tokens else {},
@@ -130,8 +140,9 @@ class KvTiers:
         return got.tokens
 
     # -- save ----------------------------------------------------------------------------------------------------
-    def save(self, ctx: Context, slot: int, tokens: list[int]) -> None:
-        """Keep what ``slot`` holds (``tokens``) before the slot is overwritten, unless a tier already has it."""
+    def save(self, ctx: Context, slot: int, tokens: list[int], interval: int | None = None) -> None:
+        """Keep what ``slot`` holds (``tokens``) before the slot is overwritten, unless a tier already has it;
+        ``interval``: its session's return interval, if learned."""
         if len(tokens) < self.min_reuse or self._covered(tokens):
             return
         if not self.costs.worth_saving():
@@ -139,7 +150,7 @@ class KvTiers:
             return
         t0 = time.perf_counter()
         tokens = list(tokens)
-        self._drop_prefixes_of(tokens)
+        interval = self._drop_prefixes_of(tokens) or interval
         size = ctx.sequence_state_size(slot)
         if size <= self.ram_limit:
             self._make_room(size)  # before the copy: the tier never holds more than its bound
@@ -156,7 +167,9 @@ class KvTiers:
         if len(state) > self.ram_limit:  # straight to disk
             self._spill(tokens, state)
             return
-        self._ram[entry_name(tokens)] = _State(tokens, state)
+        key = entry_name(tokens)
+        self._ram[key] = _State(tokens, state)
+        self._order.add(key, interval)
         self.ram_bytes += len(state)
 
     def _covered(self, tokens: list[int]) -> bool:
@@ -165,16 +178,24 @@ class KvTiers:
             return True
         return self.disk is not None and self.disk.on and self.disk.covers(tokens)
 
-    def _drop_prefixes_of(self, tokens: list[int]) -> None:
-        """A state that ``tokens``' state extends is served by it: out of the RAM tier."""
+    def _drop_prefixes_of(self, tokens: list[int]) -> int | None:
+        """A state that ``tokens``' state extends is served by it: out of the RAM tier. Its session's return
+        interval, if one was learned."""
+        interval = None
         for key in [k for k, e in self._ram.items() if len(e.tokens) < len(tokens)
                     and tokens[:len(e.tokens)] == e.tokens]:
+            interval = interval or self._order.interval(key)
+            self._order.drop(key)
             self.ram_bytes -= len(self._ram.pop(key).state)
+        return interval
 
     def _make_room(self, size: int) -> None:
-        """Evict the least recently used states (to disk, when on) until ``size`` more bytes fit the bound."""
+        """Evict the states expected back last (to disk, when on) until ``size`` more bytes fit the bound."""
         while self._ram and self.ram_bytes + size > self.ram_limit:
-            _, old = self._ram.popitem(last=False)
+            key = self._order.victim(self._ram)
+            assert key is not None
+            old = self._ram.pop(key)
+            self._order.drop(key)
             self.ram_bytes -= len(old.state)
             self.evictions["ram"] += 1
             self._spill(old.tokens, old.state)
@@ -205,7 +226,7 @@ class KvTiers:
             return Restored(candidate=best)
         if self.park is not None and parked is not None and n_park >= max(n_ram, n_disk):  # no host copy: always
             t0 = time.perf_counter()
-            self.park.restore(ctx, parked, slot, n_park)
+            self._returned[slot] = self.park.restore(ctx, parked, slot, n_park)
             return self._hit("park", n_park, best, time.perf_counter() - t0)
         if key is not None and n_ram >= n_disk:
             tier, n, held = "ram", n_ram, len(self._ram[key].tokens)
@@ -216,8 +237,10 @@ class KvTiers:
             self.declined["restore"] += 1
             return Restored(candidate=best)
         t0 = time.perf_counter()
+        interval = None
         if key is not None and tier == "ram":
             self._ram.move_to_end(key)
+            interval = self._order.hit(key)
             state: bytearray | None = self._ram[key].state
         else:
             assert self.disk is not None and name is not None
@@ -226,7 +249,7 @@ class KvTiers:
         into = slot
         if slot in ctx.copy_sources:  # a copy out of this slot (its old KV, parked) is still queued: the state goes
             # into a parked sequence first, and from there into the slot after that copy
-            via = self.park.take(ctx, prompt[:n], self._saver(ctx)) if self.park is not None else None
+            via = self.park.take(ctx, prompt[:n], self._saver(ctx), interval) if self.park is not None else None
             if via is None:
                 return Restored(candidate=best)
             into = via
@@ -244,6 +267,8 @@ class KvTiers:
             self.misses[tier] += 1
             return Restored(candidate=best)
         self.costs.restore[tier].add(dt, held)
+        if interval is not None:
+            self._returned[slot] = interval
         return self._hit(tier, n, best, dt)
 
     def _hit(self, tier: str, n: int, best: int, seconds: float) -> Restored:
@@ -252,9 +277,9 @@ class KvTiers:
         self.restore_s[tier] += seconds
         return Restored(n, tier, best)
 
-    def _saver(self, ctx: Context) -> Callable[[int, list[int]], None]:
+    def _saver(self, ctx: Context) -> Callable[[int, list[int], int | None], None]:
         """Where a parked sequence goes when it leaves the park for room: the RAM tier, by the copy rules."""
-        return lambda seq, tokens: self.save(ctx, seq, tokens)
+        return lambda seq, tokens, interval: self.save(ctx, seq, tokens, interval)
 
     # -- shutdown ------------------------------------------------------------------------------------------------
     def flush(self, ctx: Context, held: list[tuple[int, list[int]]], budget_s: float = FLUSH_S) -> int:

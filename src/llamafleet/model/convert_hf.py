@@ -52,7 +52,7 @@ def checkpoint_to_gguf(folder: str | Path, out: str | Path, vocab: Path) -> Path
                   n_head=int(cfg["num_attention_heads"]),
                   n_head_kv=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
                   n_ff=int(cfg["intermediate_size"]), n_ctx=int(cfg.get("max_position_embeddings") or 4096),
-                  n_vocab=int(cfg["vocab_size"]))
+                  n_vocab=int(cfg["vocab_size"]), rope_base=float(cfg.get("rope_theta", 10000.0)))
     template = tokenizer_facts(src)["chat_template"]
     logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)
     target = Path(out)
@@ -60,8 +60,7 @@ def checkpoint_to_gguf(folder: str | Path, out: str | Path, vocab: Path) -> Path
     writer = GGUFWriter(tmp, "llama")
     writer.add_name(f"{src.name} (converted from safetensors)")
     writer.add_file_type(int(LlamaFileType.MOSTLY_F16))
-    write_shape(writer, shape, vocab_fields(vocab), template, rope_base=float(cfg.get("rope_theta", 10000.0)),
-                rms_eps=float(cfg.get("rms_norm_eps", 1e-5)))
+    write_shape(writer, shape, vocab_fields(vocab), template, rms_eps=float(cfg.get("rms_norm_eps", 1e-5)))
     for name in table:  # a tied checkpoint has no lm_head: llama.cpp then reads the embedding as the head
         with safe_open(str(src / table[name][2]), framework="pt") as f:
             w = f.get_tensor(name).float().numpy()

@@ -1,4 +1,4 @@
-"""Write LLaMA-2-shaped GGUF models with random weights and the real LLaMA-2 tokenizer.
+"""Write LLaMA-shaped GGUF models (LLaMA-2, Llama-3) with random weights and the real tokenizer.
 
 They let users plan capacity before downloading 40 GB, and give GPU benchmarks a model where nothing can be
 downloaded: decode speed depends on shapes and types, not on weight values. Weights are random quantization blocks
@@ -60,7 +60,8 @@ class SynthError(RuntimeError):
 
 @dataclass(frozen=True)
 class Shape:
-    """The hyper-parameters of a LLaMA-2-style decoder."""
+    """The hyper-parameters of a LLaMA-style decoder. ``vocab`` and ``template`` name the real model's tokenizer and
+    chat template in llama.cpp's source (:func:`find_vocab`, :func:`find_template`), where it is not LLaMA-2's."""
 
     name: str
     n_layer: int
@@ -70,6 +71,9 @@ class Shape:
     n_ff: int
     n_ctx: int = 4096
     n_vocab: int = 32000
+    rope_base: float = 10000.0
+    vocab: str | None = None
+    template: str | None = None
 
     @property
     def head_dim(self) -> int:
@@ -80,6 +84,10 @@ SHAPES: dict[str, Shape] = {
     "llama2-7b": Shape("llama2-7b", n_layer=32, n_embd=4096, n_head=32, n_head_kv=32, n_ff=11008),
     "llama2-13b": Shape("llama2-13b", n_layer=40, n_embd=5120, n_head=40, n_head_kv=40, n_ff=13824),
     "llama2-70b": Shape("llama2-70b", n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, n_ff=28672),
+    # Grouped-query attention (8 KV heads): a quarter of LLaMA-2 7B's KV per token, 128 KiB in f16.
+    "llama3-8b": Shape("llama3-8b", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_ctx=8192,
+                       n_vocab=128256, rope_base=500000.0, vocab="llama-bpe",
+                       template="meta-llama-Llama-3.1-8B-Instruct"),
     # Small enough for CPU tests, with grouped-query attention like 70B.
     "tiny": Shape("tiny", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_ctx=2048),
     # The least that runs: for tests of what surrounds the model (templates, tokenizers, parsing) with large vocabs.
@@ -251,8 +259,8 @@ def write_model(
 ) -> Path:
     """Write a random-weight model of ``shape`` in ``quant`` (q4_0, q8_0, f16) to ``out``; returns the path.
     ``chat_template``: the Jinja chat template it carries (LLaMA-2's unless given). The vocabulary's size is the
-    tokenizer's (``shape.n_vocab`` is LLaMA-2's). ``fim``: token ids to name as its fill-in-the-middle prefix, suffix
-    and middle tokens (the LLaMA-2 vocabulary has none of its own).
+    tokenizer's (``shape.n_vocab`` is the real model's). ``fim``: token ids to name as its fill-in-the-middle prefix,
+    suffix and middle tokens (the LLaMA-2 vocabulary has none of its own).
 
     The file appears only when complete (written under a temporary name, then renamed).
     """
@@ -301,14 +309,14 @@ def write_model(
 
 
 def write_shape(writer: GGUFWriter, shape: Shape, tokenizer: dict[str, MetaField], chat_template: str,
-                rope_base: float = 10000.0, rms_eps: float = 1e-5) -> None:
+                rms_eps: float = 1e-5) -> None:
     """A LLaMA model's hyper-parameters, its tokenizer (the fields of a vocab GGUF) and chat template."""
     writer.add_context_length(shape.n_ctx)
     writer.add_embedding_length(shape.n_embd)
     writer.add_block_count(shape.n_layer)
     writer.add_feed_forward_length(shape.n_ff)
     writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_rope_freq_base(rope_base)
+    writer.add_rope_freq_base(shape.rope_base)
     writer.add_head_count(shape.n_head)
     writer.add_head_count_kv(shape.n_head_kv)
     writer.add_layer_norm_rms_eps(rms_eps)

@@ -49,7 +49,7 @@ def hf_config(shape: Shape, dtype: str) -> dict[str, object]:
         "intermediate_size": shape.n_ff, "num_hidden_layers": shape.n_layer,
         "num_attention_heads": shape.n_head, "num_key_value_heads": shape.n_head_kv, "head_dim": shape.head_dim,
         "max_position_embeddings": shape.n_ctx, "vocab_size": shape.n_vocab, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+        "rope_theta": shape.rope_base, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
         "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "dtype": DTYPES[dtype][1],
         "torch_dtype": DTYPES[dtype][1],  # the name before transformers 5
     }

@@ -86,7 +86,7 @@ def test_config_checks() -> None:
     assert MultiTurnConfig(url="u", model="m", conversations=4, concurrency=16).workers == 4
     assert MultiTurnConfig(url="u", model="m", conversations=4, concurrency=2).workers == 2
     for bad in ({"turns": 0}, {"conversations": 0}, {"user_tokens": 0}, {"system_tokens": -1}, {"concurrency": 0},
-                {"max_tokens": 0}):
+                {"max_tokens": 0}, {"deadline_s": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             MultiTurnConfig(url="u", model="m", **bad)  # type: ignore[arg-type]
 

@@ -14,6 +14,7 @@ from llamafleet.bench import report as bench_report
 from llamafleet.bench.loadgen import BenchConfig, LevelRun, request_body
 from llamafleet.bench.prompts import Prompt, PromptFileError, PromptSet, load_prompts
 from llamafleet.bench.streaming import BenchError, RequestResult, resolve_model
+from llamafleet.bench.workloads import workload_prompts
 from llamafleet.commands import bench as bench_command
 
 
@@ -232,6 +233,16 @@ def test_synthetic_prompts_are_distinct_and_sized() -> None:
     ps = PromptSet(words=64)
     assert ps.get(3) == ps.get(3) and ps.get(3) != ps.get(4)
     assert len(ps.get(0).text.split()) == 64
+
+
+def test_workload_prompts_differ_for_every_request() -> None:
+    """A level of 128 streams sends 512 requests: prompts cycled every 32 let a server's prefix cache answer most of
+    them from earlier ones."""
+    edit = workload_prompts("edit")
+    assert len({edit.get(i).text for i in range(-4, 600)}) == 604  # (the warm-up's indices are negative)
+    assert edit.get(7) == edit.get(7)
+    extract = workload_prompts("extract")  # 8 paragraphs in a drawn order: a repeat among hundreds is rare
+    assert sum(extract.get(i) == extract.get(i + 32) for i in range(64)) == 0
 
 
 def test_prompt_files(tmp_path: Path) -> None:

@@ -130,6 +130,22 @@ def test_cli_writes_a_sparse_model(tmp_path: Path, capsys: pytest.CaptureFixture
     assert info.n_ctx_train == 4096
 
 
+def test_llama3_8b_has_meta_s_shape_and_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    specs = tensor_specs(SHAPES["llama3-8b"], gguf.GGMLQuantizationType.Q4_0)
+    assert sum(math.prod(s.ne) for s in specs) == 8_030_261_248  # Meta-Llama-3-8B's parameter count
+    out = tmp_path / "l3.gguf"
+    assert main(["synth", "--shape", "llama3-8b", "--ctx-train", "32768", "--sparse", "-q", "-o", str(out)]) == 0
+    info = read_model_info(out)
+    assert (info.n_layer, info.n_head, info.n_head_kv, info.n_vocab, info.n_ctx_train) == (32, 32, 8, 128256, 32768)
+    assert info.n_params == 8_030_261_248
+    assert info.kv_elements_per_token * 2 == 128 << 10  # f16 KV: 128 KiB a token, 1 GiB for an 8k session
+    fields = read_fields(out, "")
+    assert fields["llama.rope.freq_base"].value == 500000.0
+    assert fields["llama.feed_forward_length"].value == 14336
+    assert fields["tokenizer.ggml.pre"].value == "llama-bpe"  # the shape's own tokenizer and template by default
+    assert "<|start_header_id|>" in str(fields["tokenizer.chat_template"].value)
+
+
 def test_cli_ctx_train_sets_the_trained_context(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "long.gguf"
     assert main(["synth", "--shape", "tiny", "--ctx-train", "32768", "--sparse", "-q", "-o", str(out)]) == 0
