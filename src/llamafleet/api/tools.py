@@ -226,11 +226,13 @@ class ToolRequest(Request):
         return max(1, int(base * EFFORTS[effort]))
 
     def template_kwargs(self, given: dict[str, Any] | None, effort: str | None, param: str,
-                        thinking: bool | None = None) -> dict[str, Any]:
+                        thinking: bool | None = None, budget: int | None = None) -> dict[str, Any]:
         """The variables the request gives the chat template: its ``chat_template_kwargs`` (``param``) over the
         server's, and its reasoning effort as ``reasoning_effort`` (gpt-oss's); ``thinking`` on or off (off for the
         effort ``"none"``) as the family's switch (:attr:`~llamafleet.engine.families.Family.switch`: Qwen's
-        ``enable_thinking``, MiniMax M3's ``thinking_mode``), unless the kwargs set those themselves."""
+        ``enable_thinking``, MiniMax M3's ``thinking_mode``); the reasoning ``budget`` as the family's own variable
+        for it (:attr:`~llamafleet.engine.families.Family.budget`: Seed-OSS's ``thinking_budget``); unless the
+        kwargs set those themselves."""
         if reserved := [k for k in given or {} if k in RESERVED_KWARGS]:
             raise ApiError(400, f"'{param}' may not set {reserved[0]!r}: the server sets it", param=param)
         kwargs = {**dict(self._serving.template_kwargs), **(given or {})}
@@ -241,4 +243,6 @@ class ToolRequest(Request):
         if thinking is not None:
             name, on, off = (self.family or FAMILIES["think"]).switch
             kwargs.setdefault(name, on if thinking else off)
+        if budget is not None and self.family is not None and self.family.budget:
+            kwargs.setdefault(self.family.budget, budget)
         return kwargs

@@ -26,6 +26,8 @@ class Family:
     text: str = ""  # what the answer writes before plain text, after the lead (Functionary v3.2's "all\n")
     efforts: tuple[tuple[str, str], ...] = ()  # its template takes ``reasoning_effort`` itself: the value it takes
     # for each effort a request may give (gpt-oss's low, medium, high; Hunyuan 3's no_think, low, high)
+    budget: str = ""  # its template's variable for the reasoning budget in tokens, given the request's budget
+    # (Seed-OSS's thinking_budget: the template tells the model how many tokens it may think)
     switch: tuple[str, object, object] = ("enable_thinking", True, False)  # the template's variable that turns
     # thinking on and off, and its two values (Qwen's, DeepSeek's, GLM's enable_thinking; MiniMax M3's thinking_mode)
 
@@ -77,7 +79,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("command-r7b", "cohere", ("<|START_THINKING|>", "<|END_THINKING|>"), openers=("<|START_ACTION|>",),
            drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>")),
     Family("minimax-m2", "minimax", THINK, openers=("<minimax:tool_call>",)),
-    Family("seed-oss", "seed", ("<seed:think>", "</seed:think>"), openers=("<seed:tool_call>",)),
+    Family("seed-oss", "seed", ("<seed:think>", "</seed:think>"), openers=("<seed:tool_call>",),
+           budget="thinking_budget"),
     Family("kimi-k3", "kimi3", (_k3("think"), _k3("think", True)), openers=(_k3("tools"),),
            drop=(_k3("response"), _k3("response", True), _k3("message", True))),
     Family("deepseek-v3.2", "dsml", THINK, openers=(f"<{_DSML}function_calls>",)),
