@@ -161,7 +161,9 @@ def calls_grammar(tools: list[Tool], many: bool, family: Family | None = None) -
     under its parameters schema."""
     schemas = [(t.function.name, t.function.arguments_schema()) for t in tools]
     grammar = format_calls(family or FAMILIES["hermes"], schemas, MAX_PARALLEL_CALLS if many else 1)
-    return after_thinking(grammar, None if family is None else family.think)
+    if family is None:
+        return after_thinking(grammar, None)
+    return after_thinking(grammar, family.think, bare=family.bare_close)
 
 
 @dataclass(frozen=True)

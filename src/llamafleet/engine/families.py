@@ -26,6 +26,7 @@ class Family:
     text: str = ""  # what the answer writes before plain text, after the lead (Functionary v3.2's "all\n")
     efforts: tuple[tuple[str, str], ...] = ()  # its template takes ``reasoning_effort`` itself: the value it takes
     # for each effort a request may give (gpt-oss's low, medium, high; Hunyuan 3's no_think, low, high)
+    bare_close: bool = False  # an answer without thinking may open with the close marker alone (MiniMax M3's)
     budget: str = ""  # its template's variable for the reasoning budget in tokens, given the request's budget
     # (Seed-OSS's thinking_budget: the template tells the model how many tokens it may think)
     switch: tuple[str, object, object] = ("enable_thinking", True, False)  # the template's variable that turns
@@ -110,8 +111,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("minicpm5", "minicpm", THINK, openers=('<function name="',)),
     Family("minimax-m1", "minimax-m1", THINK, openers=("<tool_calls>",)),  # (its template shows no thinking; it thinks)
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
-           drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
-    # opens with a bare close marker)
+           drop=("</mm:think>",), bare_close=True, switch=("thinking_mode", "enabled", "disabled")),
     # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),
