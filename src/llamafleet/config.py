@@ -123,6 +123,8 @@ class FleetConfig(BaseModel):
                             "joined this host to) or its address HOST:PORT; unset = on this machine")
     ray_port: int = Field(0, ge=0, le=65535, description="with ray: the port replicas connect back to the API "
                           "process on; 0 = any free port")
+    ray_place_timeout_s: float = Field(30.0, gt=0, description="with ray: how long a replica waits for a node "
+                                       "with room before its load fails (and is retried with backoff)")
 
     # Capacity of each replica.
     # Left unset (not merely equal to the default), these two are fitted by the planner: see docs/PLANNER.md.

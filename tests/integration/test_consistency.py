@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from llamafleet import cli
 from llamafleet.consistency.prompts import builtin_prompts
 
 PROMPTS = [
@@ -121,7 +122,13 @@ def test_a_reference_that_cannot_run_fails_the_check(model_path: Path, tmp_path:
         (["--concurrency", "0"], "max_tokens and concurrency must be >= 1"),
     ],
 )
-def test_unusable_input_exits_2_before_loading(model_path: Path, tmp_path: Path, args: list[str], message: str) -> None:
-    proc, out = consistency(args, model_path, tmp_path)
-    assert proc.returncode == 2 and message in proc.stderr
+def test_unusable_input_exits_2_before_loading(model_path: Path, tmp_path: Path, args: list[str], message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's checks, run in this process (they come before any worker or model is started)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    rc = cli.main(["consistency", "--model", str(model_path), "--prompts", str(prompts), "--max-tokens", "16",
+                   "--ctx", "512", "--threads", "1", "--out", str(out), *args])
+    assert rc == 2 and message in capsys.readouterr().err
     assert not out.exists()

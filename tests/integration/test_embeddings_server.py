@@ -85,7 +85,7 @@ def test_embeddings_beside_streamed_chats(fleet: FleetServer, client: OpenAI, mo
     def chat() -> None:
         try:
             stream = client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "Count from one to twenty."}], max_tokens=40,
+                model=model, messages=[{"role": "user", "content": "Count from one to twenty."}], max_tokens=24,
                 temperature=0, stream=True, extra_body={"ignore_eos": True})
             texts.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
         except BaseException as e:  # noqa: BLE001 - reported below
@@ -93,23 +93,23 @@ def test_embeddings_beside_streamed_chats(fleet: FleetServer, client: OpenAI, mo
 
     def embed(i: int) -> None:
         try:
-            inputs = [f"document {i} part {j}: " + "words about things " * (5 + 10 * j) for j in range(4)]
+            inputs = [f"document {i} part {j}: " + "words about things " * (3 + 5 * j) for j in range(4)]
             embedded.append(vectors(client.embeddings.create(model=model, input=inputs)))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=chat) for _ in range(4)] + [
-        threading.Thread(target=embed, args=(i,)) for i in range(6)]
+        threading.Thread(target=embed, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
     assert not errors, errors
     assert len(texts) == 4 and all(t for t in texts)
-    assert len(embedded) == 6 and all(e.shape == (4, N_EMBD) for e in embedded)
+    assert len(embedded) == 4 and all(e.shape == (4, N_EMBD) for e in embedded)
     metrics = httpx.get(f"{fleet.url}/metrics", timeout=30).text
     counted = [line for line in metrics.splitlines() if line.startswith("llamafleet_embedding_inputs_total")]
-    assert counted and float(counted[0].split()[-1]) >= 24
+    assert counted and float(counted[0].split()[-1]) >= 16
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,20 @@ PROMPTS = [
     "Water boils at a temperature of",
     "The largest planet in the solar system is",
 ]
-GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     cfg = EngineConfig(model_path=str(default_model_path(progress=False)), n_seq=8, n_ctx_per_seq=256, n_batch=256)
+    with Engine(cfg) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def small(engine: Engine) -> Iterator[Engine]:
+    """4 slots of 128 tokens, one pass at a time: for tests that fill a context or step a pass by hand."""
+    cfg = EngineConfig(model_path=engine.cfg.model_path, n_seq=4, n_ctx_per_seq=128, n_batch=128, overlap=False)
     with Engine(cfg) as eng:
         yield eng
 
@@ -42,7 +50,7 @@ def test_greedy_tokens_identical_alone_and_batched(engine: Engine) -> None:
     batched = engine.generate([req(engine, f"b{i}", p) for i, p in enumerate(PROMPTS)])
     for i in range(len(PROMPTS)):
         a, b = alone[f"a{i}"], batched[f"b{i}"]
-        assert len(a.token_ids) == 48 and a.finish_reason == "length"
+        assert len(a.token_ids) == GREEDY.max_tokens and a.finish_reason == "length"
         assert a.token_ids == b.token_ids, f"prompt {i} diverged"
         assert a.text == b.text
 
@@ -55,17 +63,16 @@ def test_seeded_sampling_is_reproducible_and_seed_matters(engine: Engine) -> Non
               enumerate(PROMPTS[:3])]
     again = engine.generate([*others, req(engine, "s2", PROMPTS[2], p)])["s2"]
     assert first.text == again.text and first.token_ids == again.token_ids
-    seeds = {engine.generate([req(engine, f"d{k}", PROMPTS[2], SamplingParams(
-        max_tokens=32, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=k, ignore_eos=True))])[f"d{k}"].text
-        for k in range(4)}
-    assert len(seeds) > 1
+    draws = engine.generate([req(engine, f"d{k}", PROMPTS[2], SamplingParams(
+        max_tokens=32, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=k, ignore_eos=True)) for k in range(4)])
+    assert len({d.text for d in draws.values()}) > 1  # in one batch: each sequence samples with its own seed
 
 
 def test_stop_string_ends_generation_and_is_not_in_the_text(engine: Engine) -> None:
     free = engine.generate([req(engine, "f", PROMPTS[2])])["f"].text
     stop = free.strip().split()[3]  # a word the model will produce
     out = engine.generate([req(engine, "s", PROMPTS[2], SamplingParams(
-        max_tokens=48, temperature=0.0, stop=(stop,)))])["s"]
+        max_tokens=GREEDY.max_tokens, temperature=0.0, stop=(stop,)))])["s"]
     assert out.finish_reason == "stop"
     assert stop not in out.text
     assert free.startswith(out.text)
@@ -159,14 +166,14 @@ def test_requests_that_cannot_fit_are_refused_with_numbers(engine: Engine) -> No
         SamplingParams(max_tokens=0)
 
 
-def test_no_max_tokens_means_until_the_context_is_full(engine: Engine) -> None:
+def test_no_max_tokens_means_until_the_context_is_full(small: Engine) -> None:
     """OpenAI's "max_tokens not given": the engine alone decides how far that is (prompt + answer = the context)."""
-    prompt = req(engine, "x", PROMPTS[0]).prompt_tokens
-    done = engine.generate([Request("open", prompt, SamplingParams(temperature=0.0, ignore_eos=True))])["open"]
+    prompt = req(small, "x", PROMPTS[0]).prompt_tokens
+    done = small.generate([Request("open", prompt, SamplingParams(temperature=0.0, ignore_eos=True))])["open"]
     assert done.finish_reason == "length"
-    assert done.prompt_tokens + done.completion_tokens == 256
-    with pytest.raises(ValueError, match=r"no room for an answer .* \(256 tokens\)"):
-        engine.add_request(Request("full", tuple([1] * 256), SamplingParams()))
+    assert done.prompt_tokens + done.completion_tokens == 128
+    with pytest.raises(ValueError, match=r"no room for an answer .* \(128 tokens\)"):
+        small.add_request(Request("full", tuple([1] * 128), SamplingParams()))
 
 
 def test_chat_contents_that_spell_special_tokens_stay_plain_text(engine: Engine) -> None:
@@ -189,7 +196,7 @@ def test_text_that_is_not_unicode_is_refused_not_crashed_on(engine: Engine) -> N
 
 def test_logit_bias_bans_and_forces_tokens_greedy_included(engine: Engine) -> None:
     plain = engine.generate([req(engine, "p", PROMPTS[0])])["p"].token_ids
-    banned = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True, logit_bias=((plain[0], -100.0),))
+    banned = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, logit_bias=((plain[0], -100.0),))
     first = engine.generate([req(engine, "b", PROMPTS[0], banned)])["b"].token_ids[0]
     assert first != plain[0]
     forced = SamplingParams(max_tokens=4, temperature=0.9, seed=1, ignore_eos=True, logit_bias=((plain[3], 100.0),))
@@ -241,9 +248,9 @@ def test_overlapped_and_serial_steps_give_the_same_answers(engine: Engine) -> No
     probe = engine.generate([req(engine, "p", PROMPTS[2])])["p"].text
     stop = probe[len(probe) // 2:len(probe) // 2 + 6]  # hit mid-answer, while the next token is being decoded
     mixed = [
-        SamplingParams(max_tokens=48, temperature=0.0, stop=(stop,), ignore_eos=True),
+        SamplingParams(max_tokens=GREEDY.max_tokens, temperature=0.0, stop=(stop,), ignore_eos=True),
         SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True),
-        SamplingParams(max_tokens=40, temperature=0.0),  # may end at EOS
+        SamplingParams(max_tokens=24, temperature=0.0),  # may end at EOS
         SamplingParams(max_tokens=20, temperature=0.8, seed=5, stop=(".",)),
         SamplingParams(max_tokens=16, temperature=0.0, logprobs=True, ignore_eos=True),
     ]
@@ -281,21 +288,19 @@ def test_threaded_argmax_matches_numpy() -> None:
         assert np.array_equal(argmax_rows(logits), np.argmax(logits, axis=1))
 
 
-def test_a_refused_decode_fails_its_batch_and_the_engine_goes_on(engine: Engine) -> None:
+def test_a_refused_decode_fails_its_batch_and_the_engine_goes_on(small: Engine) -> None:
     """llama.cpp refuses a batch (here: a token id it does not know, slipped in after the checks); every sequence
     of that batch ends with "error" and the message, their slots are freed, and the next request runs normally."""
-    cfg = EngineConfig(model_path=engine.cfg.model_path, n_seq=4, n_ctx_per_seq=128, n_batch=128, overlap=False)
-    with Engine(cfg) as eng:
-        for rid in ("bad", "mate"):
-            eng.add_request(req(eng, rid, PROMPTS[0], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)))
-        eng.step()  # one pass at a time: the token sampled here is fed by the next step
-        next(s for s in eng._running if s.request_id == "bad").tokens[-1] = eng.model.n_vocab + 5
-        outs = [o for o in eng.step() if o.finished]
-        assert sorted(o.request_id for o in outs) == ["bad", "mate"]
-        assert all(o.finish_reason == "error" and o.error and "llama_decode failed" in o.error for o in outs)
-        assert eng.stats().slots_busy == 0 and not eng.has_work()
-        again = eng.generate([req(eng, "after", PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0))])
-        assert again["after"].finish_reason in ("length", "stop") and again["after"].completion_tokens > 0
+    for rid in ("bad", "mate"):
+        small.add_request(req(small, rid, PROMPTS[0], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)))
+    small.step()  # one pass at a time: the token sampled here is fed by the next step
+    next(s for s in small._running if s.request_id == "bad").tokens[-1] = small.model.n_vocab + 5
+    outs = [o for o in small.step() if o.finished]
+    assert sorted(o.request_id for o in outs) == ["bad", "mate"]
+    assert all(o.finish_reason == "error" and o.error and "llama_decode failed" in o.error for o in outs)
+    assert small.stats().slots_busy == 0 and not small.has_work()
+    again = small.generate([req(small, "after", PROMPTS[1], SamplingParams(max_tokens=5, temperature=0.0))])
+    assert again["after"].finish_reason in ("length", "stop") and again["after"].completion_tokens > 0
 
 
 def test_on_a_cpu_prompts_arriving_together_are_prefilled_one_after_the_other(engine: Engine) -> None:

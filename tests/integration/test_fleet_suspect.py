@@ -157,17 +157,25 @@ def test_a_lone_frozen_replica_keeps_its_requests_until_it_wakes(lone_replica: F
     _wait_for(lambda: not _replicas(server)[0]["suspect"], 30, "the thawed replica did not rejoin")
 
 
-def test_a_slow_but_alive_replica_is_never_suspected(lone_replica: FleetServer) -> None:
-    server = lone_replica
-    suspected = metric(scrape(server.url), "llamafleet_replica_suspect_total", replica="0")
-    logged = server.log().count("suspect: it sent nothing")  # (the test before froze it once)
-    body = {"model": server.model(), "prompt": "hello " * 1900, "max_tokens": 1, "temperature": 0}
+def _prefill(server: FleetServer, word: str, words: int) -> tuple[int, float]:
+    """One completion of ``word`` said ``words`` times and one token: its prompt tokens, and how long it took."""
+    body = {"model": server.model(), "prompt": f"{word} " * words, "max_tokens": 1, "temperature": 0}
     t0 = time.monotonic()
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=600)
     took = time.monotonic() - t0
     assert r.status_code == 200, r.text
-    assert r.json()["usage"]["prompt_tokens"] > 1500
-    print(f"\none prefill step of {r.json()['usage']['prompt_tokens']} tokens on one thread: {took:.1f}s")
+    return int(r.json()["usage"]["prompt_tokens"]), took
+
+
+def test_a_slow_but_alive_replica_is_never_suspected(lone_replica: FleetServer) -> None:
+    server = lone_replica
+    suspected = metric(scrape(server.url), "llamafleet_replica_suspect_total", replica="0")
+    logged = server.log().count("suspect: it sent nothing")  # (the test before froze it once)
+    # a prompt this machine prefills in about 4 floors (the longer the prompt, the slower each token: a little more);
+    # another word than the probe's, so that no prefix of it is cached
+    tokens, took = _prefill(server, "world", 200)
+    tokens, took = _prefill(server, "hello", max(200, min(1900, int(4 * FLOOR_S * tokens / took))))
+    print(f"\none prefill step of {tokens} tokens on one thread: {took:.1f}s")
     assert took > 2 * FLOOR_S  # one step far longer than the floor: its engine loop was silent that long
     assert metric(scrape(server.url), "llamafleet_replica_suspect_total", replica="0") == suspected
     assert server.log().count("suspect: it sent nothing") == logged

@@ -163,7 +163,11 @@ def test_a_client_that_reads_nothing_is_disconnected(guarded: FleetServer) -> No
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(address(guarded))
         sock.sendall(get("/metrics") * n)
-        time.sleep(TIMEOUT_S + 3)  # read nothing: the server's buffers fill, its writes stall
+        # read nothing: the server's buffers fill, its writes stall, and after write_timeout_s it gives up
+        deadline = time.monotonic() + 60
+        while "it read nothing of its answer" not in guarded.log():
+            assert time.monotonic() < deadline, "the server never gave up on the client that reads nothing"
+            time.sleep(0.1)
         sock.settimeout(10)
         answers = read_all(sock)
     got = answers.count(b"HTTP/1.1 200 OK")

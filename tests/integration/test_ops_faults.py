@@ -105,7 +105,7 @@ def test_queue_full_burst_gets_429_with_retry_after_and_nothing_is_lost(
     server = launch_fleet(["--model", str(model_path), "--replicas", "1", "--parallel", "2", "--ctx", "128",
                            "--threads", "1", "--max-queue-per-replica", "2", "--max-queue", "2"])
     model = server.wait_ready()["model"]
-    n = 24
+    n = 12  # three times what the 2 slots and 2 queue places take
     answers: dict[int, list[str]] = {i: [] for i in range(n)}  # request -> the completion ids it got
     statuses: list[int] = []
     pending = list(range(n))

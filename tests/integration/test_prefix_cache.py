@@ -10,7 +10,7 @@ demo model, "How early must a cake be ordered?" after this system text is answer
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,14 +52,14 @@ def chat(question: str, system: str = SYSTEM, before: Chat | None = None) -> Cha
     return [{"role": "system", "content": system}, *(before or []), {"role": "user", "content": question}]
 
 
-def both(engines: tuple[Engine, Engine], chats: list[Chat]) -> tuple[list[Generation], list[Generation]]:
-    """Run ``chats`` together on the engine with the cache and on the one without; answers in input order."""
+def both(engines: tuple[Engine, ...], chats: list[Chat]) -> list[list[Generation]]:
+    """Run ``chats`` together on each engine (the one with the cache, the one without); answers in input order."""
     results = []
     for eng in engines:
         reqs = [Request(f"q{i}", tuple(eng.tokenize_chat(c)), GREEDY) for i, c in enumerate(chats)]
         got = eng.generate(reqs)
         results.append([got[r.request_id] for r in reqs])
-    return results[0], results[1]
+    return results
 
 
 def test_shared_prefix_burst_repeat_and_next_turn_give_the_same_greedy_answers(
@@ -75,8 +75,9 @@ def test_shared_prefix_burst_repeat_and_next_turn_give_the_same_greedy_answers(
     assert all(p.cached_tokens == 0 for p in plain)
     computed = on.stats().prompt_tokens_total - before.prompt_tokens_total
     assert computed < n_system + 4 * 24  # the shared part once, then each question's own tokens
-    # the same prompts again: each finds its own prompt in a free slot, all but the last token
-    again, _ = both(engines, [chat(q) for q in QUESTIONS])
+    # the same prompts again (on the cache's engine: the answers to compare with are the plain ones above): each
+    # finds its own prompt in a free slot, all but the last token
+    again = both((on,), [chat(q) for q in QUESTIONS])[0]
     assert [a.token_ids for a in again] == [p.token_ids for p in plain]
     assert [a.cached_tokens for a in again] == [a.prompt_tokens - 1 for a in again]
     # the next turn: the whole first turn (prompt + answer) comes back, with a new question
@@ -153,12 +154,10 @@ def test_the_kv_calls_copy_a_whole_sequence_and_cut_it(model_path: Path) -> None
         assert ctx.keep_prefix(0, 0) and ctx.kv_length(0) == 0
 
 
-def test_the_server_reports_cached_prompt_tokens_in_usage_and_metrics(
-        launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) -> None:
-    server = launch_fleet(["--model", str(model_path), "--replicas", "1", "--parallel", "2", "--ctx", "512",
-                           "--threads", "1"])
-    server.wait_ready()
-    client, model = server.client(), server.model()
+def test_the_server_reports_cached_prompt_tokens_in_usage_and_metrics(fleet: FleetServer) -> None:
+    """On the shared server (the prefix routing sends each request to the replica that holds the prompt)."""
+    client, model = fleet.client(), fleet.model()
+    before = scrape(fleet.url)
 
     def messages(question: str) -> list[ChatCompletionMessageParam]:
         return [{"role": "system", "content": SYSTEM * 2}, {"role": "user", "content": question}]
@@ -174,6 +173,10 @@ def test_the_server_reports_cached_prompt_tokens_in_usage_and_metrics(
     cached = [u.prompt_tokens_details.cached_tokens for u in usages if u and u.prompt_tokens_details]
     assert len(prompt) == len(cached) == 3 and prompt[0] > 200
     assert cached[0] == 0 and all(c is not None and c >= 0.9 * p for c, p in zip(cached[1:], prompt[1:], strict=True))
-    text = scrape(server.url)
-    assert metric(text, "llamafleet_prompt_tokens_cached_total") == sum(c or 0 for c in cached)
-    assert metric(text, "llamafleet_prompt_tokens_computed_total") == sum(prompt) - sum(c or 0 for c in cached)
+    text = scrape(fleet.url)
+
+    def grew(name: str) -> float:
+        return metric(text, name) - metric(before, name)
+
+    assert grew("llamafleet_prompt_tokens_cached_total") == sum(c or 0 for c in cached)
+    assert grew("llamafleet_prompt_tokens_computed_total") == sum(prompt) - sum(c or 0 for c in cached)

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.slow
 HEADER = "x-llamafleet-replicas"
 LOOPBACK = {"node_ip_address": "127.0.0.1", "object_store_memory": 100 << 20}  # every Ray address on 127.0.0.1
 NODE = {"num_cpus": 1, **LOOPBACK}
+PLACE_TIMEOUT_S = 8  # ray_place_timeout_s (30 s by default): how long a lost replica waits for room, each attempt
 
 
 def _parent(pid: int) -> int:
@@ -76,12 +77,14 @@ def ray_model(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.fixture(scope="module")
-def ray_server(ray_cluster: RayCluster, launch_fleet: Callable[[list[str]], FleetServer], ray_model: Path
-               ) -> Iterator[FleetServer]:
+def ray_server(ray_cluster: RayCluster, launch_fleet: Callable[[list[str]], FleetServer], ray_model: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetServer]:
+    config = tmp_path_factory.mktemp("ray-config") / "fleet.yaml"
+    config.write_text(f"ray_place_timeout_s: {PLACE_TIMEOUT_S}\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the server's Ray side on 127.0.0.1 too
-        server = launch_fleet(["--model", str(ray_model), "--ray", ray_cluster.cluster.address, "--parallel", "4",
-                               "--ctx", "512"])
+        server = launch_fleet(["--config", str(config), "--model", str(ray_model), "--ray",
+                               ray_cluster.cluster.address, "--parallel", "4", "--ctx", "512"])
     server.wait_ready()
     yield server
     server.stop()  # before the cluster goes
@@ -121,7 +124,9 @@ def test_ray_node_lost_under_load_fails_its_requests_and_the_replica_returns_on_
     reps = ray_server.wait_all_ready()["replicas"]
     a, b = ray_cluster.nodes
     lost_index = 0 if _on(b, reps[0]) else 1
-    streams = [_Stream(ray_server, ray_server.model(), max_tokens=200) for _ in range(6)]
+    # the lost node's streams fail at once (a few tokens in): 100 tokens keep them running past the removal, and
+    # the other node's run them to the end
+    streams = [_Stream(ray_server, ray_server.model(), max_tokens=100) for _ in range(6)]
     for s in streams:
         s.start()
     for s in streams:

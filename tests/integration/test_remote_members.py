@@ -1,8 +1,8 @@
 """Remote members: a front llamafleet whose replicas are other llamafleet servers, over real HTTP on loopback.
 
-The upstreams are real ``llamafleet serve`` processes with the demo model (the session's shared ``fleet``, or one
-started here so that it can be killed); the fronts load no model. Every answer is checked against the upstream's own
-greedy answer to the same request, through the OpenAI SDK.
+The upstreams are real ``llamafleet serve`` processes: the shared ``fleet`` (the demo model), or a server started here
+that relays it, so that it can want a key or be killed. Every answer is checked against the upstream's own greedy
+answer to the same request, through the OpenAI SDK.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
             pass
         time.sleep(0.2)
     pytest.fail(f"{what} within {timeout:.0f}s")
+
+
+def upstream_args(tmp_path: Path, fleet: FleetServer, keys: Path) -> list[str]:
+    """``serve`` arguments of an upstream that wants a key of ``keys``: a server that relays the shared fleet (it
+    loads no model of its own, so that it starts in a moment; the front cannot tell)."""
+    return [*front_args(tmp_path, [{"url": fleet.url}], model_name="upstream"), "--api-keys-file", str(keys)]
 
 
 def member_report(front: FleetServer) -> dict[str, Any]:
@@ -158,13 +164,13 @@ def test_a_client_that_leaves_mid_stream_frees_the_members_slot_and_the_upstream
     wait_for(lambda: idle(front) and idle(fleet), 4, "slots stayed busy after the client left")  # 500 tokens: ~8 s
 
 
-def test_remote_member_with_a_wrong_key_is_down_and_says_why(launch_fleet: Launch, tmp_path: Path) -> None:
+def test_remote_member_with_a_wrong_key_is_down_and_says_why(launch_fleet: Launch, fleet: FleetServer,
+                                                             tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("right-key\n", encoding="utf-8")
     wrong = tmp_path / "wrong"
     wrong.write_text("wrong-key\n", encoding="utf-8")
-    upstream = launch_fleet(["--replicas", "1", "--parallel", "2", "--ctx", "256", "--threads", "1",
-                             "--api-keys-file", str(keys)])
+    upstream = launch_fleet(upstream_args(tmp_path, fleet, keys))
     upstream.wait_ready()
     front = launch_fleet(front_args(tmp_path, [{"url": upstream.url, "api_key_file": str(wrong)}],
                                     model_name="relayed"))
@@ -176,14 +182,12 @@ def test_remote_member_with_a_wrong_key_is_down_and_says_why(launch_fleet: Launc
     assert "stopped:" not in front.log()
 
 
-def test_remote_upstream_that_dies_mid_stream_fails_cleanly_and_comes_back(launch_fleet: Launch,
+def test_remote_upstream_that_dies_mid_stream_fails_cleanly_and_comes_back(launch_fleet: Launch, fleet: FleetServer,
                                                                           tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("member-key\n", encoding="utf-8")
-    port = free_port()
-    upstream_args = ["--replicas", "1", "--parallel", "2", "--ctx", "512", "--threads", "1", "--port", str(port),
-                     "--api-keys-file", str(keys)]
-    upstream = launch_fleet(upstream_args)
+    args = [*upstream_args(tmp_path, fleet, keys), "--port", str(free_port())]
+    upstream = launch_fleet(args)
     upstream.wait_ready()
     os.environ["TEST_REMOTE_MEMBER_KEY"] = "member-key"  # the front reads the member's key from its environment
     try:
@@ -208,49 +212,20 @@ def test_remote_upstream_that_dies_mid_stream_fails_cleanly_and_comes_back(launc
     assert refused.value.status_code == 503
 
     upstream.stop()
-    again = launch_fleet(upstream_args)
+    again = launch_fleet(args)
     again.wait_ready()
     front.wait_ready(timeout=90)  # re-probed with backoff: at most 30 s apart
     out = front.client().completions.create(model="relayed", prompt="Once upon a time", temperature=0, max_tokens=6)
     assert out.choices[0].text and member_report(front)["restarts"] >= 1
 
 
-def test_remote_and_local_replicas_of_one_model_share_the_load(launch_fleet: Launch, fleet: FleetServer,
-                                                               model_path: Path, tmp_path: Path) -> None:
-    front = launch_fleet([*front_args(tmp_path, [{"url": fleet.url, "max_concurrency": 4}]),
-                          "--model", str(model_path), "--replicas", "1", "--parallel", "4", "--ctx", "512",
-                          "--threads", "1", "--routing", "least_outstanding"])
-    body = front.wait_ready()
-    assert [r["where"] for r in body["replicas"]] == ["CPU", f"remote {fleet.url}"]
-    model = front.model()
-
-    def ask(i: int) -> tuple[str, str]:
-        r = httpx.post(f"{front.url}/v1/completions", timeout=120, json={
-            "model": model, "prompt": f"Count to {i}:", "max_tokens": 16, "temperature": 0})
-        assert r.status_code == 200, r.text
-        return r.headers["x-llamafleet-replicas"], r.json()["choices"][0]["text"]
-
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(ask, range(8)))
-    assert {where for where, _ in answers} == {"0", "1"}
-    # both kinds of replica give the same greedy answer to the same prompt
-    want = fleet.client().completions.create(model=fleet.model(), prompt="Count to 3:", max_tokens=16, temperature=0)
-    assert answers[3][1] == want.choices[0].text
-    # a request a member cannot relay (scoring the prompt) goes to the local replica, every time
-    for _ in range(3):
-        r = httpx.post(f"{front.url}/v1/completions", timeout=60, json={
-            "model": model, "prompt": "Count to 3:", "max_tokens": 0, "echo": True, "logprobs": 1})
-        assert r.status_code == 200 and r.headers["x-llamafleet-replicas"] == "0", r.text
-
-
-def test_remote_members_of_one_model_in_a_models_list_load_and_unload_with_it(launch_fleet: Launch,
-                                                                             fleet: FleetServer, model_path: Path,
-                                                                             tmp_path: Path) -> None:
+def test_remote_members_of_one_model_in_a_models_list_share_its_load_and_load_and_unload_with_it(
+        launch_fleet: Launch, fleet: FleetServer, model_path: Path, tmp_path: Path) -> None:
     admin = tmp_path / "admin"
     admin.write_text("admin-key\n", encoding="utf-8")
     config = tmp_path / "models.yaml"
     config.write_text(yaml.safe_dump({"parallel": 2, "context_length": 256, "threads": 1,
-                                      "admin_api_keys_file": str(admin), "models": [
+                                      "routing": "least_outstanding", "admin_api_keys_file": str(admin), "models": [
         {"name": "near", "path": str(model_path), "pinned": True},
         {"name": "spread", "path": str(model_path), "remote": [{"url": fleet.url, "max_concurrency": 2}]},
         {"name": "far", "aliases": ["elsewhere"], "remote": [{"url": fleet.url}]},
@@ -263,6 +238,23 @@ def test_remote_members_of_one_model_in_a_models_list_load_and_unload_with_it(la
     body = front.wait_all_ready(60)
     spread = {r["index"]: r["where"] for r in body["replicas"] if str(r["index"]).startswith("spread/")}
     assert spread == {"spread/0": "spread on CPU", "spread/1": f"spread on remote {fleet.url}"}
+
+    # the local and the remote replica of one model share its load, and give the same greedy answers
+    def ask(i: int) -> tuple[str, str]:
+        r = httpx.post(f"{front.url}/v1/completions", timeout=120, json={
+            "model": "spread", "prompt": f"Count to {i}:", "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.headers["x-llamafleet-replicas"], r.json()["choices"][0]["text"]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    assert {where for where, _ in answers} == {"0", "1"}  # the model's replicas: spread/0 and spread/1
+    assert answers[3][1] == want.choices[0].text
+    # a request a member cannot relay (scoring the prompt) goes to the local replica, every time
+    for _ in range(3):
+        r = httpx.post(f"{front.url}/v1/completions", timeout=60, json={
+            "model": "spread", "prompt": "Count to 3:", "max_tokens": 0, "echo": True, "logprobs": 1})
+        assert r.status_code == 200 and r.headers["x-llamafleet-replicas"] == "0", r.text
     card = httpx.get(f"{front.url}/v1/models/spread", timeout=10).json()
     assert card["where"] == ["CPU", f"remote {fleet.url}"]
     r = httpx.post(f"{front.url}/admin/models/spread/unload", headers={"Authorization": "Bearer admin-key"},

@@ -1,13 +1,11 @@
-"""Prefix-aware routing on a real 2-replica server: a conversation's turns stay on the replica that holds its history,
-unrelated requests still spread over both, and /metrics says why each sequence went where it went."""
+"""Prefix-aware routing (the default policy) on the shared 2-replica server: a conversation's turns stay on the replica
+that holds its history, unrelated requests still spread over both, and /metrics says why each sequence went where it
+went."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from scrape import metric, scrape
 
@@ -18,17 +16,9 @@ SYSTEM = ("You are the help desk of a small hardware shop. Answer in one short s
           "never recommend a brand. If the question is not about tools, say that you only know about tools. ") * 2
 
 
-@pytest.fixture(scope="module")
-def server(launch_fleet: Callable[[list[str]], FleetServer], model_path: Path) -> FleetServer:
-    s = launch_fleet(["--model", str(model_path), "--replicas", "2", "--parallel", "4", "--ctx", "1024",
-                      "--threads", "1", "--routing", "prefix"])
-    s.wait_ready()
-    return s
-
-
-def test_a_conversations_turns_stay_on_one_replica(server: FleetServer) -> None:
-    client, model = server.client(), server.model()
-    before = scrape(server.url)
+def test_a_conversations_turns_stay_on_one_replica(fleet: FleetServer) -> None:
+    client, model = fleet.client(), fleet.model()
+    before = scrape(fleet.url)
     messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM}]
     placed = []
     for question in ("Which screwdriver fits a cross-head screw?", "And for a hexagonal socket?",
@@ -40,14 +30,14 @@ def test_a_conversations_turns_stay_on_one_replica(server: FleetServer) -> None:
         messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
     # one request at a time on idle replicas: least_outstanding would alternate 0, 1, 0, 1
     assert len(set(placed)) == 1, placed
-    after = scrape(server.url)
+    after = scrape(fleet.url)
     for reason, grew in (("prefix", 3), ("load", 1)):
         assert (metric(after, "llamafleet_routing_decisions_total", reason=reason)
                 - metric(before, "llamafleet_routing_decisions_total", reason=reason)) == grew
 
 
-def test_unrelated_requests_still_spread_over_both_replicas(server: FleetServer) -> None:
-    client, model = server.client(), server.model()
+def test_unrelated_requests_still_spread_over_both_replicas(fleet: FleetServer) -> None:
+    client, model = fleet.client(), fleet.model()
 
     def ask(i: int) -> int:
         prompt = f"Request {i}. " + "Write a list of things a person might keep in a kitchen drawer. " * 5

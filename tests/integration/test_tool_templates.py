@@ -1,4 +1,4 @@
-"""Tools rendered by the model's own chat template, with real models and real servers: the demo model with a
+"""Tools rendered by the model's own chat template, with real models and a real server of them: the demo model with a
 ChatML template that shows tools (its GGUF copied with new metadata by the ``gguf`` package's own script), and a
 synthetic model carrying a Llama 3.1-style template. The prompt a server builds is the template's rendering (its
 token count says so), message contents and tool text that spell special tokens never become them, a template's
@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 from openai import OpenAI
 
 from llamafleet.engine.engine import Engine  # isort: skip  (llama.cpp before numpy: see engine/llama.py)
@@ -138,48 +139,47 @@ def test_a_llama_style_template_on_a_synthetic_model(header: Engine) -> None:
 
 
 @pytest.fixture(scope="module")
-def servers(launch_fleet: Callable[[list[str]], FleetServer], chatml_model: Path,
-            header_model: Path) -> dict[str, FleetServer]:
-    started = {name: launch_fleet(["--model", str(path), "--replicas", "1", "--parallel", "2", "--ctx", "2048",
-                                   "--threads", "1"]) for name, path in (("chatml", chatml_model),
-                                                                          ("header", header_model))}
-    for server in started.values():
-        server.wait_ready()
+def server(launch_fleet: Callable[[list[str]], FleetServer], chatml_model: Path, header_model: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
+    """One server of both models (named ``chatml`` and ``header``), each one replica of 2 slots x 2,048 tokens."""
+    config = tmp_path_factory.mktemp("templates") / "fleet.yaml"
+    config.write_text(yaml.safe_dump({"parallel": 2, "context_length": 2048, "threads": 1, "models": [
+        {"name": "chatml", "path": str(chatml_model), "pinned": True},
+        {"name": "header", "path": str(header_model), "pinned": True}]}), encoding="utf-8")
+    started = launch_fleet(["--config", str(config)])
+    started.wait_ready()
     return started
 
 
-def test_a_server_prompts_with_the_models_template(servers: dict[str, FleetServer], chatml: Engine) -> None:
-    server = servers["chatml"]
+def test_a_server_prompts_with_the_models_template(server: FleetServer, chatml: Engine) -> None:
     client = server.client()
     req = _request(ROUND_TRIP, [WEATHER])
-    out = client.chat.completions.create(model=server.model(), messages=ROUND_TRIP, tools=[WEATHER],  # type: ignore
+    out = client.chat.completions.create(model="chatml", messages=ROUND_TRIP, tools=[WEATHER],  # type: ignore
                                          tool_choice="required", max_tokens=60, temperature=0)
     assert out.usage is not None and out.usage.prompt_tokens == len(prompt_ids(chatml, req))
     assert out.usage.prompt_tokens != len(generic_ids(chatml, req))
     assert out.choices[0].finish_reason == "tool_calls"  # forced, and parsed out of the model's answer
     # one call: with parallel calls the model may start a second one that max_output_tokens cuts off, and a call cut
     # off stays text (a message item), as a broken block does
-    r = client.responses.create(model=server.model(), input="What is the weather in Paris?", max_output_tokens=60,
+    r = client.responses.create(model="chatml", input="What is the weather in Paris?", max_output_tokens=60,
                                 tools=[{"type": "function", **WEATHER["function"]}], tool_choice="required",
                                 parallel_tool_calls=False)
     assert [item.type for item in r.output] == ["function_call"], [getattr(i, "content", None) for i in r.output]
 
 
-def test_a_template_refusal_is_a_400(servers: dict[str, FleetServer]) -> None:
-    server = servers["header"]
+def test_a_template_refusal_is_a_400(server: FleetServer) -> None:
     two = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}} for i in (1, 2)]}]
     with pytest.raises(openai.BadRequestError, match="only one tool call per turn"):
-        server.client().chat.completions.create(model=server.model(), messages=two, tools=[WEATHER],  # type: ignore
+        server.client().chat.completions.create(model="header", messages=two, tools=[WEATHER],  # type: ignore
                                                 max_tokens=5)
-    ok = server.client().chat.completions.create(model=server.model(), messages=ASK, max_tokens=2)  # type: ignore
+    ok = server.client().chat.completions.create(model="header", messages=ASK, max_tokens=2)  # type: ignore
     assert ok.choices[0].finish_reason in ("stop", "length")  # the replica serves on
 
 
-def test_anthropic_count_tokens_counts_the_templates_prompt(servers: dict[str, FleetServer], chatml: Engine) -> None:
+def test_anthropic_count_tokens_counts_the_templates_prompt(server: FleetServer, chatml: Engine) -> None:
     """/v1/messages speaks chat's tools: its tool_use / tool_result history is rendered by the same template."""
-    server = servers["chatml"]
-    body = {"model": server.model(), "tools": [{"name": "get_weather", "description": "The current weather in a city.",
+    body = {"model": "chatml", "tools": [{"name": "get_weather", "description": "The current weather in a city.",
                                                 "input_schema": WEATHER["function"]["parameters"]}],
             "messages": [{"role": "user", "content": "What is the weather in Paris?"},
                          {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather",

@@ -10,6 +10,7 @@ models load at start, the others on their first request (:mod:`llamafleet.fleet.
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import logging
 import os
@@ -297,4 +298,5 @@ def run(args: argparse.Namespace) -> int:
               f"{_url(cfg)}/ready answers 200 once all are up", flush=True)
     failed = run_server(service, sock, cfg.log_level,
                         lambda: print(_banner(cfg, service.model_name, what), flush=True))
+    gc.freeze()  # the process exits next: its last collection of the whole heap took a second and more, for nothing
     return Exit.LOAD if failed else Exit.OK

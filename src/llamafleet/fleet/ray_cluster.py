@@ -83,6 +83,12 @@ def gather(model_path: str) -> list[Node]:
 def ray_fleet(model: ModelInfo, cfg: FleetConfig, model_path: str) -> RayFleet:
     """Plan ``model`` over the cluster's nodes and make one spec and placement per replica; the plan says where
     (``plan.fits`` False: no node can run a replica)."""
+    host = ray.util.get_node_ip_address()
+    try:  # before the nodes are asked for their facts: a port in use is refused at once
+        listener = WorkerListener(host, cfg.ray_port)
+    except OSError as e:
+        raise ConfigError(f"ray_port: cannot listen on {host}:{cfg.ray_port} for the replicas ({e.strerror}); choose "
+                          "another ray_port, or 0 for any free port") from None
     plan = plan_nodes(model, gather(model_path), cfg, model_path)
     specs: list[ReplicaSpec] = []
     placements: list[Placement] = []
@@ -92,10 +98,4 @@ def ray_fleet(model: ModelInfo, cfg: FleetConfig, model_path: str) -> RayFleet:
         specs += node_specs
         placements += [Placement(node.node_id, node.address, 0 if r.gpus else float(s.model_engine.n_threads or 1),
                                  len(r.gpus)) for r, s in zip(p.replicas, node_specs, strict=True)]
-    host = ray.util.get_node_ip_address()
-    try:
-        listener = WorkerListener(host, cfg.ray_port)
-    except OSError as e:
-        raise ConfigError(f"ray_port: cannot listen on {host}:{cfg.ray_port} for the replicas ({e.strerror}); choose "
-                          "another ray_port, or 0 for any free port") from None
-    return RayFleet(specs, RayLauncher(listener, placements), plan)
+    return RayFleet(specs, RayLauncher(listener, placements, cfg.ray_place_timeout_s), plan)

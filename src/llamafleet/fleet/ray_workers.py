@@ -14,7 +14,7 @@ route do not know the difference.
   used once). Nothing is unpickled from a connection before that.
 * **Placement**: the actor asks for the replica's resources with a soft affinity to its planned node: it starts
   there while that node lives, and on another node with the same resources free after the node is gone. A replica
-  that no node has room for waits :data:`PLACE_TIMEOUT_S`, then its load fails with a message that says so; the
+  that no node has room for waits ``ray_place_timeout_s`` (30 s), then its load fails with a message that says so; the
   replica set retries with backoff, so it comes back when a node with room joins.
 * **Deaths**: a killed actor or a lost node closes the socket (or, for a host that vanished from the network, its
   heartbeats stop): the replica set's usual death or hang path takes over. Ray ties each actor to this process, so
@@ -44,7 +44,6 @@ from llamafleet.fleet.worker import worker_main
 log = logging.getLogger(__name__)
 
 TOKEN_BYTES = 32
-PLACE_TIMEOUT_S = 30.0  # how long a replica waits for a node with room before its load fails (and is retried)
 CONNECT_TIMEOUT_S = 30.0  # from the actor's start to its connection back
 HANDSHAKE_TIMEOUT_S = 10.0  # a connection must send its token within this long
 
@@ -180,9 +179,10 @@ class WorkerListener:
 class RayLauncher:
     """Starts each replica's worker as a Ray actor where the plan put it (see the module docstring)."""
 
-    def __init__(self, listener: WorkerListener, placements: list[Placement]) -> None:
+    def __init__(self, listener: WorkerListener, placements: list[Placement], place_timeout_s: float) -> None:
         self._listener = listener
         self._placements = placements
+        self._place_timeout_s = place_timeout_s  # how long a replica waits for a node with room (ray_place_timeout_s)
         self._actor_class = ray.remote(ReplicaActor)
 
     async def launch(self, replica: int, spec: ReplicaSpec, log_level: str, beat_s: float) -> Launched:
@@ -194,11 +194,12 @@ class RayLauncher:
         ).remote()
         try:
             pid, node_id, has_model, gpus = await asyncio.wait_for(_wait(actor.where.remote(engine.model_path)),
-                                                             PLACE_TIMEOUT_S)
+                                                             self._place_timeout_s)
         except TimeoutError:
             ray.kill(actor, no_restart=True)
             raise LoadError(f"replica {replica}: no node of the Ray cluster has {need} free (waited "
-                            f"{PLACE_TIMEOUT_S:g}s); it is retried, and starts once a node with room joins") from None
+                            f"{self._place_timeout_s:g}s, ray_place_timeout_s); it is retried, and starts once a node "
+                            "with room joins") from None
         except ray.exceptions.RayError as e:
             raise LoadError(f"replica {replica}: its Ray actor failed to start: {e}") from None
         address = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), node_id)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from test_dispatch import Replicas, run
 
+from llamafleet.cli import main
 from llamafleet.config import ConfigError, load_config
 from llamafleet.engine.types import SamplingParams
 from llamafleet.fleet.dispatch import Dispatcher, Unservable
@@ -73,12 +74,13 @@ def test_a_remote_only_fleet_needs_a_model_name(tmp_path: Path) -> None:
     assert done.returncode == 2 and "model_name: a fleet of remote members only" in done.stderr
 
 
-def test_plan_shows_remote_members_and_places_nothing_for_them(tmp_path: Path, model_path: Path) -> None:
+def test_plan_shows_remote_members_and_places_nothing_for_them(tmp_path: Path, model_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     def plan(text: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "llamafleet.cli", "plan", "--config", str(config(tmp_path, text))],
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        rc = main(["plan", "--config", str(config(tmp_path, text))])
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        return out
 
     assert "served by remote members only: http://h:1 (max_concurrency 8)" in plan(
         "model_name: m\nremote: [{url: 'http://h:1'}]\n")

@@ -10,6 +10,7 @@ import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,24 +155,29 @@ def test_the_keys_files_the_docs_show_are_valid(tmp_path: Path) -> None:
         assert load_keyring(_file(tmp_path, block), environ={}).names()
 
 
-def _add_many(path: str, start: int, n: int) -> None:
+def _add_many(path: str, start: int, n: int, go: Any) -> None:
+    go.wait()  # every writer starts at once
     for i in range(start, start + n):
         add_entry(Path(path), KeyEntry(name=f"t{i}", sha256=digest(f"sk-{i}").hex()))
 
 
 def test_keys_added_at_once_from_several_processes_all_land(tmp_path: Path) -> None:
     """Each ``keys add`` reads the file, appends and replaces it: without a lock around that (and a temporary name of
-    each writer's own) concurrent adds lose entries or fail renaming a shared temporary file."""
+    each writer's own) concurrent adds lose entries or fail renaming a shared temporary file. (Six writers released
+    together, eight adds each: every run without the lock lost entries; each add parses the whole file, so more
+    entries cost quadratic time.)"""
     path = tmp_path / "keys.yaml"
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_add_many, args=(str(path), 25 * p, 25)) for p in range(6)]
+    writers, each = 6, 8
+    go = ctx.Barrier(writers)
+    procs = [ctx.Process(target=_add_many, args=(str(path), each * p, each, go)) for p in range(writers)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
-    assert [p.exitcode for p in procs] == [0] * 6
+    assert [p.exitcode for p in procs] == [0] * writers
     names = {t.name for t in load_keyring(str(path), environ={}).tenants.values()}
-    assert names == {f"t{i}" for i in range(150)}
+    assert names == {f"t{i}" for i in range(writers * each)}
     assert not [f.name for f in tmp_path.iterdir() if f.name.endswith(".partial")]
 
 
