@@ -238,10 +238,11 @@ def check_budget(client: OpenAI, family: Family, control: dict[str, Any] | None 
 
 def check_schema(client: OpenAI, family: Family) -> None:
     """A JSON schema after the think block: the answer is the JSON (a budget of 3 keeps the random model's thinking
-    short); a template that opens the block makes the model close it first."""
+    short; greedy, so the answer is the same on every run: the schema's spaces and digits let a sampled one run
+    long); a template that opens the block makes the model close it first."""
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
-    r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=100,  # type: ignore
-                                       response_format=fmt, extra_body={"reasoning_budget": 3})
+    r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=300,  # type: ignore
+                                       temperature=0, response_format=fmt, extra_body={"reasoning_budget": 3})
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "stop"
     assert set(json.loads(msg.content or "")) == {"answer"}
