@@ -207,7 +207,7 @@ def _k3(name: str, index: int, **args: int) -> str:
 _K3_END = "<|close|>tools<|sep|><|close|>message<|sep|>"
 _K3_EMPTY = "<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
 FAMILIES += (
-    Family("gemma4", "Gemma 4", "google-gemma-4-31B-it", "llama-spm", cases=(
+    Family("gemma4", "Gemma 4", "google-gemma-4-31B-it", "gemma-4", cases=(
         Case("chat", HELLO, HELLO),
         Case("reasoning", f"<|channel>thought\n{THINKING}<channel|>{HELLO}", HELLO, THINKING,
              source="test-chat.cpp"),

@@ -43,10 +43,10 @@ class Family:
     label: str  # the models, as people know them
     template: str  # models/templates/<template>.jinja in llama.cpp's source
     vocab: str  # models/ggml-vocab-<vocab>.gguf: the family's own where llama.cpp's source has it (qwen2, qwen35,
-    # llama-bpe), else LLaMA-2's small one (the family's markers are then text, as the parser reads them anyway);
-    # Gemma 4's is there (262k tokens), but sampling under a grammar over it made the server test minutes longer:
-    # it uses LLaMA-2's there, and tests/integration/test_family_vocabs.py reads its outputs through its own (the
-    # Command R tokenizer there is the first Command R's, without R7B's markers)
+    # llama-bpe, gemma-4), else LLaMA-2's small one, llama-spm (the family's markers are then text, as the parser
+    # reads them anyway; the Command R tokenizer there is the first Command R's, without R7B's markers). The server
+    # tests serve every family with LLaMA-2's (sampling under a grammar over 128k-262k tokens costs minutes there);
+    # tests/integration/test_family_vocabs.py reads the outputs of the others through their own
     opens_think: bool = False  # its template opens the think block at the end of the prompt
     cases: tuple[Case, ...] = ()
     not_supported: dict[str, str] = field(default_factory=dict)  # feature -> why not

@@ -9,17 +9,26 @@ case runs for which family: ``CHECKS``. The families' other cases (text before c
 read by the unit tests alone (tests/unit/api/test_families.py: whole and streamed in every split), as the server
 adds nothing to them.
 
+Every family is served with LLaMA-2's tokenizer, cut to its first 8,000 tokens (its markers spelled out as text,
+which the reading must handle anyway): sampling under a grammar masks the whole vocabulary at each forced token,
+which over the 128k-262k tokens of the families' own tokenizers made this module minutes long.
+tests/integration/test_family_vocabs.py reads those families' outputs through their own tokenizers instead (Gemma
+4's markers tokens of their own, streamed token by token as the engine shows them), and Gemma 4 goes through the
+server on its own tokenizer as well (``test_a_real_tokenizer_over_the_server``).
+
 Tests run family by family (one model loaded at a time, once, the last one unloaded when idle)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from gguf import GGUFWriter
 from openai import OpenAI
 
 from conftest import FleetServer
@@ -27,24 +36,43 @@ from family_cases import FAMILIES
 from family_types import HELLO, TOOLS, Case, Family, supported
 from llamafleet.api import call_stream
 from llamafleet.engine import families
-from llamafleet.model.synth import SHAPES, find_template, find_vocab, write_model
+from llamafleet.model.synth import SHAPES, find_template, find_vocab, vocab_fields, write_model
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
+GEMMA4 = next(f for f in FAMILIES if f.name == "gemma4")
+PIECES = 8000  # of LLaMA-2's tokenizer: a grammar's mask over them costs a quarter of one over all 32,000
+OWN = "gemma4-own-tokenizer"  # Gemma 4's template on its own tokenizer (262k tokens; its markers are tokens)
 LIMIT = 800  # tokens: the longest raw output (Kimi K3's two calls, its tags spelled out by LLaMA-2's tokenizer) fits
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
           "additionalProperties": False}
+
+
+def first_pieces(vocab: Path, n: int, out: Path) -> Path:
+    """A tokenizer GGUF of ``vocab``'s first ``n`` tokens (LLaMA-2's: its control tokens, its 256 bytes, then its
+    pieces by rank), for a grammar mask over fewer tokens; what it lacks is written in bytes."""
+    writer = GGUFWriter(out, "llama")
+    for key, field in vocab_fields(vocab).items():
+        if not key.startswith("tokenizer.chat_template"):
+            value = field.value[:n] if isinstance(field.value, list) else field.value
+            writer.add_key_value(key, value, field.vtype, sub_type=field.sub_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    return out
 
 
 @pytest.fixture(scope="module")
 def server(launch_fleet: Callable[[list[str]], FleetServer], tmp_path_factory: pytest.TempPathFactory) -> FleetServer:
     folder = tmp_path_factory.mktemp("families")
     entries = []
-    for f in FAMILIES:
-        path = write_model(folder / f"{f.name}.gguf", SHAPES["micro"], "q8_0", find_vocab(f.vocab), progress=False,
+    small = first_pieces(find_vocab(), PIECES, folder / "llama-spm-8k.gguf")
+    for name, f, vocab in [(f.name, f, small) for f in FAMILIES] + [(OWN, GEMMA4, find_vocab(GEMMA4.vocab))]:
+        path = write_model(folder / f"{name}.gguf", SHAPES["micro"], "q8_0", vocab, progress=False,
                            chat_template=find_template(f.template))
-        entries.append(f"  - {{name: {f.name}, path: {path}, idle_ttl_s: 2}}\n")
+        entries.append(f"  - {{name: {name}, path: {path}, idle_ttl_s: 2}}\n")
     config = folder / "fleet.yaml"
-    config.write_text("parallel: 2\ncontext_length: 4096\nthreads: 1\nmodels:\n" + "".join(entries), encoding="utf-8")
+    config.write_text("parallel: 1\ncontext_length: 3072\nthreads: 1\nmodels:\n" + "".join(entries), encoding="utf-8")
     fleet = launch_fleet(["--config", str(config)])
     fleet.wait_ready()
     return fleet
@@ -73,13 +101,13 @@ def _calls(calls: list[Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in calls]
 
 
-def check_chat(client: OpenAI, family: Family, case: Case) -> None:
-    """One raw output through chat, streamed (in the real tokenizer's pieces), and whole for the families of
-    ``EVERY_WAY`` (the whole text is the raw output the unit tests read): the same message, the stream's calls in
-    order."""
-    args: dict[str, Any] = {"model": family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": LIMIT,
+def check_chat(client: OpenAI, family: Family, case: Case, model: str = "") -> None:
+    """One raw output through chat, streamed (in the tokenizer's pieces), and whole for the families of
+    ``EVERY_WAY`` where it holds calls or reasoning (the whole text is the raw output the unit tests read): the same
+    message, the stream's calls in order. ``model``: the family's model unless given."""
+    args: dict[str, Any] = {"model": model or family.name, "messages": MESSAGES, "tools": TOOLS, "max_tokens": LIMIT,
                             "temperature": 0, "extra_body": forced(case.output)}
-    if family.name in EVERY_WAY:
+    if family.name in EVERY_WAY and (case.calls or case.reasoning) and not model:
         msg = client.chat.completions.create(**args).choices[0].message
         assert (msg.content or "") == case.content
         assert ((msg.model_extra or {}).get("reasoning_content") or "") == case.reasoning
@@ -210,10 +238,11 @@ def check_budget(client: OpenAI, family: Family, control: dict[str, Any] | None 
 
 def check_schema(client: OpenAI, family: Family) -> None:
     """A JSON schema after the think block: the answer is the JSON (a budget of 3 keeps the random model's thinking
-    short); a template that opens the block makes the model close it first."""
+    short; greedy, so the answer is the same on every run: the schema's spaces and digits let a sampled one run
+    long); a template that opens the block makes the model close it first."""
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
-    r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=100,  # type: ignore
-                                       response_format=fmt, extra_body={"reasoning_budget": 3})
+    r = client.chat.completions.create(model=family.name, messages=MESSAGES, max_tokens=300,  # type: ignore
+                                       temperature=0, response_format=fmt, extra_body={"reasoning_budget": 3})
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "stop"
     assert set(json.loads(msg.content or "")) == {"answer"}
@@ -252,25 +281,36 @@ def check(feature: str, family: Family, client: OpenAI, claude: anthropic.Anthro
     else:
         case = _case(family, feature)
         check_chat(client, family, case)
-        if feature in ("tools", "reasoning") and family.name in EVERY_WAY:
+        if family.name in EVERY_WAY and (feature == "tools" or feature == "reasoning" and not _case(family,
+                                                                                               "tools").reasoning):
             check_responses(client, family, case)
             check_messages(claude, family, case)
 
 
+def _shown(family: Family, feature: str) -> bool:
+    """Whether ``feature`` has a check of its own here: a family outside ``EVERY_WAY`` whose tools case thinks
+    before its call shows its reasoning split there (its reasoning case is read whole and streamed by the unit
+    tests)."""
+    if family.name in EVERY_WAY:
+        return True
+    return feature not in ("chat", "parallel") and not (feature == "reasoning" and _case(family, "tools").reasoning)
+
+
 HISTORY = ("qwen3", "glm", "kimi-thinking", "gemma4", "kimi-k3", "deepseek-v3.2", "minimax-m3")  # replay reasoning
 # What runs over the server. tests/unit/api/test_families.py reads every raw output of tests/family_cases.py, whole
-# and streamed in any split; here each family's own outputs go through its real tokenizer and the server: its call
-# and its think block through chat, streamed, its malformed calls (a stream must not break on them), and what the
-# server itself constrains (a forced call, the reasoning budget, a schema after reasoning, a second turn through its
-# template). What builds on that reading the same way for every family (answers whole, the Responses and Messages
-# streams, several calls with their indices, plain text) runs on EVERY_WAY: one family per kind of call stream (JSON
+# and streamed in any split; here each family's own outputs go through the server: its call and its think block
+# through chat, streamed (one request where its call follows its thinking), its malformed calls (a stream must not
+# break on them), and what the server itself constrains (a forced call, the reasoning budget, a schema after
+# reasoning, a second turn through its template). What builds on that reading the same way for every family (answers
+# whole, the Responses and Messages streams of its call, and of its reasoning case where the call does not follow
+# thinking, several calls with their indices, plain text) runs on EVERY_WAY: one family per kind of call stream (JSON
 # with a think block, XML parameters, Mistral's calls sent whole at the end, Harmony's channels, Gemma's arguments
 # sent whole).
 EVERY_WAY = ("qwen3", "qwen3.5", "mistral", "gpt-oss", "gemma4")
 # each family's checks one after the other, so its model is loaded once
 CHECKS = [(f, x) for f in FAMILIES for x in (
     *(x for x in ("chat", "tools", "parallel", "reasoning", "forced", "budget", "schema")
-      if supported(f, x) and (f.name in EVERY_WAY or x not in ("chat", "parallel"))),
+      if supported(f, x) and _shown(f, x)),
     *(c.what for c in f.cases if c.what == "malformed call"),
     *(("history",) if f.name in HISTORY else ()))]
 
@@ -298,3 +338,9 @@ def test_bad_reasoning_controls_are_400s_naming_the_parameter(client: OpenAI) ->
         client.chat.completions.create(model="qwen3", messages=MESSAGES, max_tokens=4,  # type: ignore
                                        extra_body={"reasoning_effort": "extreme"})
     assert "reasoning_effort" in str(e.value)
+
+
+def test_a_real_tokenizer_over_the_server(client: OpenAI) -> None:
+    """Gemma 4's template on its own tokenizer, where its markers are tokens of their own: a think block and a call,
+    streamed token by token, read as with LLaMA-2's tokenizer."""
+    check_chat(client, GEMMA4, _case(GEMMA4, "call after reasoning"), OWN)

@@ -1,6 +1,7 @@
 """The park tier on the real model, on CPU: a slot's KV moved into a spare sequence of the same context (queued
 stream copies, no host copy) and back, with the same greedy answers as a session that kept its slot; a full park
-spills to the RAM tier, and a RAM state whose slot is still being parked goes through a parked sequence."""
+spills to the RAM tier, and a RAM state whose slot is still being parked goes through a parked sequence; the router's
+prefix keys of a session stay reported held while its KV is in the slot, the park or RAM, and are dropped with it."""
 
 from __future__ import annotations
 
@@ -79,3 +80,32 @@ def test_sessions_cycling_through_a_smaller_park_still_come_back_from_it(model_p
         t = eng.stats().tiers
     assert t is not None and t.evictions["park"] >= 2
     assert t.hits["park"] >= 3  # of the 8 later turns (LRU: 0)
+
+
+def test_a_session_s_prefix_keys_are_held_while_a_tier_keeps_its_kv_and_dropped_with_it(model_path: Path) -> None:
+    keys = {i: tuple(range(1000 * i, 1000 * i + 8)) for i in range(3)}  # what the router would send with each
+    held: set[int] = set()
+
+    def turn(eng: Engine, i: int) -> None:
+        eng.generate([Request(f"s{i}", tuple(eng.tokenize_chat(chat(i, [], "What is the first word?"))), GREEDY,
+                              prefix_keys=keys[i])])
+        change = eng.held_change()
+        assert change is not None and not change.disk_added
+        held.difference_update(change.dropped)
+        held.update(change.added)
+
+    # one slot, one parked sequence, no RAM tier: s0 is parked when s1 takes the slot, and given up when s2 does
+    with Engine(cfg(model_path, n_seq=1, n_park=1)) as eng:
+        turn(eng, 0)
+        assert held == set(keys[0])
+        turn(eng, 1)
+        assert held == set(keys[0]) | set(keys[1])
+        turn(eng, 2)
+        assert held == set(keys[1]) | set(keys[2])
+    held.clear()
+    # with a RAM tier, what leaves the park for room is saved there: s0's keys stay held
+    with Engine(cfg(model_path, n_seq=1, n_park=1, cache_ram_bytes=256 * MIB)) as eng:
+        for i in range(3):
+            turn(eng, i)
+        assert eng.stats().tiers.ram_entries == 1  # type: ignore[union-attr]
+    assert held == set(keys[0]) | set(keys[1]) | set(keys[2])

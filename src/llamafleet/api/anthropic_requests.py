@@ -199,7 +199,8 @@ class CountTokensRequest(ToolRequest):
         ``thinking`` turns the template's thinking on or off (``enable_thinking``, or the family's own switch)."""
         kind = (self.thinking or {}).get("type")
         kwargs = self.template_kwargs(self.chat_template_kwargs, None, "chat_template_kwargs",
-                                      kind == "enabled" if kind in ("enabled", "disabled") else None)
+                                      kind == "enabled" if kind in ("enabled", "disabled") else None,
+                                      self.think_budget())
         return tool_chat(self.conversation, self.callable, self.family, kwargs)
 
     def not_yet(self) -> NotYet:
@@ -209,6 +210,18 @@ class CountTokensRequest(ToolRequest):
              "/v1/chat/completions (response_format) and /v1/responses (text.format), not on this route yet"),
             ("mcp_servers", bool(self.mcp_servers), "this server connects to no MCP server"),
         ]
+
+    def token_limit(self) -> int | None:
+        """The answer's token limit (none to count tokens)."""
+        return None
+
+    def think_budget(self) -> int | None:
+        """``thinking.budget_tokens`` (with ``type: "enabled"``), or the server's budget."""
+        given = (self.thinking or {}).get("budget_tokens") if (self.thinking or {}).get("type") == "enabled" \
+            else None
+        if given is not None and not isinstance(given, int):
+            raise ApiError(400, "'thinking.budget_tokens' must be an integer", param="thinking.budget_tokens")
+        return self.budget(given, self.token_limit(), "thinking.budget_tokens")
 
 
 class MessagesRequest(CountTokensRequest):
@@ -221,6 +234,9 @@ class MessagesRequest(CountTokensRequest):
     # accepted, ignored
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
 
     @field_validator("stop_sequences")
     @classmethod
@@ -237,11 +253,3 @@ class MessagesRequest(CountTokensRequest):
                               grammar=constrained(calls_grammar(self.callable, many, self.family) if self.forced
                                                   else None, self.grammar, False, "tool_choice"),
                               think_budget=self.think_budget())
-
-    def think_budget(self) -> int | None:
-        """``thinking.budget_tokens`` (with ``type: "enabled"``), or the server's budget."""
-        given = (self.thinking or {}).get("budget_tokens") if (self.thinking or {}).get("type") == "enabled" \
-            else None
-        if given is not None and not isinstance(given, int):
-            raise ApiError(400, "'thinking.budget_tokens' must be an integer", param="thinking.budget_tokens")
-        return self.budget(given, self.max_tokens, "thinking.budget_tokens")

@@ -256,7 +256,8 @@ class ChatCompletionRequest(SamplingRequest, ToolRequest):
     def tool_chat(self) -> ToolChat | None:
         """The same conversation for a model whose own template shows tools or is of a known family
         (:func:`tool_chat`)."""
-        kwargs = self.template_kwargs(self.chat_template_kwargs, self.reasoning_effort, "chat_template_kwargs")
+        kwargs = self.template_kwargs(self.chat_template_kwargs, self.reasoning_effort, "chat_template_kwargs",
+                                      budget=self.think_budget())
         return tool_chat(self.messages, self.callable, self.family, kwargs)
 
     def top_n(self) -> int:

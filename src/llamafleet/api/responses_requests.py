@@ -235,7 +235,7 @@ class ResponsesRequest(ToolRequest):
         """The same conversation for a model whose own template shows tools or is of a known family, as chat's."""
         effort = (self.reasoning or {}).get("effort")
         kwargs = self.template_kwargs(self.chat_template_kwargs, effort if isinstance(effort, str) else None,
-                                      "chat_template_kwargs")
+                                      "chat_template_kwargs", budget=self.think_budget())
         return tool_chat(self.messages, self.callable, self.family, kwargs)
 
     def sampling(self) -> SamplingParams:

@@ -35,13 +35,13 @@ def format_grammar(kind: FormatType, schema: dict[str, Any] | None, where: str,
     cannot be enforced."""
     if kind == "text":
         return None
-    think, text = (None, "") if family is None else (family.think, family.text)
+    think, text, bare = (None, "", False) if family is None else (family.think, family.text, family.bare_close)
     if kind == "json_object":
-        return after_thinking(json_object_grammar(), think, text)
+        return after_thinking(json_object_grammar(), think, text, bare)
     if schema is None:
         raise ApiError(400, f"missing required parameter '{where}'", param=where)
     try:
-        return after_thinking(json_schema_grammar(schema), think, text)
+        return after_thinking(json_schema_grammar(schema), think, text, bare)
     except ValueError as e:
         raise ApiError(400, f"invalid '{where}': {e}", param=where) from None
 

@@ -161,7 +161,9 @@ def calls_grammar(tools: list[Tool], many: bool, family: Family | None = None) -
     under its parameters schema."""
     schemas = [(t.function.name, t.function.arguments_schema()) for t in tools]
     grammar = format_calls(family or FAMILIES["hermes"], schemas, MAX_PARALLEL_CALLS if many else 1)
-    return after_thinking(grammar, None if family is None else family.think)
+    if family is None:
+        return after_thinking(grammar, None)
+    return after_thinking(grammar, family.think, bare=family.bare_close)
 
 
 @dataclass(frozen=True)
@@ -226,11 +228,13 @@ class ToolRequest(Request):
         return max(1, int(base * EFFORTS[effort]))
 
     def template_kwargs(self, given: dict[str, Any] | None, effort: str | None, param: str,
-                        thinking: bool | None = None) -> dict[str, Any]:
+                        thinking: bool | None = None, budget: int | None = None) -> dict[str, Any]:
         """The variables the request gives the chat template: its ``chat_template_kwargs`` (``param``) over the
         server's, and its reasoning effort as ``reasoning_effort`` (gpt-oss's); ``thinking`` on or off (off for the
         effort ``"none"``) as the family's switch (:attr:`~llamafleet.engine.families.Family.switch`: Qwen's
-        ``enable_thinking``, MiniMax M3's ``thinking_mode``), unless the kwargs set those themselves."""
+        ``enable_thinking``, MiniMax M3's ``thinking_mode``); the reasoning ``budget`` as the family's own variable
+        for it (:attr:`~llamafleet.engine.families.Family.budget`: Seed-OSS's ``thinking_budget``); unless the
+        kwargs set those themselves."""
         if reserved := [k for k in given or {} if k in RESERVED_KWARGS]:
             raise ApiError(400, f"'{param}' may not set {reserved[0]!r}: the server sets it", param=param)
         kwargs = {**dict(self._serving.template_kwargs), **(given or {})}
@@ -241,4 +245,6 @@ class ToolRequest(Request):
         if thinking is not None:
             name, on, off = (self.family or FAMILIES["think"]).switch
             kwargs.setdefault(name, on if thinking else off)
+        if budget is not None and self.family is not None and self.family.budget:
+            kwargs.setdefault(self.family.budget, budget)
         return kwargs

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 
 from llamafleet.engine.budget import ThinkBudget
+from llamafleet.engine.held_keys import HeldKeys
 from llamafleet.engine.kv_tiers import KvTiers
 from llamafleet.engine.llama import Context, Model
 from llamafleet.engine.llama_sampler import SamplerChain
@@ -33,6 +34,7 @@ class Admission(TextSide[Model]):
     model: Model
     ctx: Context
     tiers: KvTiers
+    held: HeldKeys
     spec: Speculator | None
     lora: Adapters
     _waiting: Waiting
@@ -76,6 +78,8 @@ class Admission(TextSide[Model]):
     def _start(self, s: Sequence, place: Placement[Sequence]) -> None:
         """Give the new sequence ``s`` the KV that ``place`` (or a KV tier) found for its prompt; only the rest is
         prefilled."""
+        if place.lost is not None and self.tiers.enabled:  # the router's keys follow the state into a tier
+            self.held.tag(place.lost)
         restored = self.tiers.admit(self.ctx, s, place)
         if restored:
             self._reuse(s, restored)

@@ -26,6 +26,7 @@ from llamafleet.engine.admission import Admission
 from llamafleet.engine.batch_fill import fill
 from llamafleet.engine.cores import default_threads
 from llamafleet.engine.embedding import Embedder
+from llamafleet.engine.held_keys import HeldChange, HeldKeys
 from llamafleet.engine.kv_tiers import KvTiers, first_origin
 from llamafleet.engine.llama import STATE_FORMAT, Batch, Context, Model
 from llamafleet.engine.loop import EngineLoop
@@ -55,6 +56,8 @@ log = logging.getLogger(__name__)
 class Engine(Admission, EngineLoop):
     """Loads a model and a context for ``cfg.n_seq`` parallel sequences; ``close()`` (or ``with``) frees both."""
 
+    reports_held = True
+
     def __init__(self, cfg: EngineConfig, progress: Callable[[float], None] | None = None) -> None:
         self.cfg = cfg
         threads = cfg.n_threads or default_threads()
@@ -74,6 +77,7 @@ class Engine(Admission, EngineLoop):
         self._running: list[Sequence] = []
         self._slots = SlotIndex[Sequence](cfg.n_seq, cfg.prefix_cache)  # free slots, and what every slot's KV holds
         self.tiers = KvTiers.of(cfg, self._slots.min_reuse, STATE_FORMAT)  # KV beyond the slots: RAM, disk
+        self.held = HeldKeys()  # which of the router's prefix keys all that KV holds (engine/held_keys.py)
         self._steps = 0
         self._launch_s = 0.0  # how long the last llama_decode call took
         self._prompt_total = 0
@@ -153,6 +157,15 @@ class Engine(Admission, EngineLoop):
             draft_accepted_total=self.spec.accepted_total if self.spec else 0,
             tiers=self.tiers.stats() if self.tiers.enabled else None,
         )
+
+    def held_change(self) -> HeldChange | None:
+        """The router's prefix keys that this engine's slots and tiers gained and lost since the last call."""
+        return self.held.change(self._slots.holders(), *self.tiers.held())
+
+    def disk_tier(self) -> str | None:
+        """The disk tier's folder, while it is on."""
+        d = self.tiers.disk
+        return str(d.dir) if d is not None and d.on else None
 
     # -- the loop body ----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

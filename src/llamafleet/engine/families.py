@@ -26,6 +26,9 @@ class Family:
     text: str = ""  # what the answer writes before plain text, after the lead (Functionary v3.2's "all\n")
     efforts: tuple[tuple[str, str], ...] = ()  # its template takes ``reasoning_effort`` itself: the value it takes
     # for each effort a request may give (gpt-oss's low, medium, high; Hunyuan 3's no_think, low, high)
+    bare_close: bool = False  # an answer without thinking may open with the close marker alone (MiniMax M3's)
+    budget: str = ""  # its template's variable for the reasoning budget in tokens, given the request's budget
+    # (Seed-OSS's thinking_budget: the template tells the model how many tokens it may think)
     switch: tuple[str, object, object] = ("enable_thinking", True, False)  # the template's variable that turns
     # thinking on and off, and its two values (Qwen's, DeepSeek's, GLM's enable_thinking; MiniMax M3's thinking_mode)
 
@@ -77,7 +80,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("command-r7b", "cohere", ("<|START_THINKING|>", "<|END_THINKING|>"), openers=("<|START_ACTION|>",),
            drop=("<|START_RESPONSE|>", "<|END_RESPONSE|>")),
     Family("minimax-m2", "minimax", THINK, openers=("<minimax:tool_call>",)),
-    Family("seed-oss", "seed", ("<seed:think>", "</seed:think>"), openers=("<seed:tool_call>",)),
+    Family("seed-oss", "seed", ("<seed:think>", "</seed:think>"), openers=("<seed:tool_call>",),
+           budget="thinking_budget"),
     Family("kimi-k3", "kimi3", (_k3("think"), _k3("think", True)), openers=(_k3("tools"),),
            drop=(_k3("response"), _k3("response", True), _k3("message", True))),
     Family("deepseek-v3.2", "dsml", THINK, openers=(f"<{_DSML}function_calls>",)),
@@ -92,7 +96,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            drop=("<|message_sep|>",)),  # (it ends each message)
     Family("gigachat3.1", "gigachat", openers=("<|function_call|>",)),
     Family("command-r-plus", "cohere-plus", openers=("Action:",), drop=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
-    Family("apertus", "apertus", openers=("<|tools_prefix|>",)),
+    Family("apertus", "apertus", ("<|inner_prefix|>", "<|inner_suffix|>"), openers=("<|tools_prefix|>",)),  # (its
+    # deliberation: the template renders thoughts after <|inner_prefix|>, the response after <|inner_suffix|>)
     Family("apriel", "apriel", ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"), openers=("<tool_calls>",)),
     Family("hy3", "hy3", (_hy("think"), _hy("/think")), openers=(_hy("tool_calls"),),
            efforts=_levels("no_think", "low", "high", "high")),
@@ -101,13 +106,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     # Muse Glimmer: each message names its recipient (self: reasoning; user: the answer; a function: a call)
     Family("muse", "atem", (" to=self<|message|>", "<|eom|><|start|>assistant"), openers=(" to=",),
            drop=("<|start|>assistant", " to=user<|message|>", "<|eot|>", "<|eom|>"), text=" to=user<|message|>"),
-    Family("apriel-1.5", "apriel", openers=("<tool_calls>",)),  # (its reasoning: plain text before its answer)
+    Family("apriel-1.5", "apriel", openers=("<tool_calls>",)),  # (its reasoning: untagged text before its answer)
     Family("nemotron-v2", "toolcall", THINK, openers=("<TOOLCALL>",)),
     Family("minicpm5", "minicpm", THINK, openers=('<function name="',)),
     Family("minimax-m1", "minimax-m1", THINK, openers=("<tool_calls>",)),  # (its template shows no thinking; it thinks)
     Family("minimax-m3", "minimax3", ("<mm:think>", "</mm:think>"), openers=(f"{M3}<tool_call>",),
-           drop=("</mm:think>",), switch=("thinking_mode", "enabled", "disabled")),  # (a turn without thinking
-    # opens with a bare close marker)
+           drop=("</mm:think>",), bare_close=True, switch=("thinking_mode", "enabled", "disabled")),
     # gpt-oss (OpenAI's harmony format): channels; a call names its recipient, in the channel or the role header
     Family("gpt-oss", "harmony", ("<|channel|>analysis<|message|>", "<|end|>"),
            openers=("to=functions.", "<|channel|>commentary to=", "<|channel|>analysis to="),

@@ -137,21 +137,23 @@ def _check_pattern(pattern: Any, where: str) -> None:
 
 
 THINK_ROOT = "root ::= (think-open think-body think-close)? answer\n"
+BARE_ROOT = "root ::= ((think-open think-body)? think-close)? answer\n"  # (the close marker may come alone)
 OPENED_ROOT = "root ::= think-body think-close answer\n"
 
 
-def after_thinking(grammar: str, think: tuple[str, str] | None, text: str = "") -> str:
+def after_thinking(grammar: str, think: tuple[str, str] | None, text: str = "", bare: bool = False) -> str:
     """``grammar`` with an optional think block (``think``: its open and close markers) before its sentences
     (unchanged when ``think`` is None), and ``text`` (what a family writes before plain text, such as Functionary
-    v3.2's ``all\n``) before them. The block's text may not hold the first two characters of its close marker in a
-    row. When the prompt opened the block, the worker makes it required and unopened (:func:`inside_think`)."""
+    v3.2's ``all\n``) before them; ``bare``: the close marker may also come alone, as MiniMax M3 opens an answer
+    without thinking. The block's text may not hold the first two characters of its close marker in a row. When
+    the prompt opened the block, the worker makes it required and unopened (:func:`inside_think`)."""
     if text:
         grammar = _ROOT.sub(lambda _: f"root ::= {json.dumps(text, ensure_ascii=False)} ", grammar, count=1)
     if think is None:
         return grammar
     open_, close = think
     a, b = (c.replace("\\", "\\\\").replace("]", "\\]").replace("[", "\\[") for c in close[:2])
-    return (THINK_ROOT
+    return ((BARE_ROOT if bare else THINK_ROOT)
             + f"think-open ::= {json.dumps(open_, ensure_ascii=False)}\n"
             + f"think-body ::= ([^{a}] | {json.dumps(close[0])} [^{b}])*\n"
             + f"think-close ::= {json.dumps(close, ensure_ascii=False)} \"\\n\"{{0,2}}\n"
@@ -161,4 +163,7 @@ def after_thinking(grammar: str, think: tuple[str, str] | None, text: str = "") 
 def inside_think(grammar: str) -> str:
     """``grammar`` for an answer that starts inside the think block its prompt opened: a grammar of
     :func:`after_thinking` then goes on in the block, which must be closed before the answer; others are unchanged."""
-    return OPENED_ROOT + grammar.removeprefix(THINK_ROOT) if grammar.startswith(THINK_ROOT) else grammar
+    for root in (THINK_ROOT, BARE_ROOT):
+        if grammar.startswith(root):
+            return OPENED_ROOT + grammar.removeprefix(root)
+    return grammar

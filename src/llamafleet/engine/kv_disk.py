@@ -261,6 +261,10 @@ class DiskTier:
                         "the folder's permissions, then restart)", self.dir, e)
         self.on = False
 
+    def names(self) -> list[str]:
+        """The files indexed now (as last scanned)."""
+        return list(self._index)
+
     @property
     def entries(self) -> int:
         return len(self._index)

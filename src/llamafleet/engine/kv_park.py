@@ -58,6 +58,10 @@ class ParkTier:
         """Every parked sequence and its tokens, the most recently used first."""
         return [(seq, list(t)) for seq, t in reversed(self._held.items())]
 
+    def parked(self) -> list[tuple[int, list[int]]]:
+        """Every parked sequence and its tokens (not copied: not to be changed)."""
+        return list(self._held.items())
+
     def covers(self, tokens: list[int]) -> bool:
         n = len(tokens)
         return any(len(t) >= n and t[:n] == tokens for t in self._held.values())

@@ -172,6 +172,11 @@ class KvTiers:
         self._order.add(key, interval)
         self.ram_bytes += len(state)
 
+    def held(self) -> tuple[list[tuple[int, list[int]]], list[str], list[str]]:
+        """What the tiers hold: parked sequences and their tokens, the RAM tier's and the disk tier's state names."""
+        return (self.park.parked() if self.park is not None else [], list(self._ram),
+                self.disk.names() if self.disk is not None and self.disk.on else [])
+
     def _covered(self, tokens: list[int]) -> bool:
         n = len(tokens)
         if any(len(e.tokens) >= n and e.tokens[:n] == tokens for e in self._ram.values()):

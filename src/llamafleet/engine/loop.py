@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Self
 
+from llamafleet.engine.held_keys import HeldChange
 from llamafleet.engine.scheduler import Waiting
 from llamafleet.engine.sequence import Sequence
 from llamafleet.engine.types import FinishReason, Generation, Request, RequestOutput
@@ -19,6 +20,16 @@ class EngineLoop(ABC):
 
     _waiting: Waiting
     _running: list[Sequence]
+    reports_held = False  # whether :meth:`held_change` reports what its KV holds
+
+    def held_change(self) -> HeldChange | None:
+        """The router's prefix keys this engine's KV gained and lost since the last call (engine/held_keys.py);
+        None: no change, or an engine that does not report them."""
+        return None
+
+    def disk_tier(self) -> str | None:
+        """The folder of the disk tier its KV spills to, which other replicas of the model may share (None: none)."""
+        return None
 
     @abstractmethod
     def close(self) -> None: ...

@@ -155,6 +155,10 @@ class SlotIndex(Generic[H]):
         held.sort(key=lambda x: -self._used[x[0]] if x[0] in self._free else -self._clock - 1)
         return [(slot, list(h.tokens[:h.n_cached])) for slot, h in held]
 
+    def holders(self) -> list[tuple[int, H]]:
+        """Every slot whose KV is offered to later prompts and the sequence that ran (or runs) there."""
+        return [(slot, h) for slot, h in enumerate(self._held) if h is not None]
+
     def take(self, h: H, shared: bool = True) -> None:
         """``h`` now runs in its slot, which was free (that KV is ``h``'s from now on); ``shared=False``: its KV is
         never offered to another prompt (it was computed with other weights: a LoRA adapter's)."""

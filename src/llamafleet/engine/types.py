@@ -154,6 +154,9 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     priority: int = DEFAULT_PRIORITY  # waiting requests of a lower number are admitted first (engine/scheduler.py)
     tenant: str = ""  # who asked (an API key's name): slots are shared fairly between tenants of one priority
+    # the router's keys of the prompt's text blocks, and the share of the text they cover (engine/held_keys.py)
+    prefix_keys: tuple[int, ...] = ()
+    prefix_share: float = 1.0
 
 
 @dataclass

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llamafleet.engine.types import ContextOverflow, RequestOutput
 from llamafleet.fleet.messages import Abort, Ready, StepOutputs, Submit
@@ -166,6 +166,7 @@ class Dispatcher:
             raise
         if self.model:
             self.metrics.model_requests.inc(self.model)
+        msgs = [self._keyed(m) for m in msgs]
         group = Group(self, [m.request_id for m in msgs], placed, timeout_s, meter)
         now = time.perf_counter()
         for index, (m, a) in enumerate(zip(msgs, able, strict=True)):
@@ -174,6 +175,11 @@ class Dispatcher:
         for replica, m in zip(placed, msgs, strict=True):
             self.replicas.send(replica, m)
         return group
+
+    def _keyed(self, msg: Submit) -> Submit:
+        """``msg`` with its prompt's prefix keys, for its engine to report which of them its KV holds."""
+        keys, share = self.router.keys(msg.request_id)
+        return replace(msg, prefix_keys=keys, prefix_share=share) if keys else msg
 
     def _able(self, msg: Submit) -> list[int] | None:
         """The replicas that can serve ``msg`` (None: all); :class:`Unservable` if none can (remote members
@@ -210,7 +216,7 @@ class Dispatcher:
 
     # -- ReplicaListener ----------------------------------------------------------------------------------------
     def replica_up(self, replica: int, ready: Ready) -> None:
-        self.router.set_up(replica, ready.n_seq)
+        self.router.set_up(replica, ready.n_seq, ready.reports_held, ready.disk_tier)
         self.family, self.reranker = ready.family, ready.reranker
 
     def replica_suspect(self, replica: int, suspect: bool) -> None:
@@ -228,7 +234,7 @@ class Dispatcher:
                 continue
             avoid = [*route.left, *(r for r in range(len(self.replicas)) if route.able is not None
                                     and r not in route.able)]
-            target = self.router.move(rid, route.msg.prompt if route.msg.chat is None else route.msg.chat, avoid)
+            target = self.router.move(rid, avoid)
             if target is None:
                 continue
             route.left.append(replica)
@@ -251,6 +257,8 @@ class Dispatcher:
             self._deliver(rid, Failure(503, f"{reason}, while running this request; retry it"), final=True)
 
     def replica_output(self, replica: int, msg: StepOutputs) -> None:
+        if msg.held is not None:  # before the outputs: a sequence that ends counts by what its KV kept from now on
+            self.router.held(replica, msg.held)
         mine = self.router.replica_of  # a sequence moved off this replica is no longer its business
         for rej in msg.rejected:
             if mine(rej.request_id) != replica:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llamafleet.engine.held_keys import HeldChange
 from llamafleet.engine.infill import Infill
 from llamafleet.engine.template import ToolChat
 from llamafleet.engine.types import (
@@ -67,6 +68,10 @@ class Submit:
     priority: int = DEFAULT_PRIORITY  # the engine admits lower first (see engine/scheduler.py)
     tenant: str = ""  # the key's name, for fair shares between keys of one priority
     rerank: tuple[str, tuple[str, ...]] | None = None
+    # the router's keys of ``routing_prompt``'s blocks and the share of its text they cover (fleet/affinity.py):
+    # the engine reports which of them its KV holds (engine/held_keys.py)
+    prefix_keys: tuple[int, ...] = ()
+    prefix_share: float = 1.0
 
     @property
     def routing_prompt(self) -> str | tuple[ChatTurn, ...]:
@@ -117,7 +122,9 @@ class Ready:
     """The engine is loaded and accepting work (the end of the readiness handshake). ``family``: the model family its
     chat template was recognised as (:mod:`llamafleet.engine.families`; None: the generic path), which tells the API
     how the model writes its reasoning and tool calls. ``reranker``: the model scores query-document pairs (its
-    pooling type is ``rank``) and does nothing else."""
+    pooling type is ``rank``) and does nothing else. ``reports_held``: its step outputs report which prefix keys its
+    KV holds (:attr:`StepOutputs.held`); the router then counts those, not what it sent there. ``disk_tier``: where its
+    disk tier is (host and folder): replicas naming the same one share it (a state one spilled, another restores)."""
 
     pid: int
     n_seq: int
@@ -125,6 +132,8 @@ class Ready:
     load_seconds: float
     family: str | None = None
     reranker: bool = False
+    reports_held: bool = False
+    disk_tier: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,13 +161,15 @@ class StepOutputs:
 
     ``pieces`` holds, for requests that asked for logprobs only, the bytes of each token in the matching output's
     ``token_ids`` (the API process has no vocabulary); the bytes of the ids named by top logprobs and prompt scores
-    ride in each output's ``token_bytes``.
+    ride in each output's ``token_bytes``. ``held``: the router's prefix keys the engine's KV gained and lost in
+    the step (:mod:`llamafleet.engine.held_keys`); a step that changed them is sent even without outputs.
     """
 
     outputs: list[RequestOutput]
     rejected: list[Rejected]
     pieces: dict[str, list[bytes]]
     stats: EngineStats
+    held: HeldChange | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ Three policies:
   taking this one; ties go round-robin, so idle replicas take turns. The counts are exact, not estimates: every
   sequence passes through this router on its way in and is released when its last output (or its replica's death)
   comes back, so no stale worker stats are needed between steps.
-* ``prefix`` (default): the replica that was sent the longest prefix of this prompt (:mod:`~llamafleet.fleet.affinity`),
+* ``prefix`` (default): the replica whose KV holds the longest prefix of this prompt, as its engine reports it
+  (:mod:`~llamafleet.fleet.affinity`; a prefix on a disk tier counts, less, for every replica that reads that tier),
   whose engine can start from that prefix's KV instead of computing it again, unless that replica is clearly busier
   than the least loaded one (:meth:`Router.clearly_busier`). A prefix shorter than :data:`MIN_PREFIX_CHARS` or a
   holder that is clearly busier falls back to ``least_outstanding``, and a tie between holders goes to the least
@@ -43,8 +44,9 @@ from fractions import Fraction
 from typing import Literal, get_args
 
 from llamafleet.config import RoutingPolicy
+from llamafleet.engine.held_keys import HeldChange
 from llamafleet.engine.types import DEFAULT_PRIORITY
-from llamafleet.fleet.affinity import PrefixIndex, Prompt, prefix_keys
+from llamafleet.fleet.affinity import PrefixIndex, Prompt, key_share, prefix_keys
 
 ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicy)
 
@@ -84,6 +86,7 @@ class Router:
         self._suspect: set[int] = set()
         self._cursor = 0  # where the round-robin turn starts
         self._prefixes = PrefixIndex(n_replicas) if policy == "prefix" else None
+        self._keys: dict[str, tuple[list[int], float]] = {}  # in flight: its prefix keys and their share
         self.decisions: Counter[Reason] = Counter()  # sequences routed, by why they went where they went
 
     @property
@@ -110,14 +113,16 @@ class Router:
         """Sequences waiting for a slot, all replicas together (of class ``priority`` or better; None: all)."""
         return sum(self.queued(r, priority) for r in range(self.n_replicas))
 
-    def set_up(self, replica: int, slots: int) -> None:
-        """``replica`` (with ``slots`` parallel sequences) is ready for work."""
+    def set_up(self, replica: int, slots: int, reports: bool = False, disk_tier: str | None = None) -> None:
+        """``replica`` (with ``slots`` parallel sequences) is ready for work; ``reports``: its engine reports which
+        prefix keys its KV holds (:meth:`held`), and spills to the disk tier ``disk_tier`` (replicas naming the same
+        one share it)."""
         if slots < 1:
             raise ValueError(f"replica {replica} reports {slots} slots; it needs at least one")
         self._slots[replica] = slots
         self._suspect.discard(replica)
         if self._prefixes is not None:
-            self._prefixes.forget(replica)  # a new engine (first start or restart): its prefix cache is empty
+            self._prefixes.forget(replica, reports, disk_tier)  # a new engine (start or restart): its cache is empty
 
     def set_down(self, replica: int) -> list[str]:
         """``replica`` is gone: forget its sequences and return their ids (their callers must be told)."""
@@ -130,7 +135,21 @@ class Router:
         self._classes[replica].clear()
         for rid in lost:
             self._priority.pop(rid, None)
+            self._keys.pop(rid, None)
+        if self._prefixes is not None:
+            self._prefixes.forget(replica)
         return lost
+
+    def held(self, replica: int, change: HeldChange) -> None:
+        """``replica``'s engine reports the prefix keys its KV gained and lost."""
+        if self._prefixes is not None and self._slots[replica] is not None:
+            self._prefixes.update(replica, change)
+
+    def keys(self, request_id: str) -> tuple[tuple[int, ...], float]:
+        """The prefix keys of ``request_id``'s prompt (in flight) and the share of its text they cover, for its
+        engine to report on (none without prefix routing)."""
+        keys, share = self._keys.get(request_id, ([], 1.0))
+        return tuple(keys), share
 
     def set_suspect(self, replica: int, suspect: bool) -> None:
         """``replica`` is suspect (no new work while another can take it) or no longer."""
@@ -153,13 +172,16 @@ class Router:
         if not candidates:
             raise QueueFullError(f"the server is at capacity ({self.queue_depth(priority)} sequence(s) already "
                                  "waiting)")
-        chosen, reason = self._choose([r for r in candidates if r not in self._suspect] or candidates, prompt,
-                                      priority)
+        if self._prefixes is not None:
+            keys = prefix_keys(prompt)
+            self._keys[request_id] = (keys, key_share(prompt, keys))
+        chosen, reason = self._choose([r for r in candidates if r not in self._suspect] or candidates,
+                                      self._keys.get(request_id, ([], 1.0))[0], priority)
         self.decisions[reason] += 1
         self._place(request_id, chosen, priority)
         return chosen
 
-    def move(self, request_id: str, prompt: Prompt, avoid: Collection[int]) -> int | None:
+    def move(self, request_id: str, avoid: Collection[int]) -> int | None:
         """Put ``request_id`` (not started on its replica) on another replica that is up, not suspect, not in
         ``avoid`` and has room, as :meth:`assign` would choose it; None (nothing changes) if there is none."""
         source = self._where.get(request_id)
@@ -168,12 +190,14 @@ class Router:
                    and self._has_room(r, priority)]
         if source is None or not options:
             return None
-        chosen, _ = self._choose(options, prompt, priority)
+        chosen, _ = self._choose(options, self._keys.get(request_id, ([], 1.0))[0], priority)
         self._forget(request_id, source)
         self._place(request_id, chosen, priority)
         return chosen
 
     def _place(self, request_id: str, chosen: int, priority: int) -> None:
+        if self._prefixes is not None and request_id in self._keys:
+            self._prefixes.record(chosen, self._keys[request_id][0])
         self._cursor = (chosen + 1) % self.n_replicas
         self._where[request_id] = chosen
         self._priority[request_id] = priority
@@ -181,6 +205,8 @@ class Router:
         self._classes[chosen][priority] += 1
 
     def _forget(self, request_id: str, replica: int) -> None:
+        if self._prefixes is not None and request_id in self._keys:
+            self._prefixes.done(replica, self._keys[request_id][0])
         self._load[replica] -= 1
         self._classes[replica][self._priority.pop(request_id, DEFAULT_PRIORITY)] -= 1
 
@@ -189,6 +215,7 @@ class Router:
         replica = self._where.pop(request_id, None)
         if replica is not None:
             self._forget(request_id, replica)
+        self._keys.pop(request_id, None)
         return replica
 
     def replica_of(self, request_id: str) -> int | None:
@@ -205,15 +232,15 @@ class Router:
         return (self._score_after_one_more(holder, priority) - self._score_after_one_more(least, priority)
                 > PREFIX_LOAD_MARGIN)
 
-    def _choose(self, candidates: list[int], prompt: Prompt, priority: int) -> tuple[int, Reason]:
-        """The replica for a sequence among ``candidates`` (up, with room, in rotation order), and why."""
+    def _choose(self, candidates: list[int], keys: list[int], priority: int) -> tuple[int, Reason]:
+        """The replica for a sequence (whose prompt has these prefix ``keys``) among ``candidates`` (up, with room,
+        in rotation order), and why."""
         if self.policy == "round_robin":
             return candidates[0], "round_robin"
         # min() keeps the first of equals, so ties follow the rotation
         least = min(candidates, key=lambda r: self._score_after_one_more(r, priority))
         if self._prefixes is None:
             return least, "load"
-        keys = prefix_keys(prompt)
         matched = self._prefixes.match(keys)
         longest = max(matched.get(r, 0) for r in candidates)
         chosen: int
@@ -225,7 +252,6 @@ class Router:
                          key=lambda r: self._score_after_one_more(r, priority))
             chosen, reason = ((least, "prefix_overridden_by_load") if self.clearly_busier(holder, least, priority)
                               else (holder, "prefix"))
-        self._prefixes.record(chosen, keys)
         return chosen, reason
 
     def _rotation(self) -> list[int]:

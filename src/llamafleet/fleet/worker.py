@@ -159,7 +159,8 @@ def _admit(engine: Engine | TorchEngine, msg: Submit, opened: dict[str, str]) ->
         params = msg.params
         if marker and params.grammar is not None:  # the answer starts inside the think block
             params = dataclasses.replace(params, grammar=inside_think(params.grammar))
-        engine.add_request(Request(msg.request_id, tuple(ids), params, msg.priority, msg.tenant))
+        engine.add_request(Request(msg.request_id, tuple(ids), params, msg.priority, msg.tenant, msg.prefix_keys,
+                                   msg.prefix_share))
         if marker:
             opened[msg.request_id] = marker
     except ContextOverflow as e:
@@ -255,8 +256,9 @@ def _serve(engine: Engine | TorchEngine, pipe: WorkerPipe, inbox: _Inbox, beat_s
             if o.finished:
                 del active[o.request_id]
         outputs += counted
-        if outputs or rejected:
-            out.send(StepOutputs(outputs=outputs, rejected=rejected, pieces=pieces, stats=engine.stats()))
+        held = engine.held_change()  # (what its KV holds now: for routing)
+        if outputs or rejected or held is not None:
+            out.send(StepOutputs(outputs=outputs, rejected=rejected, pieces=pieces, stats=engine.stats(), held=held))
             sent_at = time.monotonic()
         elif time.monotonic() - sent_at >= beat_s:
             out.send(Heartbeat())
@@ -319,7 +321,9 @@ def worker_main(sock: socket.socket, replica: int, env: dict[str, str], cfg: Eng
             family = engine.family
             _send(pipe, Ready(pid=os.getpid(), n_seq=cfg.n_seq, n_ctx_per_seq=engine.n_ctx_per_seq,
                               load_seconds=time.monotonic() - t0, family=None if family is None else family.name,
-                              reranker=engine.model.reranks))
+                              reranker=engine.model.reranks, reports_held=engine.reports_held,
+                              disk_tier=None if (disk := engine.disk_tier()) is None
+                              else f"{socket.gethostname()}:{disk}"))
             _serve(engine, pipe, inbox, beat_s)
         log.info("context and model freed; exiting")  # the server's shutdown waits for this exit
     except _ParentGone:

@@ -176,7 +176,10 @@ def test_forced_call_grammars_are_valid_gbnf_in_the_family_format(name: str, man
     opener = json.dumps(family.openers[0], ensure_ascii=False)[1:-1]  # (as a GBNF literal spells it)
     assert opener in grammar or family.name == "llama3" or (  # written as the family writes calls
         family.lead and not many)  # (Functionary v3.2: its prompt wrote the opener of the first call)
-    assert grammar.startswith("root ::= (think-open") == (family.think is not None)
+    assert grammar.startswith(("root ::= (think-open", "root ::= ((think-open")) == (family.think is not None)
+    assert grammar.startswith("root ::= ((think-open think-body)? think-close)? answer") == (name == "minimax-m3")
+    if family.think is not None:  # (a prompt that opened the block: it must be closed, whatever came alone)
+        assert inside_think(grammar).startswith("root ::= think-body think-close answer")
 
 
 def test_the_think_block_comes_first_and_an_opened_one_must_close() -> None:

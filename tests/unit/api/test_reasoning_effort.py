@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from llamafleet.api.anthropic_requests import MessagesRequest
 from llamafleet.api.errors import ApiError
 from llamafleet.api.openai_requests import ChatCompletionRequest
 from llamafleet.api.responses_requests import ResponsesRequest
@@ -93,3 +94,24 @@ def test_hunyuan_3_opens_its_think_block_for_an_effort() -> None:
                             False)
     assert template.render(MESSAGES, kwargs=[("reasoning_effort", "low")]).endswith("<think:opensource>")
     assert template.render(MESSAGES).endswith("<think:opensource></think:opensource>")  # no_think: closed
+
+
+def test_seed_oss_is_told_its_budget_by_its_template() -> None:
+    """Seed-OSS's template takes the budget itself (``thinking_budget``: it tells the model how many tokens it may
+    think): each API's budget is given to it, as well as enforced; other families' templates get no such variable."""
+    chat = _chat("seed-oss", reasoning_budget=64, max_tokens=100).tool_chat()
+    assert chat is not None and dict(chat.kwargs) == {"thinking_budget": 64}
+    assert _chat("seed-oss", max_tokens=100).tool_chat().kwargs == ()  # type: ignore[union-attr]
+    assert _chat("qwen3").template_kwargs(None, None, "p", budget=64) == {}
+    responses = ResponsesRequest.model_validate({"model": "m", "input": "Hi", "max_output_tokens": 50,
+                                                 "reasoning": {"max_tokens": 20}})
+    responses.served_by(Serving(FAMILIES["seed-oss"], context=4096))
+    assert dict(responses.tool_chat().kwargs) == {"thinking_budget": 20}  # type: ignore[union-attr]
+    messages = MessagesRequest.model_validate({"model": "m", "messages": MESSAGES, "max_tokens": 50,
+                                               "thinking": {"type": "enabled", "budget_tokens": 30}})
+    messages.served_by(Serving(FAMILIES["seed-oss"], context=4096))
+    assert dict(messages.tool_chat().kwargs)["thinking_budget"] == 30  # type: ignore[union-attr]
+    source = vendored("models/templates/ByteDance-Seed-OSS.jinja").read_text(encoding="utf-8")
+    template = ChatTemplate(source, "", "", False)
+    assert "thinking budget, which is 64" in template.render(MESSAGES, kwargs=[("thinking_budget", 64)])
+    assert "thinking budget" not in template.render(MESSAGES)

@@ -6,7 +6,8 @@ from collections.abc import Callable, Collection
 
 import pytest
 
-from llamafleet.fleet.affinity import Prompt
+from llamafleet.engine.held_keys import HeldChange
+from llamafleet.fleet.affinity import Prompt, prefix_keys
 from llamafleet.fleet.router import MIN_PREFIX_CHARS, NoReplicaError, QueueFullError, Router
 
 
@@ -220,13 +221,13 @@ def test_a_sequence_moves_to_a_healthy_replica_with_room_never_one_it_must_avoid
         r.set_up(i, 1)
     assert [r.assign(x) for x in "abc"] == [0, 1, 2]
     r.set_suspect(0, True)
-    assert r.move("a", "", avoid=()) is None  # every other replica is full: nothing changes
+    assert r.move("a", avoid=()) is None  # every other replica is full: nothing changes
     assert r.replica_of("a") == 0 and r.outstanding(0) == 1
     r.release("b")
-    assert r.move("a", "", avoid=(1,)) is None  # the one with room is to be avoided
-    assert r.move("a", "", avoid=()) == 1
+    assert r.move("a", avoid=(1,)) is None  # the one with room is to be avoided
+    assert r.move("a", avoid=()) == 1
     assert r.replica_of("a") == 1 and [r.outstanding(i) for i in range(3)] == [0, 1, 1]
-    assert r.move("unknown", "", avoid=()) is None
+    assert r.move("unknown", avoid=()) is None
     r.set_down(0)
     r.set_up(0, 1)  # a fresh start is not suspect
     assert r.assign("d") == 0
@@ -238,7 +239,7 @@ def test_moving_does_not_count_as_a_routing_decision() -> None:
     r.set_up(1, 2)
     r.assign("a")
     r.set_suspect(0, True)
-    assert r.move("a", "", avoid=()) == 1
+    assert r.move("a", avoid=()) == 1
     assert sum(r.decisions.values()) == 1
 
 
@@ -257,3 +258,26 @@ def test_a_batch_flood_neither_fills_the_queue_nor_weighs_on_interactive_routing
     r.release("i1")
     r.release("b0")
     assert r.queue_depth() == 2 and r.ahead(0, 2) + r.ahead(1, 2) == 6 and r.ahead(0, 0) == 0
+
+
+def test_a_reporting_replica_is_credited_with_what_its_engine_keeps() -> None:
+    r = Router(2, "prefix")
+    r.set_up(0, 4, reports=True)
+    r.set_up(1, 4, reports=True)
+    assert r.assign("turn1", LONG + "First question?") == 0
+    keys, share = r.keys("turn1")
+    assert keys == tuple(prefix_keys(LONG + "First question?")) and 0 < share <= 1  # what its Submit carries
+    r.release("turn1")
+    assert r.keys("turn1") == ((), 1.0)
+    # its engine reported nothing kept (a tier dropped it): the next turn goes by load, not to where turn 1 went
+    assert r.assign("turn2", LONG + "First question? An answer. Second question?") == 1
+    r.release("turn2")
+    r.held(0, HeldChange(added=keys))  # now replica 0's engine reports it holds turn 1's prefix
+    assert r.assign("turn3", LONG + "First question? An answer. Third question?") == 0
+    assert r.decisions == {"load": 2, "prefix": 1}
+    r.set_down(0)
+    r.held(0, HeldChange(added=keys))  # a late report from a replica that is down changes nothing
+    r.set_up(0, 4, reports=True)
+    r.release("turn3")
+    assert r.assign("turn4", LONG + "First question? An answer. Fourth question?") == 1
+    assert r.decisions == {"load": 3, "prefix": 1}  # the restarted replica holds nothing
