@@ -1,8 +1,9 @@
 """``llamafleet`` command line: one sub-command per module in :mod:`llamafleet.commands`.
 
 Building the parser imports every command module (a command's own process, only its module), so those import only
-what their flags need (argparse, the config and :mod:`llamafleet.flags`); each loads its heavy modules (FastAPI, matplotlib, numpy, llama.cpp) inside its
-``run``. So ``llamafleet serve`` never loads matplotlib, and ``llamafleet check-env`` can report a missing package.
+what their flags need (argparse, the config and :mod:`llamafleet.flags`); each loads its heavy modules (FastAPI,
+matplotlib, numpy, llama.cpp) inside its ``run``. So ``llamafleet serve`` never loads matplotlib, and ``llamafleet
+check-env`` can report a missing package.
 """
 
 from __future__ import annotations
