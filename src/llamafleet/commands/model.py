@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 from llamafleet.exits import Exit
 from llamafleet.model.demo import DEMO, SHIPPED, ModelFetchError, fetch_model
 
-_LISTED = "\n".join(f"  {m.name:<14} {m.title} ({m.about}): the wheel{'s' if len(m.requirements()) > 1 else ''} "
-                    f"{', '.join(m.requirements())}" for m in SHIPPED.values())
+_LISTED = "\n".join(textwrap.fill(f"{m.name:<14} {m.title} ({m.about}): the wheel"
+                                   f"{'s' if len(m.requirements()) > 1 else ''} {', '.join(m.requirements())}",
+                                   116, initial_indent="  ", subsequent_indent=" " * 17,
+                                   break_on_hyphens=False) for m in SHIPPED.values())
 
-DESCRIPTION = f"""The built-in demo model is {DEMO.title} ({DEMO.about}). It is what serve, plan, consistency and
-bench engine use when no --model or model_path is given. --name picks another model that PyPI wheels ship:
+DESCRIPTION = f"""The built-in demo model is {DEMO.title} ({DEMO.about}).
+It is what serve, plan, consistency and bench engine use when no --model or model_path is given. --name picks
+another model that PyPI wheels ship:
 {_LISTED}
 
 actions (both print the model file's path on stdout, so that $(llamafleet model path) can be passed to --model):

