@@ -61,18 +61,31 @@ def test_a_template_less_gemma_is_prompted_in_gemma_turns_and_answers(gemma: Fle
     assert chat.usage is not None and chat.usage.prompt_tokens == 10  # <bos> and the turn markers, one token each
 
 
-@pytest.mark.parametrize("forced", ["named", "required"])
+@pytest.mark.parametrize("forced", ["named", "required, streamed"])
 def test_a_forced_call_is_parsed_and_ends_the_answer(gemma: FleetServer, client: OpenAI, forced: str) -> None:
     how: Any = ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}} if forced == "named" else
                 {"tool_choice": "required", "parallel_tool_calls": False})
-    chat = client.chat.completions.create(model=gemma.model(), messages=ASK_WEATHER, tools=[WEATHER], max_tokens=48,
-                                          temperature=0, **how)
-    choice = chat.choices[0]
-    assert choice.finish_reason == "tool_calls" and not choice.message.content  # nothing of the call leaks
-    calls = choice.message.tool_calls or []
-    assert len(calls) == 1 and calls[0].type == "function" and calls[0].function.name == "get_weather"
-    args = json.loads(calls[0].function.arguments)
-    assert set(args) == {"city"} and isinstance(args["city"], str) and args["city"]
+    args: Any = dict(model=gemma.model(), messages=ASK_WEATHER, tools=[WEATHER], max_tokens=48, temperature=0, **how)
+    if forced == "named":
+        choice = client.chat.completions.create(**args).choices[0]
+        content, finish = choice.message.content, choice.finish_reason
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    else:  # the deltas: no content, one call (index 0) whose arguments add up to JSON
+        content, finish, parts = "", None, dict[int, tuple[str, str]]()
+        for chunk in client.chat.completions.create(**args, stream=True):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                finish = c.finish_reason or finish
+                for d in c.delta.tool_calls or []:
+                    name, text = parts.get(d.index, ("", ""))
+                    fn = d.function
+                    parts[d.index] = (name + (fn.name or "" if fn else ""), text + (fn.arguments or "" if fn else ""))
+        calls = [parts[i] for i in sorted(parts)]
+        assert list(parts) == [0]
+    assert finish == "tool_calls" and not content  # nothing of the call leaks
+    assert len(calls) == 1 and calls[0][0] == "get_weather"
+    city = json.loads(calls[0][1])
+    assert set(city) == {"city"} and isinstance(city["city"], str) and city["city"]
 
 
 def test_a_json_schema_answer_validates(gemma: FleetServer, client: OpenAI) -> None:
