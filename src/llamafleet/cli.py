@@ -1,8 +1,9 @@
 """``llamafleet`` command line: one sub-command per module in :mod:`llamafleet.commands`.
 
-Building the parser imports every command module, so those import only what their flags need (argparse, the config
-and :mod:`llamafleet.flags`); each loads its heavy modules (FastAPI, matplotlib, numpy, llama.cpp) inside its
-``run``. So ``llamafleet serve`` never loads matplotlib, and ``llamafleet check-env`` can report a missing package.
+Building the parser imports every command module (a command's own process, only its module), so those import only
+what their flags need (argparse, the config and :mod:`llamafleet.flags`); each loads its heavy modules (FastAPI,
+matplotlib, numpy, llama.cpp) inside its ``run``. So ``llamafleet serve`` never loads matplotlib, and ``llamafleet
+check-env`` can report a missing package.
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ COMMANDS = ("serve", "plan", "pull", "models", "rm", "synth", "bench", "consiste
 IN_PROCESS_MODEL = (("bench", "engine"),)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``only`` (a command's module name) alone: a command's process imports no
+    other command's flags (``serve``'s config and pydantic models cost a ``pull`` about a quarter second of CPU)."""
     parser = argparse.ArgumentParser(
         prog="llamafleet",
         description="Serve LLaMA-family GGUF models across every GPU of a machine.",
     )
     parser.add_argument("--version", action="version", version=f"llamafleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         importlib.import_module(f"llamafleet.commands.{name}").register(sub)
     return parser
 
@@ -70,7 +73,8 @@ def _main(argv: list[str] | None) -> int:
     words = tuple(sys.argv[1:] if argv is None else argv)
     if any(words[: len(cmd)] == cmd for cmd in IN_PROCESS_MODEL):
         import llamafleet.engine.llama  # noqa: F401
-    parser = build_parser()
+    named = {name.replace("_", "-"): name for name in COMMANDS}.get(words[0]) if words else None
+    parser = build_parser(named)  # a word that is no command (a typo, --help): every command's usage
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         _refuse_unknown(parser, list(words), unknown)

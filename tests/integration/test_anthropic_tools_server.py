@@ -107,7 +107,8 @@ def test_stream_matches_the_whole_answer(claude: anthropic.Anthropic, fleet: Fle
                                          choice: dict[str, Any]) -> None:
     args: dict[str, Any] = {"model": fleet.model(), "max_tokens": 120, "messages": ASK, "tools": [WEATHER, TIME],
                             "tool_choice": choice, "extra_body": {"temperature": 0}}
-    claude.messages.create(**args)  # warms the prefix cache: a prompt read from it can tip a close choice otherwise
+    # warms the prefix cache (a prompt read from it can tip a close choice otherwise): one token caches the prompt
+    claude.messages.create(**{**args, "max_tokens": 1})
     whole = claude.messages.create(**args)
     with claude.messages.stream(**args) as stream:
         streamed = stream.get_final_message()

@@ -9,21 +9,11 @@ from pathlib import Path
 
 from llamafleet.engine.engine import Engine  # isort: skip  (llama.cpp before numpy: see engine/llama.py)
 
-from test_kv_tiers import GREEDY, SESSIONS, cfg, chat, run, turn2, two_turns
+from test_kv_tiers import GREEDY, SESSIONS, cfg, chat, kept_slot, run, turn2, two_turns
 
-from llamafleet.engine.types import Generation, Request
+from llamafleet.engine.types import Request
 
 MIB = 1 << 20
-
-
-def alone(model_path: Path) -> dict[str, tuple[Generation, Generation]]:
-    """Each session's turns 1 and 2 back to back in one slot, no tiers: the answers a restored KV must give."""
-    with Engine(cfg(model_path)) as off:
-        out = {}
-        for i in range(SESSIONS):
-            one = run(off, {"a": chat(i, [], "What is the first word?")})["a"]
-            out[f"s{i}"] = (one, run(off, {"b": turn2(i, one)})["b"])
-    return out
 
 
 def test_parked_sessions_come_back_with_the_answers_of_a_kept_slot(model_path: Path) -> None:
@@ -39,7 +29,7 @@ def test_parked_sessions_come_back_with_the_answers_of_a_kept_slot(model_path: P
         assert g.cached_tokens >= first[f"s{i}"].prompt_tokens
         assert g.cache is not None and g.cache.slot + g.cache.park + g.cache.ram + g.cache.disk == g.cached_tokens
     assert sum(second[f"s{i}"].cache.park for i in range(SESSIONS)) == t.tokens["park"]  # type: ignore[union-attr]
-    for key, (one, two) in alone(model_path).items():
+    for key, (one, two) in kept_slot(model_path).items():
         assert (first[key].token_ids, second[key].token_ids) == (one.token_ids, two.token_ids)
 
 
@@ -51,7 +41,7 @@ def test_a_full_park_spills_to_ram_and_ram_states_come_back_through_it(model_pat
     # the slot through the parked sequence while the slot's own KV was being parked
     assert t is not None and t.evictions["park"] >= 2 and t.saves >= 2 and t.hits["ram"] >= 2
     assert t.hits["park"] + t.hits["ram"] >= SESSIONS - 1 and t.failed_restores == 0
-    for key, (one, two) in alone(model_path).items():
+    for key, (one, two) in kept_slot(model_path).items():
         assert (first[key].token_ids, second[key].token_ids) == (one.token_ids, two.token_ids)
         assert second[key].cached_tokens >= first[key].prompt_tokens
 

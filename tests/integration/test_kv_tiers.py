@@ -9,6 +9,7 @@ differ by a near tie: llama.cpp's numbers depend a little on what shares the bat
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,19 @@ def two_turns(eng: Engine, together: bool = True) -> tuple[dict[str, Generation]
     return first, second
 
 
+@functools.cache
+def kept_slot(model_path: Path) -> dict[str, tuple[Generation, Generation]]:
+    """Each session's turns 1 and 2 back to back in one slot of an engine without tiers: the answers a restored KV
+    must give (greedy, one request at a time on a fresh engine: computed once per run, for this module's and
+    test_kv_park's comparisons)."""
+    with Engine(cfg(model_path)) as off:
+        out = {}
+        for i in range(SESSIONS):
+            one = run(off, {"a": chat(i, [], "What is the first word?")})["a"]
+            out[f"s{i}"] = (one, run(off, {"b": turn2(i, one)})["b"])
+    return out
+
+
 def test_sessions_outnumbering_slots_get_their_kv_back_from_ram(model_path: Path) -> None:
     with Engine(cfg(model_path, cache_ram_bytes=256 * MIB)) as on:
         first, second = two_turns(on, together=False)
@@ -70,19 +84,16 @@ def test_sessions_outnumbering_slots_get_their_kv_back_from_ram(model_path: Path
         assert g.cached_tokens >= first[f"s{i}"].prompt_tokens  # turn 1's prompt at least: from RAM or the slot
         assert g.cache is not None and g.cache.slot + g.cache.ram + g.cache.disk == g.cached_tokens
     assert sum(second[f"s{i}"].cache.ram for i in range(SESSIONS)) == t.tokens["ram"]  # type: ignore[union-attr]
-    with Engine(cfg(model_path)) as off:  # no tiers: each session's turn 2 right after its turn 1, in its slot
-        for i in range(SESSIONS):
-            one = run(off, {"a": chat(i, [], "What is the first word?")})["a"]
-            two = run(off, {"b": turn2(i, one)})["b"]
-            assert one.token_ids == first[f"s{i}"].token_ids
-            assert two.cached_tokens >= one.prompt_tokens and two.token_ids == second[f"s{i}"].token_ids
+    for key, (one, two) in kept_slot(model_path).items():
+        assert one.token_ids == first[key].token_ids
+        assert two.cached_tokens >= one.prompt_tokens and two.token_ids == second[key].token_ids
 
 
 def test_without_tiers_an_evicted_session_is_a_miss_that_says_where_it_differed(model_path: Path) -> None:
     with Engine(cfg(model_path)) as off:
-        _, second = two_turns(off)
+        first = run(off, {f"s{i}": chat(i, [], "What is the first word?") for i in range(SESSIONS)})
+        g = run(off, {"s0": turn2(0, first["s0"])})["s0"]  # its slot went to s2 before its turn 2
         assert off.stats().tiers is None
-    g = second["s0"]  # its slot went to s2 before its turn 2
     assert g.cached_tokens < 32 and g.cache is not None and g.cache.ram == g.cache.disk == 0
     assert g.cache.differs_at is not None and g.cache.differs_at < 32  # the sessions' documents differ early
 

@@ -4,11 +4,16 @@ in a child Python, so the modules other tests loaded do not count."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from llamafleet.cli import COMMANDS, build_parser
 
 # Runs the CLI with ARGV, with the packages in BLOCK uninstalled as far as this process can tell (no import, no
 # distribution metadata), then prints the top-level modules it loaded.
@@ -79,3 +84,20 @@ def test_a_command_missing_a_package_says_which(tmp_path: Path) -> None:
     assert proc.returncode == 4  # Exit.MACHINE: this machine lacks it
     assert "the Python package 'matplotlib' is not installed, and `llamafleet bench` needs it" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_command_builds_its_own_parser_only() -> None:
+    """``llamafleet pull`` does not import ``serve``'s flags (the config's pydantic models and YAML): a quarter
+    second less of every such command's start."""
+    proc, loaded = cli(["pull", "--help"])
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: llamafleet pull"), proc.stderr[-2000:]
+    assert not loaded & {"pydantic", "yaml"}, loaded & {"pydantic", "yaml"}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_command_s_own_parser_is_the_one_of_the_whole_cli(name: str) -> None:
+    def usage(parser: argparse.ArgumentParser) -> str:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return sub.choices[name.replace("_", "-")].format_help()
+
+    assert usage(build_parser(name)) == usage(build_parser())

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import httpx2
 from huggingface_hub import HfApi, HfFileSystem, constants, hf_hub_download, scan_cache_dir, try_to_load_from_cache
@@ -38,10 +38,11 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import repo_folder_name
 from tqdm import tqdm
 
-from llamafleet.model.checkpoint import describe
-from llamafleet.model.header import ModelInfo, read_model_info
 from llamafleet.model.hub_ref import HubRef, PickError, is_ref, parse_ref, pick_files
 from llamafleet.model.tail_hash import TailHash
+
+if TYPE_CHECKING:  # the header's reader loads gguf and numpy, which `pull` does not need
+    from llamafleet.model.header import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,8 @@ def model_header(source: str | Path) -> tuple[ModelInfo, Resolved | None]:
     """What a model path given by a user describes: a local file's header (or a checkpoint folder's), or a hub
     reference's (resolved, read from the hub without its weights) with its resolution, for :func:`fetch` once the
     plan fits."""
+    from llamafleet.model.checkpoint import describe
+
     if not is_ref(str(source)):
         return describe(source), None
     resolved = resolve(parse_ref(str(source)))
@@ -179,6 +182,8 @@ def model_header(source: str | Path) -> tuple[ModelInfo, Resolved | None]:
 def header(resolved: Resolved) -> ModelInfo:
     """The model's header, for the planner: from the cache when fetched, else read from the hub with ranged
     requests (no weights). Its ``path`` is where the model will be once fetched."""
+    from llamafleet.model.header import read_model_info
+
     if not resolved.missing():
         return read_model_info(resolved.path)
     sizes = {f.name: f.size for f in resolved.files}
