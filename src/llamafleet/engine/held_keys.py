@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from llamafleet.engine.kv_disk import entry_name
+from llamafleet.engine.prefix import Held
 from llamafleet.engine.types import Request
 
 Keys = tuple[int, ...]
@@ -47,20 +48,12 @@ class HeldChange:
     disk_dropped: Keys = ()
 
 
-class Keyed(Protocol):
-    """A slot's sequence: its request (with the keys and their share), its prompt's length, the tokens in its KV."""
+class Keyed(Held, Protocol):
+    """A slot's sequence as the prefix index sees it (:class:`~llamafleet.engine.prefix.Held`), with its request
+    (the keys and their share) and whether it is out of the batch."""
 
     @property
     def req(self) -> Request: ...
-
-    @property
-    def tokens(self) -> list[int]: ...
-
-    @property
-    def n_prompt(self) -> int: ...
-
-    @property
-    def n_cached(self) -> int: ...
 
     @property
     def done(self) -> bool: ...
