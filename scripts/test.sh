@@ -31,9 +31,17 @@ echo "==> ruff"
 .venv/bin/ruff check src tests scripts
 echo "==> mypy"
 .venv/bin/mypy
-echo "==> pytest (the 15 slowest tests are listed at the end)"
+# pytest runs the test modules on WORKERS processes (pytest-xdist): each module whole on one worker (its servers are
+# started once), in the order they are collected, so the long integration modules go first and the many short unit
+# modules last, and both workers end together. Alone, a run keeps about one core busy: its servers wait for one
+# another, for timeouts and for the client. Default: 2 workers where there are 2 cores or more, else 1 (one process);
+# LLAMAFLEET_TEST_WORKERS=N sets it.
+WORKERS=${LLAMAFLEET_TEST_WORKERS:-$([ "$(nproc)" -ge 2 ] && echo 2 || echo 1)}
+parallel=()
+[ "$WORKERS" -gt 1 ] && parallel=(-n "$WORKERS" --dist loadfile --no-loadscopereorder)
+echo "==> pytest on $WORKERS worker(s) (the 15 slowest tests are listed at the end)"
 set +e
-.venv/bin/python -m pytest --durations=15 "$@"
+.venv/bin/python -m pytest "${parallel[@]}" --durations=15 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
