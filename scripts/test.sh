@@ -38,7 +38,7 @@ echo "==> mypy"
 # LLAMAFLEET_TEST_WORKERS=N sets it.
 WORKERS=${LLAMAFLEET_TEST_WORKERS:-$([ "$(nproc)" -ge 2 ] && echo 2 || echo 1)}
 parallel=()
-[ "$WORKERS" -gt 1 ] && parallel=(-n "$WORKERS" --dist loadfile --no-loadscopereorder)
+[ "$WORKERS" -gt 1 ] && parallel=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
 echo "==> pytest on $WORKERS worker(s) (the 15 slowest tests are listed at the end)"
 set +e
 .venv/bin/python -m pytest "${parallel[@]}" --durations=15 "$@"

@@ -9,7 +9,7 @@ memory and workers from the tests after it. ``launch_fleet`` starts further serv
 the end of the test that started it, or of the module whose fixture did. Every server runs in its own session
 (process group) and the whole group is killed at teardown, workers included.
 
-Run on several pytest-xdist workers (scripts/test.sh: ``--dist loadfile --no-loadscopereorder``), each worker has its
+Run on several pytest-xdist workers (scripts/test.sh: ``--dist loadfile --no-loadscope-reorder``), each worker has its
 own pool and runs whole modules in collection order, so "no later test needs it" still holds per worker. xdist's
 default order (modules by number of tests) would interleave the modules of the torch server with the others and
 start it again for each.
