@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # the import names of the dev extras' packages (the distribution names differ for a few)
-DEV_IMPORTS = {"pytest": "pytest", "pytest-timeout": "pytest_timeout", "openai": "openai", "anthropic": "anthropic",
+DEV_IMPORTS = {"pytest": "pytest", "pytest-timeout": "pytest_timeout", "pytest-xdist": "xdist", "openai": "openai",
+               "anthropic": "anthropic",
                "websockets": "websockets", "mypy": "mypy", "ruff": "ruff", "types-PyYAML": None, "types-tqdm": None}
 
 
