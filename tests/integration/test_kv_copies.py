@@ -62,3 +62,24 @@ def test_copies_measured_slower_than_prefilling_are_not_made(model_path: Path) -
         eng.generate([Request("b2", b, SHORT)])
         t = eng.stats().tiers
         assert t is not None and t.declined["restore"] == 1 and t.hits["ram"] == 0
+
+
+def test_a_sessions_next_state_replaces_the_one_it_went_on_from_in_that_states_buffer(model_path: Path) -> None:
+    """A later turn re-sends its last answer re-tokenized, so its state never extends the one it was restored from
+    token for token: that older state goes, and its buffer takes the new one (no new memory: engine/kv_buffers.py);
+    the RAM tier holds one state per session."""
+    cfg = EngineConfig(model_path=str(model_path), n_seq=1, n_ctx_per_seq=512, n_batch=256, n_threads=1,
+                       cache_ram_bytes=256 * MIB)
+    with Engine(cfg) as eng:
+        a, b = prompt(eng, "a"), prompt(eng, "b")
+        answer = eng.generate([Request("a1", a, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))])
+        eng.generate([Request("b1", b, SHORT)])  # takes a's slot: a's state is saved
+        # a's next turn: its answer but the last two tokens as they came back, then a new line
+        turn2 = a + tuple(answer["a1"].token_ids[:-2]) + prompt(eng, "a/next", 20)
+        again = eng.generate([Request("a2", turn2, SHORT)])["a2"]
+        assert again.cached_tokens >= len(a)  # restored from RAM
+        eng.generate([Request("b2", b, SHORT)])  # takes it back: a's turn-2 state is saved, its turn-1 one goes
+        t = eng.stats().tiers
+        assert t is not None and t.saves == 3 and t.ram_entries == 2
+        assert eng.tiers.buffers.reused == 1
+        assert t.ram_bytes <= cfg.cache_ram_bytes

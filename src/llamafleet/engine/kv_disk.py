@@ -197,7 +197,7 @@ class DiskTier:
         return state if len(state) == int(head["state_bytes"]) else None
 
     # -- writing -------------------------------------------------------------------------------------------------
-    def put(self, tokens: list[int], state: bytearray) -> bool:
+    def put(self, tokens: list[int], state: bytearray | memoryview) -> bool:
         """Write ``state`` (holding ``tokens``) as a file; files it makes obsolete (prefixes of ``tokens``) and the
         least recently used beyond the bound are deleted. False if the tier is off or the write failed."""
         if not self.on:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from llamafleet.engine.kv_buffers import HEADROOM, Buffers, capacity
 from llamafleet.engine.kv_cost import MIN_PASS_TOKENS, CopyCosts, StepBudget
 from llamafleet.engine.kv_disk import DiskTier, entry_name, fingerprint
 from llamafleet.engine.kv_order import Clock, ReturnOrder
@@ -55,7 +56,7 @@ FLUSH_S = 5.0  # most seconds a shutdown spends writing states to disk (the work
 @dataclass
 class _State:
     tokens: list[int]
-    state: bytearray
+    state: memoryview  # of a recycled buffer (engine/kv_buffers.py)
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,14 @@ class KvTiers:
         self.clock = clock or Clock()  # the park tier's too
         self._order: ReturnOrder[str] = ReturnOrder(self.clock)  # the RAM tier's states
         self._returned: dict[int, int] = {}  # slot -> return interval of the session restored into it
+        self._came_from: dict[int, tuple[str, int]] = {}  # slot -> the RAM state restored into it, and its tokens used
         self.ram_limit = ram_bytes
         self.disk = disk
         self.park = park
         self.min_reuse = min_reuse
         self._ram: OrderedDict[str, _State] = OrderedDict()  # least recently used first
-        self.ram_bytes = 0
+        self.buffers = Buffers()  # the states' buffers, recycled (counted in ram_bytes while kept there)
+        self._states_bytes = 0  # the buffers of the states in self._ram
         self.hits = {"park": 0, "ram": 0, "disk": 0}
         self.misses = {"park": 0, "ram": 0, "disk": 0}
         self.tokens = {"park": 0, "ram": 0, "disk": 0}  # prompt tokens restored from each tier
@@ -124,6 +127,7 @@ class KvTiers:
         lost, got = place.lost, Restored()
         kept = place.reuse if place.source is None and not place.wait else 0
         interval = self._returned.pop(s.slot, None)  # (of the session whose KV the slot holds)
+        came_from = self._came_from.pop(s.slot, None)
         if self.enabled and lost is not None and lost.n_cached - kept >= self.min_reuse:
             self.clock.tick()
             tokens = lost.tokens[:lost.n_cached]
@@ -132,7 +136,7 @@ class KvTiers:
             freeing = keep is not None and self.park is not None and self.park.moves(keep, n)
             if self.park is None or not self.park.park(ctx, s.slot, tokens, self._saver(ctx), keep, freeing,
                                                        interval):
-                self.save(ctx, s.slot, tokens, interval)
+                self.save(ctx, s.slot, tokens, interval, came_from)
         if self.enabled and not place.wait and not s.req.params.prompt_logprobs and not s.lora:
             got = self.restore(ctx, s.slot, s.tokens, place.reuse)
         s.origin = CacheOrigin(**{got.tier: got.tokens} if got.tokens else {},
@@ -140,9 +144,13 @@ class KvTiers:
         return got.tokens
 
     # -- save ----------------------------------------------------------------------------------------------------
-    def save(self, ctx: Context, slot: int, tokens: list[int], interval: int | None = None) -> None:
+    def save(self, ctx: Context, slot: int, tokens: list[int], interval: int | None = None,
+             came_from: tuple[str, int] | None = None) -> None:
         """Keep what ``slot`` holds (``tokens``) before the slot is overwritten, unless a tier already has it;
-        ``interval``: its session's return interval, if learned."""
+        ``interval``: its session's return interval, if learned; ``came_from``: the RAM state the slot's sequence
+        was restored from and how many of its tokens it used. That state is dropped if it used 7/8 of it or more and
+        this one holds those tokens: the session went on from it, and what it held beyond them was its last answer
+        as generated, which the session sent back re-tokenized (its buffer then takes this state: kv_buffers.py)."""
         if len(tokens) < self.min_reuse or self._covered(tokens):
             return
         if not self.costs.worth_saving():
@@ -150,27 +158,49 @@ class KvTiers:
             return
         t0 = time.perf_counter()
         tokens = list(tokens)
+        if came_from is not None and came_from[0] in self._ram:
+            key, used = came_from
+            held = len(self._ram[key].tokens)  # (a state used only in part, e.g. a shared prefix, stays)
+            if 8 * used >= 7 * held and common_prefix(tokens, self._ram[key].tokens, used) >= used:
+                interval = interval or self._order.interval(key)
+                self.buffers.give(self._forget(key).state)
         interval = self._drop_prefixes_of(tokens) or interval
         size = ctx.sequence_state_size(slot)
-        if size <= self.ram_limit:
-            self._make_room(size)  # before the copy: the tier never holds more than its bound
+        if size + size // HEADROOM <= self.ram_limit:
+            self._make_room(self.buffers.new_bytes(size))  # before the copy: the tier never holds more than its bound
         elif self.disk is None or not self.disk.on:
             return  # larger than the whole RAM tier, and no disk to take it
-        state = ctx.save_sequence(slot)
+        into = self.buffers.take(size)
+        state = ctx.save_sequence(slot, into)
         dt = time.perf_counter() - t0
         self.save_s += dt
         self.budget.add(dt)
+        if state is not into:
+            self.buffers.give(into)
         if state is None:
             return
         self.saves += 1
         self.costs.save.add(dt, len(tokens))
-        if len(state) > self.ram_limit:  # straight to disk
+        if self.ram_bytes + capacity(state) > self.ram_limit:  # straight to disk
             self._spill(tokens, state)
+            self.buffers.give(state)
             return
         key = entry_name(tokens)
         self._ram[key] = _State(tokens, state)
         self._order.add(key, interval)
-        self.ram_bytes += len(state)
+        self._states_bytes += capacity(state)
+
+    @property
+    def ram_bytes(self) -> int:
+        """Host memory the RAM tier holds: its states' buffers and those kept for the next saves."""
+        return self._states_bytes + self.buffers.bytes
+
+    def _forget(self, key: str) -> _State:
+        """Take state ``key`` out of the RAM tier (its buffer is the caller's to give back)."""
+        e = self._ram.pop(key)
+        self._order.drop(key)
+        self._states_bytes -= capacity(e.state)
+        return e
 
     def held(self) -> tuple[list[tuple[int, list[int]]], list[str], list[str]]:
         """What the tiers hold: parked sequences and their tokens, the RAM tier's and the disk tier's state names."""
@@ -190,22 +220,23 @@ class KvTiers:
         for key in [k for k, e in self._ram.items() if len(e.tokens) < len(tokens)
                     and tokens[:len(e.tokens)] == e.tokens]:
             interval = interval or self._order.interval(key)
-            self._order.drop(key)
-            self.ram_bytes -= len(self._ram.pop(key).state)
+            self.buffers.give(self._forget(key).state)
         return interval
 
     def _make_room(self, size: int) -> None:
-        """Evict the states expected back last (to disk, when on) until ``size`` more bytes fit the bound."""
+        """Free the kept buffers, then evict the states expected back last (to disk, when on), until ``size`` more
+        bytes fit the bound."""
+        if size and self.ram_bytes + size > self.ram_limit:
+            self.buffers.clear()
         while self._ram and self.ram_bytes + size > self.ram_limit:
             key = self._order.victim(self._ram)
             assert key is not None
-            old = self._ram.pop(key)
-            self._order.drop(key)
-            self.ram_bytes -= len(old.state)
+            old = self._forget(key)
             self.evictions["ram"] += 1
             self._spill(old.tokens, old.state)
+            old.state.release()
 
-    def _spill(self, tokens: list[int], state: bytearray) -> None:
+    def _spill(self, tokens: list[int], state: memoryview) -> None:
         if self.disk is not None:
             self.disk.put(tokens, state)
 
@@ -246,7 +277,7 @@ class KvTiers:
         if key is not None and tier == "ram":
             self._ram.move_to_end(key)
             interval = self._order.hit(key)
-            state: bytearray | None = self._ram[key].state
+            state: bytearray | memoryview | None = self._ram[key].state
         else:
             assert self.disk is not None and name is not None
             self.misses["ram"] += 1
@@ -274,6 +305,8 @@ class KvTiers:
         self.costs.restore[tier].add(dt, held)
         if interval is not None:
             self._returned[slot] = interval
+        if key is not None and tier == "ram" and into == slot:
+            self._came_from[slot] = (key, n)
         return self._hit(tier, n, best, dt)
 
     def _hit(self, tier: str, n: int, best: int, seconds: float) -> Restored:

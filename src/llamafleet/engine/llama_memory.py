@@ -44,19 +44,20 @@ class KvMemory:
         """Bytes of :meth:`save_sequence`'s copy of sequence ``seq``'s state."""
         return int(lc.llama_state_seq_get_size_ext(self.ptr, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
 
-    def save_sequence(self, seq: int) -> bytearray | None:
-        """Sequence ``seq``'s state (its KV cells, in llama.cpp's per-sequence state format), copied to host memory;
+    def save_sequence(self, seq: int, into: memoryview | None = None) -> memoryview | None:
+        """Sequence ``seq``'s state (its KV cells, in llama.cpp's per-sequence state format), copied to host memory:
+        into ``into`` (writable, exactly :meth:`sequence_state_size` bytes; engine/kv_buffers.py) or a new buffer;
         None if llama.cpp wrote less than it announced, or if a queued copy into ``seq`` has not landed yet."""
         if seq in self.copy_targets:
             return None
         n = self.sequence_state_size(seq)
-        buf = bytearray(n)
-        arr = (ctypes.c_uint8 * n).from_buffer(buf)
+        view = into if into is not None and len(into) == n else memoryview(bytearray(n))
+        arr = (ctypes.c_uint8 * n).from_buffer(view)
         got = int(lc.llama_state_seq_get_data_ext(self.ptr, arr, n, seq, lc.LLAMA_STATE_SEQ_FLAGS_NONE))
         del arr  # the buffer may not be resized while a ctypes view exports it
-        return buf if got == n else None
+        return view if got == n else None
 
-    def restore_sequence(self, seq: int, state: bytearray) -> bool:
+    def restore_sequence(self, seq: int, state: bytearray | memoryview) -> bool:
         """Replace what sequence ``seq`` holds with ``state`` (from :meth:`save_sequence` of a context of the same
         model and shape); False if llama.cpp refused it, and then ``seq`` is left empty. ``seq`` must not be in
         :attr:`copy_sources` or :attr:`copy_targets`: the state is written at once, before a queued copy out of
