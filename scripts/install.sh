@@ -42,10 +42,6 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install -q --upgrade pip
 fi
 VPY=.venv/bin/python
-# pip does not compile the packages' Python files to bytecode at install: Python compiles a module the first time it
-# is imported, so only what runs is compiled (torch, transformers and Ray are large, and mostly never imported here);
-# a fresh install of the test extras took 24 s less on 2 cores
-NOCOMPILE=--no-compile
 
 key=$(printf '%s|%s|%s' "$LLAMA_CPP_VERSION" "$FLAGS" "${LLAMA_CPP_SOURCE:-pypi}" | sha256sum | cut -c1-16)
 stamp=.venv/.llama-cpp-build-$key
@@ -78,8 +74,8 @@ else
     echo "==> reusing cached build $wheel"
   fi
   # replace the package itself (its build flags may differ), then let pip add whatever it depends on
-  $VPY -m pip install -q $NOCOMPILE --force-reinstall --no-deps "$wheel"
-  $VPY -m pip install -q $NOCOMPILE "$wheel"
+  $VPY -m pip install -q --force-reinstall --no-deps "$wheel"
+  $VPY -m pip install -q "$wheel"
   rm -f .venv/.llama-cpp-build-*
   touch "$stamp"
 fi
@@ -90,9 +86,9 @@ EXTRAS=${LLAMAFLEET_EXTRAS:-}
 # requirement is then met and pip leaves it alone. Once installed, nothing is downloaded again.
 if [[ ",$EXTRAS," == *",torch,"* && "$BACKEND" != cuda ]] && ! $VPY -c "import torch" 2>/dev/null; then
   echo "==> installing the CPU build of PyTorch (about 200 MB) for the torch extra, from ${TORCH_INDEX:=https://download.pytorch.org/whl/cpu}"
-  $VPY -m pip install -q $NOCOMPILE --retries 1 --index-url "$TORCH_INDEX" torch
+  $VPY -m pip install -q --retries 1 --index-url "$TORCH_INDEX" torch
 fi
 echo "==> installing llamafleet${EXTRAS:+ with the extras $EXTRAS} and its Python dependencies (FastAPI, numpy,"
 echo "    matplotlib, ...; pip runs quietly: a minute or two of downloads the first time, seconds once installed)"
-$VPY -m pip install -q $NOCOMPILE -e ".${EXTRAS:+[$EXTRAS]}"
+$VPY -m pip install -q -e ".${EXTRAS:+[$EXTRAS]}"
 echo "==> done: run .venv/bin/llamafleet (or 'source .venv/bin/activate', then llamafleet)"
