@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -256,38 +255,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _index[item.nodeid] = i
         for name in needs(item):
             _last_need[name] = i
-        if "torch_fleet" in needs(item) and not needs_torch_server(item.nodeid):
-            raise pytest.UsageError(f"{item.nodeid} needs the torch server, which needs_torch_server() cannot tell "
-                                    "from its id: the two workers would each start one")
-
-
-TORCH_MODULE = "test_torch_server.py"  # the module of the torch server's own tests (torch_fleet, no parameter)
-TORCH_PARAM = re.compile(r"::[^\[]+\[torch[\]-]")  # a test of an ``each_engine`` module on the torch server
-
-
-def needs_torch_server(nodeid: str) -> bool:
-    """Whether the test of ``nodeid`` runs on the torch server, by its id alone (what xdist's scheduler sees)."""
-    return nodeid.split("::", 1)[0].endswith(TORCH_MODULE) or TORCH_PARAM.search(nodeid) is not None
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``--dist loadfile``, the modules that need the torch server are one unit of work: one worker runs them
-    all, one after the other, and starts the server once (each worker has its own pool)."""
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class TorchModulesTogether(LoadFileScheduling):  # type: ignore[misc]
-        torch_modules: set[str] | None = None
-
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            if self.torch_modules is None:
-                ids = next(iter(self.registered_collections.values()))
-                self.torch_modules = {i.split("::", 1)[0] for i in ids if needs_torch_server(i)}
-            return "the torch server's modules" if module in self.torch_modules else module
-
-    return TorchModulesTogether(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
