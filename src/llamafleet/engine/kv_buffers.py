@@ -35,17 +35,21 @@ class Buffers:
         self.bytes = 0
         self.reused = 0  # saves that got a buffer given back (no new memory)
 
+    def _fitting(self, n: int) -> list[bytearray]:
+        """The kept buffers that hold ``n`` bytes without wasting more than half of them."""
+        return [b for b in self._free if n <= len(b) <= 2 * n]
+
     def fits(self, n: int) -> bool:
-        """Whether a kept buffer holds ``n`` bytes without wasting more than half of it."""
-        return any(n <= len(b) <= 2 * n for b in self._free)
+        """Whether :meth:`take` of ``n`` bytes would lend a kept buffer."""
+        return bool(self._fitting(n))
 
     def new_bytes(self, n: int) -> int:
         """What :meth:`take` of ``n`` bytes adds to the memory held: 0 if a kept buffer fits."""
-        return 0 if self.fits(n) else n + n // HEADROOM
+        return 0 if self._fitting(n) else n + n // HEADROOM
 
     def take(self, n: int) -> memoryview:
         """``n`` writable bytes: the smallest kept buffer that fits, else a new one with room to grow."""
-        fitting = [b for b in self._free if n <= len(b) <= 2 * n]
+        fitting = self._fitting(n)
         if fitting:
             buf = min(fitting, key=len)
             self._free.remove(buf)

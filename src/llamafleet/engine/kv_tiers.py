@@ -158,13 +158,7 @@ class KvTiers:
             return
         t0 = time.perf_counter()
         tokens = list(tokens)
-        if came_from is not None and came_from[0] in self._ram:
-            key, used = came_from
-            held = len(self._ram[key].tokens)  # (a state used only in part, e.g. a shared prefix, stays)
-            if 8 * used >= 7 * held and common_prefix(tokens, self._ram[key].tokens, used) >= used:
-                interval = interval or self._order.interval(key)
-                self.buffers.give(self._forget(key).state)
-        interval = self._drop_prefixes_of(tokens) or interval
+        interval = self._drop_replaced(tokens, came_from) or interval
         size = ctx.sequence_state_size(slot)
         if size + size // HEADROOM <= self.ram_limit:
             self._make_room(self.buffers.new_bytes(size))  # before the copy: the tier never holds more than its bound
@@ -176,19 +170,26 @@ class KvTiers:
         self.save_s += dt
         self.budget.add(dt)
         if state is not into:
-            self.buffers.give(into)
+            self._give(into)
         if state is None:
             return
         self.saves += 1
         self.costs.save.add(dt, len(tokens))
         if self.ram_bytes + capacity(state) > self.ram_limit:  # straight to disk
             self._spill(tokens, state)
-            self.buffers.give(state)
+            self._give(state)
             return
         key = entry_name(tokens)
         self._ram[key] = _State(tokens, state)
         self._order.add(key, interval)
         self._states_bytes += capacity(state)
+
+    def _give(self, view: memoryview) -> None:
+        """``view``'s buffer is free: kept for the next save if the tier's bound has room for it, else freed."""
+        if self.ram_bytes + capacity(view) <= self.ram_limit:
+            self.buffers.give(view)
+        else:
+            view.release()
 
     @property
     def ram_bytes(self) -> int:
@@ -213,14 +214,22 @@ class KvTiers:
             return True
         return self.disk is not None and self.disk.on and self.disk.covers(tokens)
 
-    def _drop_prefixes_of(self, tokens: list[int]) -> int | None:
-        """A state that ``tokens``' state extends is served by it: out of the RAM tier. Its session's return
-        interval, if one was learned."""
+    def _drop_replaced(self, tokens: list[int], came_from: tuple[str, int] | None) -> int | None:
+        """The states that ``tokens``' state replaces, out of the RAM tier: those it extends (it serves them), and
+        the one its sequence went on from (``came_from``, see :meth:`save`; one used only in part, e.g. for a shared
+        prefix, stays). Their session's return interval, if one was learned."""
+        def replaced(key: str, e: _State) -> bool:
+            if len(e.tokens) < len(tokens) and tokens[:len(e.tokens)] == e.tokens:
+                return True
+            if came_from is None or came_from[0] != key:
+                return False
+            used = came_from[1]
+            return 8 * used >= 7 * len(e.tokens) and common_prefix(tokens, e.tokens, used) >= used
+
         interval = None
-        for key in [k for k, e in self._ram.items() if len(e.tokens) < len(tokens)
-                    and tokens[:len(e.tokens)] == e.tokens]:
+        for key in [k for k, e in self._ram.items() if replaced(k, e)]:
             interval = interval or self._order.interval(key)
-            self.buffers.give(self._forget(key).state)
+            self._give(self._forget(key).state)
         return interval
 
     def _make_room(self, size: int) -> None:
