@@ -19,11 +19,20 @@ HEADROOM = 4  # a new buffer holds its first state plus 1/HEADROOM of it
 KEEP = 2  # buffers kept for the next saves (a session's old state is given back just before its new one is saved)
 
 
-def capacity(view: memoryview) -> int:
-    """Bytes of the buffer under ``view``."""
+def buffer_size(n: int) -> int:
+    """Bytes of a new buffer for a state of ``n`` bytes: room for the same session's next, longer one."""
+    return n + n // HEADROOM
+
+
+def _buffer(view: memoryview) -> bytearray:
     buf = view.obj
     assert isinstance(buf, bytearray)  # (Buffers.take and Context.save_sequence make them)
-    return len(buf)
+    return buf
+
+
+def capacity(view: memoryview) -> int:
+    """Bytes of the buffer under ``view``."""
+    return len(_buffer(view))
 
 
 class Buffers:
@@ -39,13 +48,9 @@ class Buffers:
         """The kept buffers that hold ``n`` bytes without wasting more than half of them."""
         return [b for b in self._free if n <= len(b) <= 2 * n]
 
-    def fits(self, n: int) -> bool:
-        """Whether :meth:`take` of ``n`` bytes would lend a kept buffer."""
-        return bool(self._fitting(n))
-
     def new_bytes(self, n: int) -> int:
         """What :meth:`take` of ``n`` bytes adds to the memory held: 0 if a kept buffer fits."""
-        return 0 if self._fitting(n) else n + n // HEADROOM
+        return 0 if self._fitting(n) else buffer_size(n)
 
     def take(self, n: int) -> memoryview:
         """``n`` writable bytes: the smallest kept buffer that fits, else a new one with room to grow."""
@@ -56,14 +61,13 @@ class Buffers:
             self.bytes -= len(buf)
             self.reused += 1
         else:
-            buf = bytearray(n + n // HEADROOM)
+            buf = bytearray(buffer_size(n))
         return memoryview(buf)[:n]
 
     def give(self, view: memoryview) -> None:
         """``view``'s buffer is free (nothing may use ``view`` after this): kept for a later save, or freed."""
-        buf = view.obj
+        buf = _buffer(view)
         view.release()
-        assert isinstance(buf, bytearray)
         if len(self._free) < self._keep:
             self._free.append(buf)
             self.bytes += len(buf)

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from llamafleet.engine.kv_buffers import HEADROOM, Buffers, capacity
+from llamafleet.engine.kv_buffers import Buffers, buffer_size, capacity
 from llamafleet.engine.kv_cost import MIN_PASS_TOKENS, CopyCosts, StepBudget
 from llamafleet.engine.kv_disk import DiskTier, entry_name, fingerprint
 from llamafleet.engine.kv_order import Clock, ReturnOrder
@@ -160,7 +160,7 @@ class KvTiers:
         tokens = list(tokens)
         interval = self._drop_replaced(tokens, came_from) or interval
         size = ctx.sequence_state_size(slot)
-        if size + size // HEADROOM <= self.ram_limit:
+        if buffer_size(size) <= self.ram_limit:
             self._make_room(self.buffers.new_bytes(size))  # before the copy: the tier never holds more than its bound
         elif self.disk is None or not self.disk.on:
             return  # larger than the whole RAM tier, and no disk to take it
