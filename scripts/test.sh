@@ -29,8 +29,10 @@ fi
 
 echo "==> ruff"
 .venv/bin/ruff check src tests scripts
+# mypy keeps what it learned of each unchanged file (its cache is checked against the files' contents, wherever the
+# checkout is) beside the built wheels, so that a new clone is checked in seconds instead of about 40 s.
 echo "==> mypy"
-.venv/bin/mypy
+.venv/bin/mypy --cache-dir "${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/mypy"
 # pytest runs the test modules on WORKERS processes (pytest-xdist): each module whole on one worker (its servers are
 # started once), in the order they are collected, so the long integration modules go first and the many short unit
 # modules last, and both workers end together. Alone, a run keeps about one core busy: its servers wait for one
