@@ -36,6 +36,7 @@ esac
 FLAGS="$FLAGS -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
 
 PY=${PYTHON:-python3}
+CACHE_DIR=${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}  # the built wheels and the source
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv with $($PY --version), then upgrading pip in it"
   "$PY" -m venv .venv
@@ -48,7 +49,7 @@ stamp=.venv/.llama-cpp-build-$key
 if [ -f "$stamp" ]; then
   echo "==> llama-cpp-python $LLAMA_CPP_VERSION ($BACKEND) already installed"
 else
-  cache=${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/wheels/$key
+  cache=$CACHE_DIR/wheels/$key
   wheel=$(ls "$cache"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
   if [ -z "$wheel" ]; then
     echo "==> building llama-cpp-python $LLAMA_CPP_VERSION ($BACKEND build), once; later installs reuse it"
@@ -57,7 +58,7 @@ else
     src=${LLAMA_CPP_SOURCE:-}
     if [ -z "$src" ]; then
       # Keep the sdist: it is also where `llamafleet synth` finds the real LLaMA-2 tokenizer (vocab GGUF).
-      sdist_dir=${LLAMAFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamafleet}/sdist
+      sdist_dir=$CACHE_DIR/sdist
       src=$sdist_dir/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz
       if [ ! -f "$src" ]; then
         echo "==> downloading the llama-cpp-python $LLAMA_CPP_VERSION source (about 77 MB, with llama.cpp inside)"
